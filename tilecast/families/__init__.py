@@ -1,0 +1,15 @@
+"""Kernel families, registered by name in one explicit table."""
+from __future__ import annotations
+
+from .base import Family, FamilyError
+from .gemm import FAMILY as GEMM
+
+FAMILIES: dict[str, Family] = {"gemm": GEMM}
+
+
+def get_family(name: str) -> Family:
+    """The family registered under `name`; FamilyError lists the valid names otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise FamilyError(f"unknown kernel family {name!r}; valid: {', '.join(FAMILIES)}") from None

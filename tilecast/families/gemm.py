@@ -1,0 +1,265 @@
+"""GEMM family: C = A * B on the CPU, fp32 (or bf16 inputs, fp32 accumulation), A and B each
+row- or column-major. Kernels are `kernels/cpu/gemm.cpp` compiled with -D parameters."""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
+
+DTYPES = {"fp32": 0, "bf16": 1}            # name -> TC_DTYPE
+ISAS = {"avx2": 0, "avx512": 1}            # name -> TC_ISA
+PARALLEL = {"m": 0, "n": 1, "k": 2}        # name -> TC_PAR (k = split-K)
+LAYOUTS = ("row", "col")
+
+# The single source of truth for register micro-tiles (MR x NR) per ISA: a variant is valid
+# only with a tile from this table. NR is a multiple of the vector width (16 fp32 for
+# AVX-512, 8 for AVX2); each tile's accumulators fit the ISA's register file.
+MICRO_TILES = {
+    "avx512": ((14, 32), (8, 32), (6, 48), (4, 64), (6, 32), (16, 16)),
+    "avx2": ((6, 16), (4, 24), (8, 8)),
+}
+
+# CPU flags an ISA or dtype needs (as /proc/cpuinfo spells them).
+REQUIRED_FLAGS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma"), "bf16": ("avx512_bf16",)}
+
+TOLERANCE = {"fp32": 1e-4, "bf16": 1e-3}   # norm-relative error vs a float64 torch reference
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
+
+NAME_RE = re.compile(
+    r"^gemm_(?P<dtype>[a-z0-9]+)_(?P<isa>[a-z0-9]+)_(?P<mr>\d+)x(?P<nr>\d+)"
+    r"_mc(?P<mc>\d+)_nc(?P<nc>\d+)_kc(?P<kc>\d+)_par(?P<parallel>[a-z]+)"
+    r"_pa(?P<pack_a>[01])_pf(?P<prefetch>[01])$")
+NAME_GRAMMAR = "gemm_{dtype}_{isa}_{mr}x{nr}_mc{mc}_nc{nc}_kc{kc}_par{m|n|k}_pa{0|1}_pf{0|1}"
+
+
+@dataclass(frozen=True, order=True)
+class GemmConfig:
+    """Every compile-time parameter of one GEMM kernel binary."""
+    dtype: str
+    isa: str
+    mr: int
+    nr: int
+    mc: int
+    nc: int
+    kc: int
+    parallel: str
+    pack_a: bool
+    prefetch: bool
+
+
+@dataclass(frozen=True, order=True)
+class GemmProblem:
+    """C[m, n] = A[m, k] * B[k, n] with the operands' storage layouts."""
+    m: int
+    n: int
+    k: int
+    dtype: str = "fp32"
+    layout_a: str = "row"
+    layout_b: str = "row"
+
+
+def _choice(value: str, table, what: str, context: str) -> str:
+    if value not in table:
+        raise FamilyError(f"unknown {what} {value!r} in {context}; valid: {', '.join(table)}")
+    return value
+
+
+def validate_config(cfg: GemmConfig) -> GemmConfig:
+    """Raise FamilyError naming the offending field when cfg is not a valid variant."""
+    ctx = f"GEMM config {cfg}"
+    _choice(cfg.dtype, DTYPES, "dtype", ctx)
+    _choice(cfg.isa, ISAS, "isa", ctx)
+    _choice(cfg.parallel, PARALLEL, "parallel scheme", ctx)
+    if (cfg.mr, cfg.nr) not in MICRO_TILES[cfg.isa]:
+        valid = ", ".join(f"{m}x{n}" for m, n in MICRO_TILES[cfg.isa])
+        raise FamilyError(f"micro-tile {cfg.mr}x{cfg.nr} is not valid for {cfg.isa}; valid: {valid}")
+    if cfg.mc < cfg.mr or cfg.mc % cfg.mr:
+        raise FamilyError(f"mc={cfg.mc} must be a positive multiple of mr={cfg.mr}")
+    if cfg.nc < cfg.nr or cfg.nc % cfg.nr:
+        raise FamilyError(f"nc={cfg.nc} must be a positive multiple of nr={cfg.nr}")
+    if cfg.kc < 1:
+        raise FamilyError(f"kc={cfg.kc} must be positive")
+    if cfg.dtype == "bf16" and not cfg.pack_a:
+        raise FamilyError("bf16 kernels convert A while packing: pack_a must be 1")
+    return cfg
+
+
+class GemmFamily:
+    """The GEMM family (see the module docstring)."""
+    name = "gemm"
+    problem_fields = tuple(f.name for f in fields(GemmProblem))
+    config_fields = tuple(f.name for f in fields(GemmConfig))
+    source = KERNELS_DIR / "cpu" / "gemm.cpp"
+
+    # -- names --------------------------------------------------------------------------
+    def kernel_name(self, cfg: GemmConfig) -> str:
+        """The unique name of a variant; parse_name(kernel_name(cfg)) == cfg."""
+        validate_config(cfg)
+        return (f"gemm_{cfg.dtype}_{cfg.isa}_{cfg.mr}x{cfg.nr}_mc{cfg.mc}_nc{cfg.nc}"
+                f"_kc{cfg.kc}_par{cfg.parallel}_pa{int(cfg.pack_a)}_pf{int(cfg.prefetch)}")
+
+    def parse_name(self, name: str) -> GemmConfig:
+        """Parse a kernel name; FamilyError says what is wrong and the grammar expected."""
+        match = NAME_RE.match(name)
+        if not match:
+            raise FamilyError(f"not a GEMM kernel name: {name!r}; expected {NAME_GRAMMAR}")
+        g = match.groupdict()
+        _choice(g["dtype"], DTYPES, "dtype", f"kernel name {name!r}")
+        _choice(g["isa"], ISAS, "isa", f"kernel name {name!r}")
+        _choice(g["parallel"], PARALLEL, "parallel scheme", f"kernel name {name!r}")
+        cfg = GemmConfig(dtype=g["dtype"], isa=g["isa"], mr=int(g["mr"]), nr=int(g["nr"]),
+                         mc=int(g["mc"]), nc=int(g["nc"]), kc=int(g["kc"]),
+                         parallel=g["parallel"], pack_a=g["pack_a"] == "1",
+                         prefetch=g["prefetch"] == "1")
+        try:
+            return validate_config(cfg)
+        except FamilyError as err:
+            raise FamilyError(f"invalid kernel name {name!r}: {err}") from None
+
+    def config_dict(self, cfg: GemmConfig) -> dict:
+        return asdict(cfg)
+
+    # -- candidate space ----------------------------------------------------------------
+    def candidate_space(self, options: Mapping[str, Sequence], hardware: Mapping) -> list[GemmConfig]:
+        """Every valid variant the options allow on this hardware, deduplicated and sorted.
+        mc/nc values are targets rounded down to a multiple of the tile (at least one tile)."""
+        known = {"dtype", "isa", "tiles", "mc", "nc", "kc", "parallel", "pack_a", "prefetch"}
+        unknown = set(options) - known
+        if unknown:
+            raise FamilyError(f"unknown GEMM candidate option(s) {sorted(unknown)}; valid: {sorted(known)}")
+        flags = set(hardware.get("flags", ()))
+        dtypes = [_choice(d, DTYPES, "dtype", "candidates") for d in options.get("dtype", ["fp32"])]
+        isas = [_choice(i, ISAS, "isa", "candidates") for i in options.get("isa", list(ISAS))]
+        configs = set()
+        for dtype, isa in itertools.product(dtypes, isas):
+            needs = REQUIRED_FLAGS[isa] + (REQUIRED_FLAGS["bf16"] if dtype == "bf16" else ())
+            if flags and not set(needs) <= flags:
+                continue  # the CPU cannot run it; never build what cannot run
+            tiles = options.get("tiles") or [f"{m}x{n}" for m, n in MICRO_TILES[isa]]
+            for tile, mc, nc, kc, par, pack_a, pf in itertools.product(
+                    tiles, options.get("mc", [128]), options.get("nc", [1024]),
+                    options.get("kc", [256]), options.get("parallel", list(PARALLEL)),
+                    options.get("pack_a", [True]), options.get("prefetch", [True])):
+                mr, nr = (int(v) for v in str(tile).split("x"))
+                if (mr, nr) not in MICRO_TILES[isa]:
+                    continue
+                cfg = GemmConfig(dtype, isa, mr, nr, max(mr, int(mc) // mr * mr),
+                                 max(nr, int(nc) // nr * nr), int(kc), str(par),
+                                 bool(pack_a), bool(pf))
+                if dtype == "bf16" and not cfg.pack_a:
+                    continue
+                configs.add(validate_config(cfg))
+        return sorted(configs)
+
+    def build_spec(self, cfg: GemmConfig) -> BuildSpec:
+        validate_config(cfg)
+        return BuildSpec(source=self.source, defines={
+            "TC_DTYPE": DTYPES[cfg.dtype], "TC_ISA": ISAS[cfg.isa], "TC_MR": cfg.mr,
+            "TC_NR": cfg.nr, "TC_MC": cfg.mc, "TC_NC": cfg.nc, "TC_KC": cfg.kc,
+            "TC_PACK_A": int(cfg.pack_a), "TC_PAR": PARALLEL[cfg.parallel],
+            "TC_PREFETCH": int(cfg.prefetch)})
+
+    # -- problems -----------------------------------------------------------------------
+    def problem(self, values: Mapping[str, Any]) -> GemmProblem:
+        """A GemmProblem from a mapping (config entry, CLI `k=v` pairs, parquet row)."""
+        unknown = set(values) - set(self.problem_fields)
+        if unknown:
+            raise FamilyError(f"unknown GEMM problem field(s) {sorted(unknown)}; "
+                              f"valid: {', '.join(self.problem_fields)}")
+        missing = [f for f in ("m", "n", "k") if f not in values]
+        if missing:
+            raise FamilyError(f"GEMM problem is missing field(s) {missing} in {dict(values)}")
+        dims = {}
+        for f in ("m", "n", "k"):
+            try:
+                dims[f] = int(values[f])
+            except (TypeError, ValueError):
+                raise FamilyError(f"GEMM problem field {f}={values[f]!r} is not an integer") from None
+            if dims[f] < 1:
+                raise FamilyError(f"GEMM problem field {f}={dims[f]} must be >= 1")
+        dtype = _choice(str(values.get("dtype", "fp32")), DTYPES, "dtype", "GEMM problem")
+        la = _choice(str(values.get("layout_a", "row")), LAYOUTS, "layout_a", "GEMM problem")
+        lb = _choice(str(values.get("layout_b", "row")), LAYOUTS, "layout_b", "GEMM problem")
+        return GemmProblem(dims["m"], dims["n"], dims["k"], dtype, la, lb)
+
+    def problem_dict(self, problem: GemmProblem) -> dict:
+        return asdict(problem)
+
+    def dims_key(self, problem: GemmProblem) -> str:
+        """Canonical string of every shape field: the join key and the CV group."""
+        return ",".join(f"{f}={getattr(problem, f)}" for f in self.problem_fields)
+
+    def applicable(self, cfg: GemmConfig, problem: GemmProblem) -> bool:
+        """Whether the variant is a candidate for the problem at all (same input dtype)."""
+        return cfg.dtype == problem.dtype
+
+    def unsupported_reason(self, cfg: GemmConfig, problem: GemmProblem) -> str | None:
+        if cfg.dtype != problem.dtype:
+            return f"kernel dtype {cfg.dtype} != problem dtype {problem.dtype}"
+        return None  # every GEMM variant handles every shape (edges are padded)
+
+    def flops(self, problem: GemmProblem) -> float:
+        return 2.0 * problem.m * problem.n * problem.k
+
+    def bytes_moved(self, problem: GemmProblem) -> float:
+        elt = ELEMENT_BYTES[problem.dtype]
+        return float(elt * (problem.m * problem.k + problem.k * problem.n) + 4 * problem.m * problem.n)
+
+    def tolerance(self, problem: GemmProblem) -> float:
+        return TOLERANCE[problem.dtype]
+
+    # -- inputs, reference, peer --------------------------------------------------------
+    def prepare(self, problem: GemmProblem, directory: Path, seed: int) -> PreparedProblem:
+        """Write A and B in their layouts, compute the float64 torch reference."""
+        import torch
+
+        directory.mkdir(parents=True, exist_ok=True)
+        gen = torch.Generator().manual_seed(seed)
+        a = torch.randn(problem.m, problem.k, generator=gen)
+        b = torch.randn(problem.k, problem.n, generator=gen)
+        if problem.dtype == "bf16":
+            a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        reference = torch.matmul(a.double(), b.double()).numpy()
+        stored_a = a if problem.layout_a == "row" else a.t().contiguous()
+        stored_b = b if problem.layout_b == "row" else b.t().contiguous()
+        paths = {"a": directory / "a.bin", "b": directory / "b.bin", "c": directory / "c.bin"}
+        for key, tensor in (("a", stored_a), ("b", stored_b)):
+            raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+            raw.numpy().tofile(paths[key])
+        # the peer sees the same operands in the same layouts (a transposed view for col)
+        peer_a = stored_a if problem.layout_a == "row" else stored_a.t()
+        peer_b = stored_b if problem.layout_b == "row" else stored_b.t()
+        job = (str(problem.m), str(problem.n), str(problem.k), problem.layout_a,
+               problem.layout_b, str(paths["a"]), str(paths["b"]), str(paths["c"]))
+        return PreparedProblem(problem=problem, job_args=job, output_path=paths["c"],
+                               reference=reference, tensors={"a": peer_a, "b": peer_b})
+
+    def read_output(self, prepared: PreparedProblem) -> np.ndarray:
+        p = prepared.problem
+        data = np.fromfile(prepared.output_path, dtype=np.float32)
+        if data.size != p.m * p.n:
+            raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
+                              f"expected {p.m * p.n}")
+        return data.reshape(p.m, p.n)
+
+    def peer(self, prepared: PreparedProblem):
+        """torch.matmul on the same operands: (name, callable) measured with the same protocol."""
+        import torch
+
+        a, b = prepared.tensors["a"], prepared.tensors["b"]
+        out = torch.empty(prepared.problem.m, prepared.problem.n, dtype=a.dtype)
+        return "torch.matmul", lambda: torch.matmul(a, b, out=out)
+
+    def feature_engine(self, hardware: Mapping):
+        from ..features.gemm import GemmFeatureEngine
+
+        return GemmFeatureEngine(hardware)
+
+
+FAMILY = GemmFamily()

@@ -1,0 +1,1 @@
+"""Feature engines, one per family: fixed, named column orders (see feature_spec.json)."""

@@ -1,0 +1,111 @@
+"""GEMM feature engine: problem, kernel, interaction and hardware features, in a fixed order.
+
+The interactions encode what makes one variant beat another on a shape: padding waste of
+the micro-tile on the edges, how many parallel work units each scheme exposes per thread,
+and how the packed panels compare with the cache sizes.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+PROBLEM_FEATURES = (
+    "m", "n", "k", "log2_m", "log2_n", "log2_k", "log2_flops", "log2_bytes",
+    "log2_intensity", "log2_m_over_n", "log2_min_mn", "is_bf16", "a_col_major", "b_col_major",
+)
+KERNEL_FEATURES = (
+    "is_avx512", "mr", "nr", "mc", "nc", "kc", "tile_area", "par_m", "par_n", "par_k",
+    "pack_a", "prefetch", "log2_a_block_bytes", "log2_b_panel_bytes", "log2_b_micro_bytes",
+)
+INTERACTION_FEATURES = (
+    "m_tile_eff", "n_tile_eff", "tile_eff", "log2_m_tiles", "log2_n_tiles", "k_blocks",
+    "k_tail_frac", "m_blocks", "n_blocks", "log2_par_units", "par_balance",
+    "a_block_l2_ratio", "b_panel_l3_ratio", "b_micro_l1_ratio", "log2_flops_per_thread",
+    "splitk_reduce_ratio", "pack_ratio", "a_strided_unpacked",
+)
+HARDWARE_FEATURES = ("hw_threads", "hw_simd_bits", "hw_l1d_kib", "hw_l2_kib", "hw_l3_kib",
+                     "hw_clock_mhz", "hw_has_avx512", "hw_has_avx512_bf16")
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+class GemmFeatureEngine:
+    """Features for (GemmProblem, GemmConfig) pairs; see the module docstring."""
+    name = "gemm"
+    version = 1
+
+    def __init__(self, hardware: Mapping):
+        self.hardware = dict(hardware)
+        flags = set(hardware.get("flags", ()))
+        self._hw = np.array([
+            float(hardware.get("threads", 1)), float(hardware.get("simd_bits", 256)),
+            hardware.get("l1d_bytes", 0) / 1024, hardware.get("l2_bytes", 0) / 1024,
+            hardware.get("l3_bytes", 0) / 1024, float(hardware.get("clock_mhz", 0.0)),
+            float("avx512f" in flags), float("avx512_bf16" in flags)])
+
+    def feature_names(self) -> list[str]:
+        return [*PROBLEM_FEATURES, *KERNEL_FEATURES, *INTERACTION_FEATURES, *HARDWARE_FEATURES]
+
+    def kernel_features(self, configs: Sequence) -> np.ndarray:
+        """One row per kernel (computed once per candidate pool, reused for every problem)."""
+        rows = []
+        for c in configs:
+            elt = 4  # panels are packed as fp32 for every dtype
+            rows.append([
+                float(c.isa == "avx512"), c.mr, c.nr, c.mc, c.nc, c.kc, c.mr * c.nr,
+                float(c.parallel == "m"), float(c.parallel == "n"), float(c.parallel == "k"),
+                float(c.pack_a), float(c.prefetch), np.log2(c.mc * c.kc * elt),
+                np.log2(c.kc * c.nc * elt), np.log2(c.kc * c.nr * elt)])
+        return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(KERNEL_FEATURES))
+
+    def problem_features(self, p) -> np.ndarray:
+        elt = 2 if p.dtype == "bf16" else 4
+        flops = 2.0 * p.m * p.n * p.k
+        nbytes = elt * (p.m * p.k + p.k * p.n) + 4 * p.m * p.n
+        return np.array([
+            p.m, p.n, p.k, np.log2(p.m), np.log2(p.n), np.log2(p.k), np.log2(flops),
+            np.log2(nbytes), np.log2(flops / nbytes), np.log2(p.m / p.n),
+            np.log2(min(p.m, p.n)), float(p.dtype == "bf16"), float(p.layout_a == "col"),
+            float(p.layout_b == "col")], dtype=np.float64)
+
+    def combine(self, problem, problem_row: np.ndarray, kernel_matrix: np.ndarray,
+                configs: Sequence = ()) -> np.ndarray:
+        """The full feature matrix: one row per kernel for this problem."""
+        kf = {name: kernel_matrix[:, i] for i, name in enumerate(KERNEL_FEATURES)}
+        m, n, k = float(problem.m), float(problem.n), float(problem.k)
+        mr, nr, mc, nc, kc = kf["mr"], kf["nr"], kf["mc"], kf["nc"], kf["kc"]
+        threads = max(self._hw[0], 1.0)
+        m_tiles, n_tiles = _ceil_div(m, mr), _ceil_div(n, nr)
+        m_eff, n_eff = m / (m_tiles * mr), n / (n_tiles * nr)
+        k_blocks = _ceil_div(k, kc)
+        k_tail = (k_blocks * kc - k) / (k_blocks * kc)
+        m_blocks, n_blocks = _ceil_div(m, mc), _ceil_div(n, nc)
+        n_panels = _ceil_div(np.minimum(n, nc), nr)
+        units = (kf["par_m"] * m_blocks + kf["par_n"] * n_panels
+                 + kf["par_k"] * np.minimum(threads, k_blocks * kc / 16.0))
+        units = np.maximum(units, 1.0)
+        balance = units / (_ceil_div(units, threads) * threads)
+        kc_eff = np.minimum(kc, k)
+        a_block = np.minimum(mc, m_tiles * mr) * kc_eff * 4
+        b_panel = kc_eff * np.minimum(nc, n_tiles * nr) * 4
+        b_micro = kc_eff * nr * 4
+        l1, l2, l3 = (max(v * 1024, 1.0) for v in self._hw[2:5])
+        flops = 2.0 * m * n * k
+        interactions = np.column_stack([
+            m_eff, n_eff, m_eff * n_eff, np.log2(m_tiles), np.log2(n_tiles), k_blocks, k_tail,
+            m_blocks, n_blocks, np.log2(units), balance, a_block / l2, b_panel / l3,
+            b_micro / l1, np.full_like(mr, np.log2(flops / threads)),
+            kf["par_k"] * (m * n * threads) / flops, (m * k + k * n) / (m * n * k) * (1 + 0 * mr),
+            (1 - kf["pack_a"]) * float(problem.layout_a == "col")])
+        count = kernel_matrix.shape[0]
+        return np.hstack([np.broadcast_to(problem_row, (count, problem_row.size)), kernel_matrix,
+                          interactions, np.broadcast_to(self._hw, (count, self._hw.size))])
+
+    def matrix(self, problem, configs: Sequence, kernel_matrix: np.ndarray | None = None) -> np.ndarray:
+        """Convenience: features of every config for one problem."""
+        if kernel_matrix is None:
+            kernel_matrix = self.kernel_features(configs)
+        return self.combine(problem, self.problem_features(problem), kernel_matrix, configs)

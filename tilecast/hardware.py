@@ -1,0 +1,87 @@
+"""The hardware profile read from this machine: cores, SIMD width, caches, clock, ISA flags."""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def _size_bytes(text: str) -> int:
+    text = text.strip().upper()
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
+def _caches() -> dict[str, int]:
+    """Per-instance data/unified cache sizes by level from sysfs (0 when unknown)."""
+    sizes = {"l1d_bytes": 0, "l2_bytes": 0, "l3_bytes": 0}
+    if not CPU_SYSFS.exists():
+        return sizes
+    for index in sorted(CPU_SYSFS.glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = _size_bytes((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        key = {"1": "l1d_bytes", "2": "l2_bytes", "3": "l3_bytes"}.get(level)
+        if key:
+            sizes[key] = size
+    return sizes
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor block is enough
+        key, _, value = line.partition(":")
+        info[key.strip()] = value.strip()
+    return info
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def profile(threads: int | None = None) -> dict:
+    """The machine's profile; `threads` is the thread count kernels are measured with."""
+    info = _cpuinfo()
+    flags = sorted(info.get("flags", "").split())
+    simd_bits = 512 if "avx512f" in flags else 256 if "avx2" in flags else 128
+    cores = cpu_count()
+    prof = {
+        "cpu_model": info.get("model name", platform.processor() or "unknown"),
+        "machine": platform.machine(),
+        "cores": cores,
+        "threads": int(threads or cores),
+        "simd_bits": simd_bits,
+        "clock_mhz": float(info.get("cpu MHz", 0.0) or 0.0),
+        "flags": flags,
+        **_caches(),
+    }
+    prof["fingerprint"] = fingerprint(prof)
+    return prof
+
+
+def fingerprint(prof: dict) -> str:
+    """A short stable id of what changes kernel speed: model, cores, threads, caches, ISA."""
+    isa = [f for f in prof.get("flags", ()) if f.startswith(("avx", "fma", "amx", "sse4"))]
+    parts = [prof.get("cpu_model", ""), prof.get("cores"), prof.get("threads"),
+             prof.get("l1d_bytes"), prof.get("l2_bytes"), prof.get("l3_bytes"), ",".join(isa)]
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]

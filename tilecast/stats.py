@@ -1,0 +1,162 @@
+"""Robust statistics for timing samples: median, MAD, bootstrap intervals.
+
+This is the one statistics module of tilecast. Timing samples are noisy and
+occasionally broken (a preempted run, a NaN from a failed timer), so scores use
+the median of the *usable* samples and spread is measured with the median
+absolute deviation rather than the standard deviation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "bootstrap_ci",
+    "geometric_mean",
+    "mad",
+    "median",
+    "relative_uncertainty",
+    "usable",
+]
+
+
+def _as_floats(values: Iterable, what: str) -> list[float]:
+    """Convert every value to float, naming the first one that is not a number."""
+    floats = []
+    for index, value in enumerate(values):
+        try:
+            floats.append(float(value))
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{what}: value {value!r} at index {index} is not a number"
+            ) from None
+    return floats
+
+
+def _require_nonempty(floats: Sequence[float], what: str) -> None:
+    if not floats:
+        raise ValueError(f"{what} of an empty sequence is undefined; pass at least one value")
+
+
+def usable(values: Iterable) -> list[float]:
+    """Return the usable samples as floats: finite and non-negative, in input order.
+
+    A sample that is NaN, infinite or negative comes from a broken measurement
+    and is dropped. Values that are not numbers raise TypeError.
+    """
+    return [v for v in _as_floats(values, "usable") if math.isfinite(v) and v >= 0.0]
+
+
+def median(values: Iterable) -> float:
+    """Return the median of ``values`` (mean of the two middle values for even counts).
+
+    Raises ValueError for an empty input or one containing NaN (NaN has no rank).
+    Infinite values are ordered normally; middle values -inf and inf raise.
+    """
+    floats = _as_floats(values, "median")
+    _require_nonempty(floats, "median")
+    for index, value in enumerate(floats):
+        if math.isnan(value):
+            raise ValueError(
+                f"median: value nan at index {index} has no rank; filter with usable() first"
+            )
+    ordered = sorted(floats)
+    upper = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[upper]
+    low, high = ordered[upper - 1], ordered[upper]
+    middle = (low + high) / 2.0
+    if math.isinf(middle) and math.isfinite(low) and math.isfinite(high):
+        middle = low / 2.0 + high / 2.0  # the sum overflowed; halve first
+    if math.isnan(middle):
+        raise ValueError(f"median: the middle values {low!r} and {high!r} have no mean")
+    return middle
+
+
+def mad(values: Iterable, scale: float = 1.0) -> float:
+    """Return ``scale * median(|x - median(x)|)``, the median absolute deviation.
+
+    Unscaled by default; pass ``scale=1.4826`` for a consistent estimate of the
+    standard deviation under normal noise. Raises ValueError for an empty input,
+    a non-finite value, or a negative or non-finite ``scale``.
+    """
+    if not (math.isfinite(scale) and scale >= 0.0):
+        raise ValueError(f"mad: scale must be finite and >= 0, got {scale!r}")
+    floats = _as_floats(values, "mad")
+    _require_nonempty(floats, "mad")
+    for index, value in enumerate(floats):
+        if not math.isfinite(value):
+            raise ValueError(
+                f"mad: value {value!r} at index {index} is not finite; filter with usable() first"
+            )
+    center = median(floats)
+    return scale * median(abs(v - center) for v in floats)
+
+
+def relative_uncertainty(values: Iterable) -> float:
+    """Return MAD / median of the usable samples.
+
+    Returns ``inf`` when there is no usable sample or the median is 0, so a
+    broken measurement never looks certain.
+    """
+    samples = usable(values)
+    if not samples:
+        return math.inf
+    center = median(samples)
+    if center == 0.0:
+        return math.inf
+    return mad(samples) / center
+
+
+def bootstrap_ci(
+    values: Iterable,
+    stat: Callable[[np.ndarray], float] = median,
+    confidence: float = 0.95,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Return a percentile-bootstrap confidence interval ``(low, high)`` for ``stat``.
+
+    Resamples ``values`` with replacement ``n_resamples`` times using
+    ``numpy.random.default_rng(seed)``, so the interval is reproducible for a
+    given seed. ``stat`` receives a 1-D float array. Raises ValueError for an
+    empty or non-finite input, ``confidence`` outside (0, 1) or ``n_resamples`` < 1.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"bootstrap_ci: confidence must be in (0, 1), got {confidence!r}")
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"bootstrap_ci: n_resamples must be an int >= 1, got {n_resamples!r}")
+    floats = _as_floats(values, "bootstrap_ci")
+    _require_nonempty(floats, "bootstrap_ci")
+    for index, value in enumerate(floats):
+        if not math.isfinite(value):
+            raise ValueError(
+                f"bootstrap_ci: value {value!r} at index {index} is not finite; "
+                "filter with usable() first"
+            )
+    data = np.asarray(floats, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, data.size, size=(n_resamples, data.size))
+    statistics = np.array([stat(data[row]) for row in indices], dtype=np.float64)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(statistics, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return float(low), float(high)
+
+
+def geometric_mean(values: Iterable) -> float:
+    """Return the geometric mean of strictly positive, finite values.
+
+    Used to average ratios (speedups, efficiencies). Raises ValueError for an
+    empty input or naming the first value that is <= 0 or not finite.
+    """
+    floats = _as_floats(values, "geometric_mean")
+    _require_nonempty(floats, "geometric_mean")
+    for index, value in enumerate(floats):
+        if not (math.isfinite(value) and value > 0.0):
+            raise ValueError(
+                f"geometric_mean: value {value!r} at index {index} must be finite and > 0"
+            )
+    return float(math.exp(math.fsum(math.log(v) for v in floats) / len(floats)))
