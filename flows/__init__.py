@@ -1,0 +1,1 @@
+"""Prefect flows: the nightly DAG."""

@@ -1,0 +1,60 @@
+"""The `tilecast` console script: the library's subcommands plus `run` (the Prefect flow)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tilecast import cli
+
+
+def prefect_env(workdir: Path) -> None:
+    """Offline Prefect: state inside the workdir, no telemetry; set before prefect is imported."""
+    home = (workdir / ".prefect").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(home))
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tilecast")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
+
+
+def _cmd_run(args) -> int:
+    workdir = Path(args.workdir)
+    if args.plain:
+        from tilecast import pipeline
+
+        ctx = pipeline.RunContext.create(args.config, args.workdir, args.registry, run_id=args.run_id)
+        summary = pipeline.run_all(ctx)
+    else:
+        prefect_env(workdir)
+        from tilecast.config import load_config
+
+        load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
+        from flows.nightly import nightly
+
+        summary = nightly(config=args.config, workdir=args.workdir, registry=args.registry,
+                          run_id=args.run_id)
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    run = sub.add_parser("run", help="run the whole DAG (build .. publish) as a Prefect flow")
+    run.add_argument("--config", default="quick", help="a YAML path or a name in configs/")
+    run.add_argument("--workdir", default="work/quick")
+    run.add_argument("--registry", default="registry")
+    run.add_argument("--run-id", default=None,
+                     help="resume this run id (Prefect task cache); default: a new id")
+    run.add_argument("--plain", action="store_true",
+                     help="call the stages as plain library functions, without Prefect")
+    run.set_defaults(func=_cmd_run)
+    return cli.main(argv, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+// Loops 2 and 1 around the micro-kernel (jr over NR panels of B, ir over MR
+// panels of A) for one mc x nc x kc block, plus the edge-tile handling.
+#pragma once
+
+#include "gemm_config.hpp"
+#include "gemm_microkernel.hpp"
+#include "gemm_pack.hpp"
+
+namespace tc::gemm {
+
+#if TC_ISA == 1
+using Vec = VecAvx512;
+#else
+using Vec = VecAvx2;
+#endif
+
+/// The A operand of one block as the micro-kernel sees it: packed MR-row
+/// micro-panels, or (TC_PACK_A=0) the original strided matrix, in which case
+/// partial MR-row tails are packed into `tail` so no row past M is read.
+struct ABlock {
+  const float* base;   // packed block, or A(ic, pc) of the strided matrix
+  index_t row_stride;  // strided only
+  index_t col_stride;  // strided only
+  float* tail;         // strided only: MR x kc scratch
+};
+
+/// A partial tile (at the M or N edge) is computed into a full MR x NR
+/// buffer and only its valid part reaches C: the micro-kernel stays branch-free.
+inline void store_edge_tile(const float* tile, index_t mr, index_t nr, float* c, index_t ldc,
+                            bool accumulate) {
+  for (index_t i = 0; i < mr; ++i)
+    for (index_t j = 0; j < nr; ++j)
+      c[i * ldc + j] = accumulate ? c[i * ldc + j] + tile[i * kNR + j] : tile[i * kNR + j];
+}
+
+/// C block (mc x nc, leading dimension ldc) (+)= A block * B block, for the
+/// NR panels [panel_begin, panel_end) of the packed B block.
+inline void macrokernel(index_t mc, index_t nc, index_t kc, const ABlock& a,
+                        const float* b_packed, float* c, index_t ldc, bool accumulate,
+                        index_t panel_begin, index_t panel_end) {
+  alignas(64) float edge_tile[kMR * kNR];
+  for (index_t panel = panel_begin; panel < panel_end; ++panel) {
+    const index_t jr = panel * kNR;
+    const index_t nr = nc - jr < kNR ? nc - jr : kNR;
+    const float* b_panel = b_packed + jr * kc;
+    for (index_t ir = 0; ir < mc; ir += kMR) {
+      const index_t mr = mc - ir < kMR ? mc - ir : kMR;
+      // Next call reads the next A panel, or the first one with the next B panel.
+      const bool last_row = ir + kMR >= mc;
+      const float* b_next = last_row ? b_panel + kNR * kc : b_panel;
+      const bool full = mr == kMR && nr == kNR;
+      float* c_tile = full ? c + ir * ldc + jr : edge_tile;
+      const index_t c_ld = full ? ldc : kNR;
+      const bool c_accumulate = full && accumulate;
+
+      if constexpr (kPackA) {
+        const float* a_panel = a.base + ir * kc;
+        const float* a_next = last_row ? a.base : a_panel + kMR * kc;
+        microkernel<Vec, kMR, kNR, true, kPrefetch>(kc, {a_panel, 1, kMR}, b_panel, c_tile, c_ld,
+                                                    c_accumulate, a_next, b_next);
+      } else if (mr == kMR) {
+        const float* a_rows = a.base + ir * a.row_stride;
+        const float* a_next = last_row ? a.base : a_rows + kMR * a.row_stride;
+        microkernel<Vec, kMR, kNR, false, kPrefetch>(kc, {a_rows, a.row_stride, a.col_stride},
+                                                     b_panel, c_tile, c_ld, c_accumulate, a_next,
+                                                     b_next);
+      } else {
+        pack_a_panel<kMR>(StridedView<float>{a.base + ir * a.row_stride, a.row_stride, a.col_stride},
+                          mr, kc, 0, a.tail);
+        microkernel<Vec, kMR, kNR, true, kPrefetch>(kc, {a.tail, 1, kMR}, b_panel, c_tile, c_ld,
+                                                    c_accumulate, a.base, b_next);
+      }
+      if (!full) store_edge_tile(edge_tile, mr, nr, c + ir * ldc + jr, ldc, accumulate);
+    }
+  }
+}
+
+}  // namespace tc::gemm

@@ -1,0 +1,141 @@
+// Packing of A and B blocks into the micro-panel layouts the micro-kernel reads.
+//
+// A strided source element (r, c) lives at src[r*row_stride + c*col_stride],
+// which covers both row- and column-major operands. Packing converts to fp32
+// (bf16 -> fp32 is a 16-bit shift) and zero-pads partial panels, so the
+// micro-kernel never needs a tail case on its k, MR or NR dimension.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <immintrin.h>
+
+#include "gemm_config.hpp"
+
+namespace tc::gemm {
+
+/// A read-only strided matrix view over the file's elements.
+template <class T>
+struct StridedView {
+  const T* data;
+  index_t row_stride;
+  index_t col_stride;
+  const T* at(index_t row, index_t col) const { return data + row * row_stride + col * col_stride; }
+};
+
+inline float to_float(float value) { return value; }
+/// bf16 is the top half of an fp32 bit pattern.
+inline float to_float(std::uint16_t bits) {
+  const std::uint32_t widened = std::uint32_t(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
+
+/// 8 source elements as fp32 (bf16 widened by a 16-bit shift).
+inline __m256 load8(const float* src) { return _mm256_loadu_ps(src); }
+inline __m256 load8(const std::uint16_t* src) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+/// In-register 8x8 transpose: rows[r][c] -> rows[c][r].
+inline void transpose8x8(__m256 rows[8]) {
+  __m256 lo[4], hi[4], quad[8];
+  for (int r = 0; r < 4; ++r) {
+    lo[r] = _mm256_unpacklo_ps(rows[2 * r], rows[2 * r + 1]);
+    hi[r] = _mm256_unpackhi_ps(rows[2 * r], rows[2 * r + 1]);
+  }
+  for (int r = 0; r < 2; ++r) {
+    quad[4 * r + 0] = _mm256_shuffle_ps(lo[2 * r], lo[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    quad[4 * r + 1] = _mm256_shuffle_ps(lo[2 * r], lo[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2));
+    quad[4 * r + 2] = _mm256_shuffle_ps(hi[2 * r], hi[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0));
+    quad[4 * r + 3] = _mm256_shuffle_ps(hi[2 * r], hi[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    rows[c] = _mm256_permute2f128_ps(quad[c], quad[4 + c], 0x20);
+    rows[c + 4] = _mm256_permute2f128_ps(quad[c], quad[4 + c], 0x31);
+  }
+}
+
+/// Lanes contiguous in the source (row-major B, column-major A): each step
+/// is a short contiguous copy; full panels use a constant trip count so the
+/// copy (and bf16 widening) is vectorised.
+template <int W, class T>
+inline void pack_lanes_contiguous(index_t len, index_t width, const T* src, index_t step_stride,
+                                  float* __restrict dst) {
+  for (index_t step = 0; step < len; ++step) {
+    const T* line = src + step * step_stride;
+    float* out = dst + step * W;
+    if (width == W) {
+      for (int lane = 0; lane < W; ++lane) out[lane] = to_float(line[lane]);
+    } else {
+      for (index_t lane = 0; lane < width; ++lane) out[lane] = to_float(line[lane]);
+      for (index_t lane = width; lane < W; ++lane) out[lane] = 0.0f;
+    }
+  }
+}
+
+/// Steps contiguous in the source (row-major A, column-major B): a
+/// transpose, done in 8x8 register blocks so both reads and writes stay
+/// vector-wide; leftover lanes/steps go element by element.
+template <int W, class T>
+inline void pack_steps_contiguous(index_t len, index_t width, const T* src, index_t lane_stride,
+                                  float* __restrict dst) {
+  index_t lane = 0;
+  for (; lane + 8 <= width; lane += 8) {
+    index_t step = 0;
+    for (; step + 8 <= len; step += 8) {
+      __m256 rows[8];
+      for (int r = 0; r < 8; ++r) rows[r] = load8(src + (lane + r) * lane_stride + step);
+      transpose8x8(rows);
+      for (int r = 0; r < 8; ++r) _mm256_storeu_ps(dst + (step + r) * W + lane, rows[r]);
+    }
+    for (; step < len; ++step)
+      for (index_t l = lane; l < lane + 8; ++l) dst[step * W + l] = to_float(src[l * lane_stride + step]);
+  }
+  for (; lane < width; ++lane)
+    for (index_t step = 0; step < len; ++step) dst[step * W + lane] = to_float(src[lane * lane_stride + step]);
+  for (lane = width; lane < W; ++lane)
+    for (index_t step = 0; step < len; ++step) dst[step * W + lane] = 0.0f;
+}
+
+/// Packs `width` (<= W) lines of `len` elements into dst[step*W + lane]:
+/// lane < width from src[lane*lane_stride + step*step_stride], the rest zero.
+template <int W, class T>
+inline void pack_panel(index_t len, index_t width, const T* src, index_t lane_stride,
+                       index_t step_stride, float* __restrict dst) {
+  if (lane_stride == 1) {
+    pack_lanes_contiguous<W>(len, width, src, step_stride, dst);
+  } else if (step_stride == 1) {
+    pack_steps_contiguous<W>(len, width, src, lane_stride, dst);
+  } else {  // only for a 1-element dimension; keep a plain loop
+    for (index_t step = 0; step < len; ++step)
+      for (index_t lane = 0; lane < W; ++lane)
+        dst[step * W + lane] = lane < width ? to_float(src[lane * lane_stride + step * step_stride]) : 0.0f;
+  }
+}
+
+/// Packs NR-column micro-panel `panel` of the kc x nc block of B at `b`:
+/// dst holds kc rows of NR floats.
+template <int NR, class T>
+inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel, float* dst) {
+  const index_t col = panel * NR;
+  const index_t width = nc - col < NR ? nc - col : NR;
+  pack_panel<NR>(kc, width, b.at(0, col), b.col_stride, b.row_stride, dst + panel * NR * kc);
+}
+
+/// Packs MR-row micro-panel `panel` of the mc x kc block of A at `a`:
+/// dst holds kc columns of MR floats.
+template <int MR, class T>
+inline void pack_a_panel(StridedView<T> a, index_t mc, index_t kc, index_t panel, float* dst) {
+  const index_t row = panel * MR;
+  const index_t width = mc - row < MR ? mc - row : MR;
+  pack_panel<MR>(kc, width, a.at(row, 0), a.row_stride, a.col_stride, dst + panel * MR * kc);
+}
+
+inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
+inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
+
+}  // namespace tc::gemm

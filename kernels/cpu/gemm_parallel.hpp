@@ -1,0 +1,237 @@
+// Loops 5, 4 and 3 (jc over NC, pc over KC, ic over MC) and the three OpenMP
+// schemes that share them out, selected by TC_PAR through one table.
+//
+//   m  B block packed cooperatively; each thread owns a contiguous range of
+//      MR-row panels of M (balanced to MR granularity, not whole MC blocks,
+//      so e.g. M=512 does not split 3:2 blocks) and packs its own A blocks.
+//   n  A and B blocks packed cooperatively; the jr loop over NR panels is
+//      split across threads. Suits small M (skinny GEMMs) with wide N.
+//   k  split-K: each thread runs the whole blocked GEMM on its own K range
+//      into its own partial C (thread 0 writes C itself), then a parallel
+//      reduction. Suits small M*N with large K.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <tuple>
+
+#include "gemm_config.hpp"
+#include "gemm_macrokernel.hpp"
+#include "gemm_pack.hpp"
+
+namespace tc::gemm {
+
+/// One GEMM problem: C (m x n, row-major, leading dimension ldc) = A * B.
+struct Problem {
+  index_t m, n, k;
+  StridedView<InputT> a;
+  StridedView<InputT> b;
+  float* c;
+  index_t ldc;
+};
+
+/// A 64-byte aligned float buffer, freed with the job.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(index_t count) {
+    if (count <= 0) return;
+    const std::size_t bytes = round_up(count * index_t(sizeof(float)), 64);
+    void* memory = nullptr;
+    if (posix_memalign(&memory, 64, bytes) != 0) throw std::bad_alloc();
+    data_.reset(static_cast<float*>(memory));
+  }
+  float* get() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> data_;
+};
+
+/// Per-thread slices are padded to whole pages so threads never share a line
+/// and slices do not alias in the cache sets.
+constexpr index_t kSliceAlignFloats = 4096 / sizeof(float);
+
+/// A buffer of `slices` equal, page-aligned slices of `count` floats.
+class SlicedBuffer {
+ public:
+  SlicedBuffer() = default;
+  SlicedBuffer(index_t slices, index_t count)
+      : stride_(round_up(count, kSliceAlignFloats)), buffer_(slices * stride_) {}
+  float* slice(int index) const { return buffer_.get() + index * stride_; }
+  index_t stride() const { return stride_; }
+
+ private:
+  index_t stride_ = 0;
+  AlignedBuffer buffer_;
+};
+
+/// All scratch memory of one job, allocated once before timing.
+struct Workspace {
+  int threads;
+  SlicedBuffer b_pack;     // kc x round_up(nc, NR); one per thread for "k", else shared
+  SlicedBuffer a_pack;     // round_up(mc, MR) x kc; shared for "n", else one per thread
+  SlicedBuffer a_tail;     // MR x kc per thread (TC_PACK_A=0 edge rows)
+  SlicedBuffer c_partial;  // m x n per thread but the first ("k" only)
+
+  Workspace(const Problem& problem, int thread_count) : threads(thread_count) {
+    const index_t kc = std::min(problem.k, kKC);
+    const index_t nc = round_up(std::min(problem.n, kNC), kNR);
+    const index_t mc = round_up(std::min(problem.m, kMC), kMR);
+    b_pack = SlicedBuffer(kParScheme == 2 ? threads : 1, kc * nc);
+    if (kPackA) a_pack = SlicedBuffer(kParScheme == 1 ? 1 : threads, mc * kc);
+    if (!kPackA) a_tail = SlicedBuffer(threads, kMR * kc);
+    if (kParScheme == 2 && threads > 1) c_partial = SlicedBuffer(threads - 1, problem.m * problem.n);
+  }
+};
+
+/// [begin, end) of part `index` when `count` units are split into `parts`
+/// near-equal contiguous ranges.
+inline void split_range(index_t count, int parts, int index, index_t& begin, index_t& end) {
+  begin = count * index / parts;
+  end = count * (index + 1) / parts;
+}
+
+/// The A block (ic, pc) of `mc` x `kc` as the macro-kernel reads it. With
+/// packing, panels [panel_begin, panel_end) are packed by this caller.
+inline ABlock a_block(const Problem& p, index_t ic, index_t pc, index_t mc, index_t kc,
+                      float* packed, float* tail, index_t panel_begin, index_t panel_end) {
+  if constexpr (kPackA) {
+    const StridedView<InputT> a{p.a.at(ic, pc), p.a.row_stride, p.a.col_stride};
+    for (index_t panel = panel_begin; panel < panel_end; ++panel) pack_a_panel<kMR>(a, mc, kc, panel, packed);
+    return {packed, 0, 0, nullptr};
+  } else {
+    (void)mc, (void)kc, (void)packed, (void)panel_begin, (void)panel_end;
+    return {reinterpret_cast<const float*>(p.a.at(ic, pc)), p.a.row_stride, p.a.col_stride, tail};
+  }
+}
+
+/// "m": threads split the rows of C.
+struct ParallelM {
+  static void run(const Problem& p, Workspace& ws) {
+#pragma omp parallel num_threads(ws.threads)
+    {
+      const int tid = omp_get_thread_num();
+      const int nt = omp_get_num_threads();
+      index_t panel_begin, panel_end;
+      split_range(ceil_div(p.m, kMR), nt, tid, panel_begin, panel_end);
+      const index_t row_begin = panel_begin * kMR;
+      const index_t row_end = std::min(panel_end * kMR, p.m);
+      float* b_packed = ws.b_pack.slice(0);
+      for (index_t jc = 0; jc < p.n; jc += kNC) {
+        const index_t nc = std::min(kNC, p.n - jc);
+        for (index_t pc = 0; pc < p.k; pc += kKC) {
+          const index_t kc = std::min(kKC, p.k - pc);
+          const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
+#pragma omp for schedule(static)
+          for (index_t panel = 0; panel < ceil_div(nc, kNR); ++panel) pack_b_panel<kNR>(b, kc, nc, panel, b_packed);
+          for (index_t ic = row_begin; ic < row_end; ic += kMC) {
+            const index_t mc = std::min(kMC, row_end - ic);
+            const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
+                                     kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
+            macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, 0,
+                        ceil_div(nc, kNR));
+          }
+          // The B block is repacked next iteration: wait until all threads are done with it.
+#pragma omp barrier
+        }
+      }
+    }
+  }
+};
+
+/// "n": threads split the NR panels of each B block.
+struct ParallelN {
+  static void run(const Problem& p, Workspace& ws) {
+#pragma omp parallel num_threads(ws.threads)
+    {
+      const int tid = omp_get_thread_num();
+      const int nt = omp_get_num_threads();
+      float* b_packed = ws.b_pack.slice(0);
+      for (index_t jc = 0; jc < p.n; jc += kNC) {
+        const index_t nc = std::min(kNC, p.n - jc);
+        index_t panel_begin, panel_end;
+        split_range(ceil_div(nc, kNR), nt, tid, panel_begin, panel_end);
+        for (index_t pc = 0; pc < p.k; pc += kKC) {
+          const index_t kc = std::min(kKC, p.k - pc);
+          const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
+#pragma omp for schedule(static)
+          for (index_t panel = 0; panel < ceil_div(nc, kNR); ++panel) pack_b_panel<kNR>(b, kc, nc, panel, b_packed);
+          for (index_t ic = 0; ic < p.m; ic += kMC) {
+            const index_t mc = std::min(kMC, p.m - ic);
+            index_t a_begin = 0, a_end = 0;
+            if (kPackA) split_range(ceil_div(mc, kMR), nt, tid, a_begin, a_end);
+            const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(0) : nullptr,
+                                     kPackA ? nullptr : ws.a_tail.slice(tid), a_begin, a_end);
+            // Everyone's share of the shared A block must be packed before use.
+            if (kPackA) {
+#pragma omp barrier
+            }
+            macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, panel_begin,
+                        panel_end);
+            // The shared A block (or B block, after the last ic) is overwritten next.
+#pragma omp barrier
+          }
+        }
+      }
+    }
+  }
+};
+
+/// "k": split-K into per-thread partial C, then a parallel reduction.
+struct ParallelK {
+  static void run(const Problem& p, Workspace& ws) {
+#pragma omp parallel num_threads(ws.threads)
+    {
+      const int tid = omp_get_thread_num();
+      const int nt = omp_get_num_threads();
+      index_t k_begin, k_end;
+      split_range(p.k, nt, tid, k_begin, k_end);
+      float* c = tid == 0 ? p.c : ws.c_partial.slice(tid - 1);
+      const index_t ldc = tid == 0 ? p.ldc : p.n;
+      float* b_packed = ws.b_pack.slice(tid);
+      if (k_begin == k_end)  // more threads than K: contribute zeros
+        for (index_t i = 0; i < p.m; ++i) std::fill(c + i * ldc, c + i * ldc + p.n, 0.0f);
+      for (index_t jc = 0; jc < p.n; jc += kNC) {
+        const index_t nc = std::min(kNC, p.n - jc);
+        for (index_t pc = k_begin; pc < k_end; pc += kKC) {
+          const index_t kc = std::min(kKC, k_end - pc);
+          const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
+          for (index_t panel = 0; panel < ceil_div(nc, kNR); ++panel) pack_b_panel<kNR>(b, kc, nc, panel, b_packed);
+          for (index_t ic = 0; ic < p.m; ic += kMC) {
+            const index_t mc = std::min(kMC, p.m - ic);
+            const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
+                                     kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
+            macrokernel(mc, nc, kc, a, b_packed, c + ic * ldc + jc, ldc, pc > k_begin, 0,
+                        ceil_div(nc, kNR));
+          }
+        }
+      }
+#pragma omp barrier
+      if (nt > 1) {
+#pragma omp for schedule(static)
+        for (index_t i = 0; i < p.m; ++i) {
+          float* c_row = p.c + i * p.ldc;
+          for (int t = 1; t < nt; ++t) {
+            const float* partial_row = ws.c_partial.slice(t - 1) + i * p.n;
+            for (index_t j = 0; j < p.n; ++j) c_row[j] += partial_row[j];
+          }
+        }
+      }
+    }
+  }
+};
+
+/// TC_PAR -> scheme: the single table of parallel schemes.
+using Schemes = std::tuple<ParallelM, ParallelN, ParallelK>;
+using Scheme = std::tuple_element_t<kParScheme, Schemes>;
+
+/// C = A * B for one problem with preallocated scratch.
+inline void gemm(const Problem& problem, Workspace& workspace) { Scheme::run(problem, workspace); }
+
+}  // namespace tc::gemm

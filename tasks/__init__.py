@@ -1,0 +1,1 @@
+"""Prefect tasks: each a thin wrapper over one tilecast stage function."""

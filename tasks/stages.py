@@ -1,0 +1,64 @@
+"""One Prefect task per pipeline stage. Each wraps the plain-Python stage in
+`tilecast.pipeline`, which is tested without Prefect; the task adds retries, caching on
+inputs + source, tags (the benchmark's device tag for concurrency limits) and logging."""
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+
+from tilecast import pipeline
+
+CACHE = INPUTS + TASK_SOURCE
+
+
+def _ctx(config: str, workdir: str, registry: str, run_id: str) -> pipeline.RunContext:
+    return pipeline.RunContext.create(config, workdir, registry, run_id=run_id)
+
+
+@task(name="build-kernels", cache_policy=CACHE, tags=["build"], retries=0)
+def build_kernels(config: str, workdir: str, registry: str, run_id: str, family: str) -> dict:
+    """Compile the family's candidates into the content-hash cache."""
+    return pipeline.build_stage(_ctx(config, workdir, registry, run_id), family)
+
+
+@task(name="benchmark-candidates", cache_policy=CACHE, tags=["bench", "device:cpu0"],
+      retries=2, retry_delay_seconds=[5, 30])
+def benchmark_candidates(config: str, workdir: str, registry: str, run_id: str, family: str,
+                         build: dict) -> dict:
+    """Measure every built candidate on the problem sets (resumes from the raw file)."""
+    return pipeline.bench_stage(_ctx(config, workdir, registry, run_id), family)
+
+
+@task(name="convert-to-parquet", cache_policy=CACHE, tags=["convert"])
+def convert_to_parquet(config: str, workdir: str, registry: str, run_id: str, family: str,
+                       bench: dict) -> dict:
+    """Raw records -> the parquet dataset."""
+    return pipeline.convert_stage(_ctx(config, workdir, registry, run_id), family)
+
+
+@task(name="train-model", cache_policy=CACHE, tags=["train"])
+def train_model(config: str, workdir: str, registry: str, run_id: str, family: str,
+                convert: dict) -> dict:
+    """LightGBM on the training problems, GroupKFold on dims_key."""
+    return pipeline.train_stage(_ctx(config, workdir, registry, run_id), family)
+
+
+@task(name="evaluate-holdout", cache_policy=CACHE, tags=["evaluate"])
+def evaluate_holdout(config: str, workdir: str, registry: str, run_id: str, family: str,
+                     train: dict) -> dict:
+    """Model vs the measured oracle and the static best on held-out problems."""
+    return pipeline.evaluate_stage(_ctx(config, workdir, registry, run_id), family)
+
+
+@task(name="write-report", cache_policy=CACHE, tags=["report"])
+def write_report(config: str, workdir: str, registry: str, run_id: str,
+                 evaluations: dict) -> dict:
+    """evaluation.json, report.md and plots for every family."""
+    return pipeline.report_stage(_ctx(config, workdir, registry, run_id))
+
+
+@task(name="publish-registry", cache_policy=CACHE, tags=["publish"])
+def publish_registry(config: str, workdir: str, registry: str, run_id: str, family: str,
+                     evaluation: dict) -> dict:
+    """A new registry version; the production alias moves only if the gate passes."""
+    return pipeline.publish_stage(_ctx(config, workdir, registry, run_id), family)

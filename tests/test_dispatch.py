@@ -1,0 +1,304 @@
+"""Tests for tilecast.dispatch: a real tiny LightGBM model on real GEMM features, published
+through the registry and loaded back by the Dispatcher."""
+
+import itertools
+import json
+import logging
+import math
+import subprocess
+import sys
+
+import lightgbm
+import numpy as np
+import pytest
+
+from tilecast import registry
+from tilecast.dispatch import Dispatcher, parse_problem_string
+from tilecast.families import get_family
+from tilecast.families.base import FamilyError
+from tilecast.registry import RegistryError
+
+GEMM = get_family("gemm")
+HARDWARE = {"threads": 8, "simd_bits": 512, "l1d_bytes": 48 << 10, "l2_bytes": 2 << 20,
+            "l3_bytes": 32 << 20, "clock_mhz": 3000.0,
+            "flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}
+OPTIONS = {"dtype": ["fp32"], "isa": ["avx512", "avx2"], "parallel": ["m", "n", "k"],
+           "tiles": ["14x32", "6x48", "4x64", "16x16", "6x16", "8x8"]}
+METRICS = {"mean_efficiency": 0.9, "median_efficiency": 0.92, "p10_efficiency": 0.8,
+           "min_efficiency": 0.6, "static_best": {"kernel": "?", "mean_efficiency": 0.7}}
+TRAIN_SIZES = (17, 64, 100, 256, 1000, 2048)
+PARAMS = {"objective": "regression", "num_leaves": 15, "min_data_in_leaf": 5,
+          "learning_rate": 0.2, "verbose": -1, "num_threads": 1, "deterministic": True,
+          "seed": 0}
+QUERIES = [
+    {"m": 300, "n": 70, "k": 129},
+    {"m": 33, "n": 4096, "k": 512},
+    {"m": 2048, "n": 2048, "k": 2048},
+    {"m": 7, "n": 9, "k": 1000},
+    {"m": 4096, "n": 24, "k": 64, "layout_a": "col"},
+    {"m": 100, "n": 100, "k": 100, "layout_b": "col"},
+    {"m": 1, "n": 1, "k": 1},
+]
+
+
+def synthetic_tflops(names, features):
+    """A deterministic 'measurement' whose winner depends on the shape: tile padding waste,
+    parallel balance and ISA all matter."""
+    col = {name: features[:, i] for i, name in enumerate(names)}
+    size = np.clip((col["log2_flops"] - 10) / 25, 0.05, 1.0)
+    isa = np.where(col["is_avx512"] > 0, 1.0, 0.55)
+    return 3.0 * isa * col["tile_eff"] ** 2 * col["par_balance"] * size + 0.002 * col["mr"]
+
+
+def training_set(engine, configs, columns=None):
+    kernel_matrix = engine.kernel_features(configs)
+    blocks = []
+    for m, n, k in itertools.product(TRAIN_SIZES, repeat=3):
+        problem = GEMM.problem({"m": m, "n": n, "k": k})
+        blocks.append(engine.combine(problem, engine.problem_features(problem), kernel_matrix,
+                                     configs))
+    features = np.vstack(blocks)
+    tflops = synthetic_tflops(engine.feature_names(), features)
+    if columns is not None:
+        features = features[:, columns]
+    return features, tflops
+
+
+def publish_model(root, model, booster, feature_names, kernels, transform, static_best=None):
+    spec = {"family": "gemm", "feature_names": list(feature_names), "engine": "gemm",
+            "engine_version": 1, "target_transform": transform, "hardware": HARDWARE,
+            "model_spec": {"num_boost_round": 40, **PARAMS}}
+    candidates = {"family": "gemm", "kernels": list(kernels),
+                  "static_best": static_best or kernels[0]}
+    files = {"model.txt": booster.model_to_string(), "feature_spec.json": json.dumps(spec),
+             "candidates.json": json.dumps(candidates), "train_manifest.json": "{}"}
+    return registry.publish(root, model, files, metrics=METRICS)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A registry with 'gemm-full' (every engine feature, log1p) and 'gemm-subset' (a
+    reordered subset of the features, log), both trained on the synthetic target."""
+    root = tmp_path_factory.mktemp("registry")
+    engine = GEMM.feature_engine(HARDWARE)
+    configs = GEMM.candidate_space(OPTIONS, HARDWARE)
+    names = [GEMM.kernel_name(c) for c in configs]
+    assert len(names) == 18
+
+    features, tflops = training_set(engine, configs)
+    full = lightgbm.train(PARAMS, lightgbm.Dataset(features, np.log1p(tflops)),
+                          num_boost_round=40)
+    publish_model(root, "gemm-full", full, engine.feature_names(), names, "log1p_tflops",
+                  static_best=names[3])
+
+    subset_names = engine.feature_names()[::-1][5:]  # reordered, and 5 features dropped
+    columns = [engine.feature_names().index(n) for n in subset_names]
+    features, tflops = training_set(engine, configs, columns)
+    subset = lightgbm.train(PARAMS, lightgbm.Dataset(features, np.log(tflops)),
+                            num_boost_round=40)
+    publish_model(root, "gemm-subset", subset, subset_names, names, "log_tflops")
+    return {"root": root, "engine": engine, "configs": configs, "names": names,
+            "full": full, "subset": subset, "subset_columns": columns}
+
+
+def expected_ranking(setup, booster, problem_values, inverse, columns=None):
+    """(name, tflops) best first, computed straight from the booster."""
+    problem = GEMM.problem(problem_values)
+    features = setup["engine"].matrix(problem, setup["configs"])
+    if columns is not None:
+        features = features[:, columns]
+    tflops = inverse(booster.predict(features))
+    return sorted(zip(setup["names"], tflops), key=lambda pair: (-pair[1], pair[0]))
+
+
+# --- choices agree with the booster ------------------------------------------------------
+
+
+def test_select_is_the_argmax_of_the_booster_for_every_problem(setup):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    assert dispatcher.version == 1 and dispatcher.model == "gemm-full"
+    assert dispatcher.kernels == tuple(setup["names"])
+    chosen = []
+    for values in QUERIES:
+        expected = expected_ranking(setup, setup["full"], values, np.expm1)
+        chosen.append(dispatcher.select(values))
+        assert chosen[-1] == expected[0][0], values
+        assert dispatcher.last_fallback_reason is None
+    assert len(set(chosen)) >= 3, chosen  # the choice really depends on the shape
+
+
+def test_rank_and_predict_are_ordered_predictions_in_tflops(setup):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full", "production")
+    for values in QUERIES[:4]:
+        expected = expected_ranking(setup, setup["full"], values, np.expm1)
+        top = dispatcher.rank(values, k=4)
+        assert [name for name, _ in top] == [name for name, _ in expected[:4]]
+        assert [t for _, t in top] == pytest.approx([t for _, t in expected[:4]], rel=1e-9)
+        assert all(a[1] >= b[1] for a, b in zip(top, top[1:]))
+        assert len(dispatcher.rank(values, k=100)) == 18
+        assert dispatcher.predict(values) == pytest.approx(dict(expected), rel=1e-9)
+    with pytest.raises(ValueError, match="k=0"):
+        dispatcher.rank(QUERIES[0], k=0)
+
+
+def test_feature_subset_in_another_order_is_mapped_and_log_is_inverted(setup):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-subset", 1)
+    chosen = set()
+    for values in QUERIES:
+        expected = expected_ranking(setup, setup["subset"], values, np.exp,
+                                    setup["subset_columns"])[:3]
+        top = dispatcher.rank(values, k=3)
+        assert [name for name, _ in top] == [name for name, _ in expected]
+        assert [t for _, t in top] == pytest.approx([t for _, t in expected], rel=1e-9)
+        chosen.add(top[0][0])
+    assert len(chosen) >= 3, chosen
+
+
+def test_equal_predictions_are_broken_by_kernel_name(setup):
+    names = setup["names"]
+    features, _ = training_set(setup["engine"], setup["configs"])
+    flat = lightgbm.train(PARAMS, lightgbm.Dataset(features, np.full(len(features), 2.0)),
+                          num_boost_round=3)
+    spec = {"family": "gemm", "feature_names": setup["engine"].feature_names(),
+            "target_transform": "log1p_tflops", "hardware": HARDWARE}
+    shuffled = names[5:] + names[:5]
+    dispatcher = Dispatcher(flat, spec, {"family": "gemm", "kernels": shuffled,
+                                         "static_best": names[0]})
+    assert dispatcher.select(QUERIES[0]) == min(names)
+    assert [n for n, _ in dispatcher.rank(QUERIES[1], k=18)] == sorted(names)
+
+
+# --- queries -----------------------------------------------------------------------------
+
+
+def test_results_are_memoized_per_validated_problem(setup, monkeypatch):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    calls = []
+    real_predict = dispatcher.booster.predict
+    monkeypatch.setattr(dispatcher.booster, "predict",
+                        lambda features: calls.append(features.shape) or real_predict(features))
+    first = dispatcher.ranking({"m": 256, "n": 128, "k": 64})
+    assert calls == [(18, len(setup["engine"].feature_names()))]
+    # the same problem spelled three other ways hits the cache
+    assert dispatcher.ranking("m=256,n=128,k=64") is first
+    assert dispatcher.ranking({"m": "256", "n": 128, "k": 64, "dtype": "fp32"}) is first
+    assert dispatcher.select("k=64, n=128, m=256") == first.kernels[0]
+    assert len(calls) == 1
+    dispatcher.select({"m": 256, "n": 128, "k": 65})
+    assert len(calls) == 2
+
+
+def test_string_problems_match_mappings(setup):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    for values in QUERIES:
+        text = ",".join(f"{key}={value}" for key, value in values.items())
+        assert dispatcher.select(text) == dispatcher.select(values)
+    assert parse_problem_string(" m=1, n=2 ,k=3,layout_a=col,") == {
+        "m": "1", "n": "2", "k": "3", "layout_a": "col"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("m=1,n", r"malformed pair 'n'"),
+    ("m=1,=4", r"malformed pair '=4'"),
+    ("m=1,n=", r"malformed pair 'n='"),
+    ("m=1,m=2", r"field 'm' given twice"),
+    ("", r"empty problem string"),
+])
+def test_malformed_problem_strings_name_the_pair(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_problem_string(text)
+
+
+@pytest.mark.parametrize(("problem", "message"), [
+    ("m=64,n=64,k=64,q=3", r"unknown GEMM problem field\(s\) \['q'\]"),
+    ({"m": "abc", "n": 1, "k": 1}, r"field m='abc' is not an integer"),
+    ({"m": 8, "n": 0, "k": 1}, r"field n=0 must be >= 1"),
+    ({"m": 8, "n": 8}, r"missing field\(s\) \['k'\]"),
+    ("m=8,n=8,k=8,dtype=fp64", r"unknown dtype 'fp64'"),
+])
+def test_bad_problem_fields_are_named(setup, problem, message):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    with pytest.raises(FamilyError, match=message):
+        dispatcher.select(problem)
+
+
+def test_no_applicable_candidate_falls_back_to_static_best(setup, caplog):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    with caplog.at_level(logging.WARNING, logger="tilecast.dispatch"):
+        chosen = dispatcher.select("m=64,n=64,k=64,dtype=bf16")
+    assert chosen == setup["names"][3]
+    assert "static best" in dispatcher.last_fallback_reason
+    assert setup["names"][3] in dispatcher.last_fallback_reason
+    assert any("falling back" in r.getMessage() for r in caplog.records)
+    result = dispatcher.select_json("m=64,n=64,k=64,dtype=bf16")
+    assert result["kernel"] == setup["names"][3] and result["predicted_tflops"] is None
+    assert dispatcher.predict("m=64,n=64,k=64,dtype=bf16") == {}
+    dispatcher.select("m=64,n=64,k=64")
+    assert dispatcher.last_fallback_reason is None
+
+
+def test_select_json_reports_kernel_prediction_model_and_version(setup):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-subset")
+    result = dispatcher.select_json(QUERIES[2])
+    name, tflops = dispatcher.rank(QUERIES[2], k=1)[0]
+    assert result == {"kernel": name, "predicted_tflops": tflops, "model": "gemm-subset",
+                      "version": 1}
+    assert tflops > 0 and math.isfinite(tflops)
+    json.dumps(result)
+
+
+# --- broken artifacts --------------------------------------------------------------------
+
+
+def artifact_files(setup, **overrides):
+    engine = setup["engine"]
+    files = {"model.txt": setup["full"].model_to_string(),
+             "feature_spec.json": json.dumps({"family": "gemm",
+                                              "feature_names": engine.feature_names(),
+                                              "target_transform": "log1p_tflops",
+                                              "hardware": HARDWARE}),
+             "candidates.json": json.dumps({"family": "gemm", "kernels": setup["names"],
+                                            "static_best": setup["names"][0]})}
+    files.update(overrides)
+    return {name: body for name, body in files.items() if body is not None}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"feature_spec.json": None}, r"no feature_spec\.json \(no file .*feature_spec\.json\)"),
+    ({"model.txt": None}, r"no model\.txt"),
+    ({"model.txt": "tree\nnot a model"}, r"corrupt LightGBM model .*model\.txt"),
+    ({"candidates.json": "{not json"}, r"corrupt candidates\.json .*candidates\.json"),
+    ({"candidates.json": json.dumps({"family": "gemm", "kernels": ["gemm_fp32_avx9"],
+                                     "static_best": "gemm_fp32_avx9"})},
+     r"candidates\.json: not a GEMM kernel name: 'gemm_fp32_avx9'"),
+    ({"feature_spec.json": json.dumps({"family": "gemm", "feature_names": ["m", "warp_size"],
+                                       "target_transform": "log1p_tflops",
+                                       "hardware": HARDWARE})},
+     r"needs feature\(s\) \['warp_size'\]"),
+    ({"feature_spec.json": json.dumps({"family": "gemm", "feature_names": ["m"],
+                                       "target_transform": "sqrt", "hardware": HARDWARE})},
+     r"'target_transform' is 'sqrt'"),
+    ({"feature_spec.json": json.dumps({"family": "gemm", "feature_names": ["m", "n"],
+                                       "target_transform": "log_tflops",
+                                       "hardware": HARDWARE})},
+     r"model\.txt expects \d+ features, feature_spec\.json lists 2"),
+])
+def test_broken_artifacts_raise_registry_error_naming_the_file(setup, tmp_path, overrides,
+                                                                message):
+    registry.publish(tmp_path, "broken", artifact_files(setup, **overrides), metrics=METRICS)
+    with pytest.raises(RegistryError, match=message):
+        Dispatcher.from_registry(tmp_path, "broken")
+
+
+def test_unknown_alias_is_a_registry_error(setup):
+    with pytest.raises(RegistryError, match="no alias 'staging'"):
+        Dispatcher.from_registry(setup["root"], "gemm-full", "staging")
+
+
+def test_import_tilecast_is_lazy_about_lightgbm():
+    code = ("import sys, tilecast; assert 'lightgbm' not in sys.modules, 'eager'; "
+            "from tilecast import Dispatcher; assert 'lightgbm' in sys.modules; "
+            "print(Dispatcher.__module__, tilecast.__version__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["tilecast.dispatch", "0.1.0"]

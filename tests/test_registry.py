@@ -1,0 +1,280 @@
+"""Tests for tilecast.registry: numbered immutable versions, the promotion gate, aliases,
+concurrent publishers and failed registrations."""
+
+import hashlib
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from tilecast import registry
+from tilecast.registry import RegistryError
+
+MODEL = "gemm-cpu"
+GOOD = {"mean_efficiency": 0.90, "median_efficiency": 0.93, "p10_efficiency": 0.80,
+        "min_efficiency": 0.55, "static_best": {"kernel": "k0", "mean_efficiency": 0.70}}
+
+
+def metrics(**overrides):
+    return {**GOOD, **overrides}
+
+
+def publish(root, text="model v", **kwargs):
+    kwargs.setdefault("metrics", GOOD)
+    return registry.publish(root, MODEL, {"model.txt": text, "blob.bin": b"\x00\x01\x02"},
+                            **kwargs)
+
+
+def entries(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+# --- versions ----------------------------------------------------------------------------
+
+
+def test_publish_numbers_versions_from_one_and_writes_every_file(tmp_path):
+    source = tmp_path / "spec.json"
+    source.write_text('{"family": "gemm"}')
+    root = tmp_path / "registry"
+    results = [registry.publish(root, MODEL, {"model.txt": f"model {i}",
+                                              "feature_spec.json": source,
+                                              "raw.bin": bytes([i, 255])},
+                                metrics=metrics(mean_efficiency=0.9 + i / 100))
+               for i in range(3)]
+    assert [r.version for r in results] == [1, 2, 3]
+    assert registry.list_versions(root, MODEL) == [1, 2, 3]
+    assert registry.list_models(root) == [MODEL]
+    for i, result in enumerate(results):
+        assert result.path == root / MODEL / "versions" / str(i + 1)
+        assert (result.path / "model.txt").read_text() == f"model {i}"
+        assert (result.path / "feature_spec.json").read_text() == '{"family": "gemm"}'
+        assert (result.path / "raw.bin").read_bytes() == bytes([i, 255])
+        written = json.loads((result.path / "metrics.json").read_text())
+        assert written["mean_efficiency"] == pytest.approx(0.9 + i / 100)
+    # nothing but the claimed versions is left in versions/
+    assert entries(root / MODEL / "versions") == ["1", "2", "3"]
+
+
+def test_versions_are_never_rewritten_even_when_the_next_number_is_stale(tmp_path, monkeypatch):
+    first = publish(tmp_path, text="first")
+    before = {p.name: p.read_bytes() for p in first.path.iterdir()}
+    # a publisher whose view of the registry is stale tries version 1 again
+    monkeypatch.setattr(registry, "list_versions", lambda root, model: [])
+    second = publish(tmp_path, text="second", metrics=metrics(mean_efficiency=0.95))
+    assert second.version == 2
+    assert {p.name: p.read_bytes() for p in first.path.iterdir()} == before
+    assert (second.path / "model.txt").read_text() == "second"
+
+
+def test_resolve_accepts_alias_number_and_numeric_string(tmp_path):
+    publish(tmp_path, text="one")
+    publish(tmp_path, text="two", metrics=metrics(mean_efficiency=0.2))  # refused: candidate
+    v1 = tmp_path / MODEL / "versions" / "1"
+    v2 = tmp_path / MODEL / "versions" / "2"
+    assert registry.resolve(tmp_path, MODEL) == v1
+    assert registry.resolve(tmp_path, MODEL, "production") == v1
+    assert registry.resolve(tmp_path, MODEL, "candidate") == v2
+    assert registry.resolve(tmp_path, MODEL, 2) == v2
+    assert registry.resolve(tmp_path, MODEL, "2") == v2
+    with pytest.raises(RegistryError, match="no version 5"):
+        registry.resolve(tmp_path, MODEL, 5)
+
+
+# --- the gate ----------------------------------------------------------------------------
+
+
+def test_first_publish_is_promoted_to_every_requested_alias(tmp_path):
+    result = publish(tmp_path, aliases_if_promoted=("production", "stable"))
+    assert result.promoted and result.aliases == ("production", "stable")
+    assert "no production version yet" in result.reason
+    assert registry.read_alias(tmp_path, MODEL, "production") == 1
+    assert registry.read_alias(tmp_path, MODEL, "stable") == 1
+    promotion = json.loads((result.path / "promotion.json").read_text())
+    assert promotion["promoted"] is True and promotion["baseline_version"] is None
+
+
+def test_gate_refuses_a_worse_mean_and_says_so_with_figures(tmp_path):
+    publish(tmp_path)                                               # production: 0.90 / 0.80
+    result = publish(tmp_path, metrics=metrics(mean_efficiency=0.85))
+    assert not result.promoted
+    assert "0.8500" in result.reason and "0.9000" in result.reason and "0.005" in result.reason
+    assert "p10" not in result.reason  # only the failed check is named
+    assert registry.read_alias(tmp_path, MODEL, "production") == 1
+    assert registry.read_alias(tmp_path, MODEL, "candidate") == 2
+    promotion = json.loads((result.path / "promotion.json").read_text())
+    assert promotion == {**promotion, "promoted": False, "reason": result.reason,
+                         "aliases": ["candidate"], "baseline_version": 1}
+
+
+def test_gate_refuses_a_worse_p10(tmp_path):
+    publish(tmp_path)
+    result = publish(tmp_path, metrics=metrics(mean_efficiency=0.95, p10_efficiency=0.77))
+    assert not result.promoted
+    assert "p10_efficiency 0.7700 < production 0.8000" in result.reason
+    assert registry.read_alias(tmp_path, MODEL, "production") == 1
+
+
+def test_gate_promotes_within_tolerance_and_compares_with_current_production(tmp_path):
+    publish(tmp_path)                                                        # v1 0.90 / 0.80
+    within = publish(tmp_path, metrics=metrics(mean_efficiency=0.896, p10_efficiency=0.785))
+    assert within.promoted, within.reason
+    assert registry.read_alias(tmp_path, MODEL, "production") == 2
+    # now production is v2 (0.896 / 0.785): 0.892 is within 0.005 of it, not of v1's 0.90 - ok
+    again = publish(tmp_path, metrics=metrics(mean_efficiency=0.892, p10_efficiency=0.77))
+    assert again.promoted, again.reason
+    # 0.886 < 0.892 - 0.005
+    refused = publish(tmp_path, metrics=metrics(mean_efficiency=0.886, p10_efficiency=0.9))
+    assert not refused.promoted
+    assert registry.read_alias(tmp_path, MODEL, "production") == 3
+
+
+def test_custom_gate_receives_production_metrics(tmp_path):
+    seen = []
+
+    def gate(production, new):
+        seen.append((production, new))
+        return new["mean_efficiency"] > 0.5, "custom says so"
+
+    publish(tmp_path, gate=gate)
+    refused = publish(tmp_path, gate=gate, metrics=metrics(mean_efficiency=0.4))
+    assert seen[0][0] is None
+    assert seen[1][0]["mean_efficiency"] == 0.90 and seen[1][1]["mean_efficiency"] == 0.4
+    assert refused.reason == "custom says so" and not refused.promoted
+
+
+def test_gate_rejects_metrics_without_the_figures_it_needs(tmp_path):
+    with pytest.raises(RegistryError, match="p10_efficiency"):
+        publish(tmp_path, metrics={"mean_efficiency": 0.9})
+    assert not (tmp_path / MODEL).exists()
+
+
+# --- failures leave nothing behind -------------------------------------------------------
+
+
+def test_missing_source_file_mid_publish_leaves_no_directory(tmp_path):
+    publish(tmp_path)
+    with pytest.raises(RegistryError, match="nowhere.txt"):
+        registry.publish(tmp_path, MODEL, {"model.txt": "ok", "spec.json": tmp_path / "nowhere.txt"},
+                         metrics=GOOD)
+    assert entries(tmp_path / MODEL / "versions") == ["1"]
+    assert registry.list_aliases(tmp_path, MODEL) == {"production": 1}
+
+
+def test_failed_rename_removes_the_temp_directory(tmp_path, monkeypatch):
+    def broken_rename(src, dst):
+        raise PermissionError(13, "Permission denied", str(dst))
+
+    monkeypatch.setattr(registry.os, "rename", broken_rename)
+    with pytest.raises(PermissionError):
+        publish(tmp_path)
+    assert entries(tmp_path / MODEL / "versions") == []
+    assert not (tmp_path / MODEL / "aliases").exists()
+
+
+def test_unserializable_metrics_leave_no_directory(tmp_path):
+    with pytest.raises(TypeError):
+        publish(tmp_path, metrics=metrics(extra=object()))
+    assert entries(tmp_path / MODEL / "versions") == []
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/abs.txt", "metrics.json", "promotion.json"])
+def test_bad_or_reserved_artifact_names_are_refused(tmp_path, name):
+    with pytest.raises(RegistryError, match="escape|abs|written by publish"):
+        registry.publish(tmp_path, MODEL, {name: "x"}, metrics=GOOD)
+    assert not (tmp_path / MODEL / "versions").exists()
+    assert not (tmp_path / "escape.txt").exists()
+
+
+# --- aliases -----------------------------------------------------------------------------
+
+
+def test_alias_pointing_at_missing_version_names_alias_and_version(tmp_path):
+    publish(tmp_path)
+    (tmp_path / MODEL / "aliases" / "production").write_text("7\n")
+    with pytest.raises(RegistryError, match=r"alias 'production'.*version 7"):
+        registry.read_alias(tmp_path, MODEL, "production")
+    with pytest.raises(RegistryError, match="version 7"):
+        registry.resolve(tmp_path, MODEL)
+
+
+def test_missing_and_corrupt_aliases_name_the_alias_and_file(tmp_path):
+    publish(tmp_path)
+    with pytest.raises(RegistryError, match=r"no alias 'staging'.*existing aliases: \['production'\]"):
+        registry.read_alias(tmp_path, MODEL, "staging")
+    alias_file = tmp_path / MODEL / "aliases" / "production"
+    alias_file.write_text("latest")
+    with pytest.raises(RegistryError, match=f"{alias_file}.*'latest'"):
+        registry.read_alias(tmp_path, MODEL, "production")
+
+
+def test_set_alias_requires_an_existing_version_and_replaces_atomically(tmp_path):
+    publish(tmp_path)
+    publish(tmp_path, metrics=metrics(mean_efficiency=0.1))
+    with pytest.raises(RegistryError, match="no version 3"):
+        registry.set_alias(tmp_path, MODEL, "production", 3)
+    assert registry.read_alias(tmp_path, MODEL, "production") == 1
+    registry.set_alias(tmp_path, MODEL, "production", "2")  # a rollback/forward by hand
+    assert registry.read_alias(tmp_path, MODEL, "production") == 2
+    assert (tmp_path / MODEL / "aliases" / "production").read_text() == "2\n"
+    assert entries(tmp_path / MODEL / "aliases") == ["candidate", "production"]
+
+
+@pytest.mark.parametrize("alias", ["prod/uction", "..", "", "a b", "ünï"])
+def test_invalid_alias_names_are_refused(tmp_path, alias):
+    publish(tmp_path)
+    with pytest.raises(RegistryError, match="invalid alias name"):
+        registry.set_alias(tmp_path, MODEL, alias, 1)
+    with pytest.raises(RegistryError, match="invalid alias name"):
+        publish(tmp_path, aliases_if_promoted=(alias,))
+    assert registry.list_versions(tmp_path, MODEL) == [1]
+
+
+def test_invalid_model_name_is_refused(tmp_path):
+    with pytest.raises(RegistryError, match="invalid model name"):
+        registry.publish(tmp_path, "../outside", {"model.txt": "x"}, metrics=GOOD)
+    assert not (tmp_path.parent / "outside").exists()
+
+
+# --- concurrent publishers ---------------------------------------------------------------
+
+
+def _payload(worker: int, index: int) -> bytes:
+    seed = f"{worker}-{index}".encode()
+    return b"".join(hashlib.sha256(seed + bytes([i % 256])).digest() for i in range(4096))
+
+
+def _publish_many(root: str, worker: int, count: int, barrier) -> None:
+    barrier.wait()
+    for index in range(count):
+        registry.publish(root, MODEL, {"payload.bin": _payload(worker, index),
+                                       "owner.json": json.dumps([worker, index])},
+                         metrics=metrics(mean_efficiency=0.5 + worker / 10 + index / 100))
+
+
+def test_concurrent_publishers_get_distinct_consecutive_versions(tmp_path):
+    workers, each = 4, 3
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(workers)
+    processes = [context.Process(target=_publish_many, args=(str(tmp_path), w, each, barrier))
+                 for w in range(workers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert [p.exitcode for p in processes] == [0] * workers
+    versions = registry.list_versions(tmp_path, MODEL)
+    assert versions == list(range(1, workers * each + 1))
+    assert entries(tmp_path / MODEL / "versions") == sorted(str(v) for v in versions)
+    owners = set()
+    for version in versions:
+        path = tmp_path / MODEL / "versions" / str(version)
+        worker, index = json.loads((path / "owner.json").read_text())
+        owners.add((worker, index))
+        assert (path / "payload.bin").read_bytes() == _payload(worker, index)
+        stored = json.loads((path / "metrics.json").read_text())
+        assert stored["mean_efficiency"] == pytest.approx(0.5 + worker / 10 + index / 100)
+    assert owners == {(w, i) for w in range(workers) for i in range(each)}
+    assert registry.read_alias(tmp_path, MODEL, "production") in versions
+    assert not [p for p in os.listdir(tmp_path / MODEL / "aliases") if p.startswith(".")]

@@ -1,0 +1,519 @@
+"""Tests for tilecast.tune: the invariants of TUNE_DESIGN.md as properties, plus known answers."""
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tilecast import tune
+from tilecast.tune import (
+    BuildEvent,
+    BuiltCandidate,
+    CandidateError,
+    CandidateSpace,
+    HoldoutPlan,
+    Score,
+    TuningBudget,
+    TuningObjective,
+)
+
+PROPERTY = settings(max_examples=150, deadline=None)
+
+# Values chosen so ties, boundary cases and unusable scores are common.
+VALUES = st.one_of(
+    st.sampled_from([0.0, 1.0, 1.005, 1.01, 1.02, 2.0, math.inf, -math.inf, math.nan, -1.0]),
+    st.floats(min_value=0.0, max_value=100.0),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+SECONDARIES = st.one_of(st.integers(0, 4).map(float), st.floats(0.0, 1e6))
+THRESHOLDS = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 50.0))
+
+
+@st.composite
+def score_lists(draw, min_size=0, max_size=12):
+    ids = draw(st.lists(st.text("abcdef", min_size=1, max_size=3), min_size=min_size,
+                        max_size=max_size, unique=True))
+    return [Score(i, draw(VALUES), draw(SECONDARIES)) for i in ids]
+
+
+def within_threshold(value, fastest, threshold_pct):
+    """The tie-set condition of the design, written out independently."""
+    if fastest == 0.0:
+        return value == 0.0
+    return (value - fastest) / fastest * 100 <= threshold_pct
+
+
+def dominates(o, c):
+    return (o.value <= c.value and o.secondary <= c.secondary
+            and (o.value, o.secondary) != (c.value, c.secondary))
+
+
+# --- select_best / tie_set ---------------------------------------------------
+
+
+@PROPERTY
+@given(scores=score_lists(), threshold=THRESHOLDS)
+def test_select_best_is_none_exactly_when_nothing_usable(scores, threshold):
+    best = tune.select_best(scores, threshold)
+    assert (best is None) == (not any(s.usable for s in scores))
+
+
+@PROPERTY
+@given(scores=score_lists(min_size=1), threshold=THRESHOLDS)
+def test_select_best_is_usable_and_within_threshold_of_fastest(scores, threshold):
+    best = tune.select_best(scores, threshold)
+    usable = [s for s in scores if s.usable]
+    if not usable:
+        return
+    fastest = min(s.value for s in usable)
+    assert best.usable
+    assert best in scores
+    assert within_threshold(best.value, fastest, threshold)
+    # and it is the (secondary, id) minimum of everything within the threshold
+    tied = [s for s in usable if within_threshold(s.value, fastest, threshold)]
+    assert (best.secondary, best.id) == min((s.secondary, s.id) for s in tied)
+
+
+@PROPERTY
+@given(data=st.data(), scores=score_lists(), threshold=THRESHOLDS)
+def test_select_best_is_order_independent(data, scores, threshold):
+    shuffled = data.draw(st.permutations(scores))
+    first, second = tune.select_best(scores, threshold), tune.select_best(shuffled, threshold)
+    assert (first and first.id) == (second and second.id)
+    assert tune.tie_set(scores, threshold) == tune.tie_set(shuffled, threshold)
+
+
+@PROPERTY
+@given(scores=score_lists(), threshold=THRESHOLDS)
+def test_tie_set_is_sorted_usable_and_exact(scores, threshold):
+    tied = tune.tie_set(scores, threshold)
+    keys = [(s.value, s.secondary, s.id) for s in tied]
+    assert keys == sorted(keys)
+    usable = [s for s in scores if s.usable]
+    fastest = min((s.value for s in usable), default=None)
+    expected = {s.id for s in usable if within_threshold(s.value, fastest, threshold)}
+    assert {s.id for s in tied} == expected
+
+
+def test_select_best_known_table_ties_by_secondary_then_id():
+    table = [
+        Score("k_a", 1.000, secondary=300),
+        Score("k_c", 1.005, secondary=100),  # 0.5 % slower
+        Score("k_b", 1.005, secondary=100),  # same as k_c: the smaller id wins
+        Score("k_d", 1.020, secondary=50),  # 2 % slower
+        Score("k_nan", math.nan, secondary=0),
+        Score("k_inf", math.inf, secondary=0),
+        Score("k_neg", -1.0, secondary=0),  # a broken timer must not win
+    ]
+    assert tune.select_best(table).id == "k_a"
+    assert tune.select_best(table, threshold_pct=1.0).id == "k_b"
+    assert tune.select_best(table, threshold_pct=5.0).id == "k_d"
+    assert [s.id for s in tune.tie_set(table, 1.0)] == ["k_a", "k_b", "k_c"]
+    assert tune.global_policy(table, 1.0) == "global:k_b"
+
+
+def test_select_best_with_zero_fastest_ties_only_zeros():
+    table = [Score("z2", 0.0, 5), Score("z1", 0.0, 5), Score("tiny", 1e-12, 0)]
+    assert tune.select_best(table, threshold_pct=50.0).id == "z1"
+
+
+def test_select_best_rejects_duplicate_ids_and_bad_threshold():
+    with pytest.raises(ValueError, match="'x'"):
+        tune.select_best([Score("x", 1.0), Score("x", 2.0)])
+    with pytest.raises(ValueError, match="-1"):
+        tune.select_best([Score("x", 1.0)], threshold_pct=-1)
+    with pytest.raises(ValueError, match="nan"):
+        tune.select_best([Score("x", 1.0)], threshold_pct=math.nan)
+
+
+def test_global_policy_without_usable_score_raises():
+    assert tune.select_best([Score("a", math.nan), Score("b", math.inf)]) is None
+    with pytest.raises(ValueError, match="no usable score among 2"):
+        tune.global_policy([Score("a", math.nan), Score("b", math.inf)], 1.0)
+
+
+# --- pareto_frontier ---------------------------------------------------------
+
+
+@PROPERTY
+@given(scores=score_lists(max_size=16))
+def test_pareto_frontier_is_exactly_the_usable_non_dominated_scores(scores):
+    frontier = tune.pareto_frontier(scores)
+    usable = [s for s in scores if s.usable]
+    assert all(s.usable for s in frontier)
+    for point in frontier:
+        assert not any(dominates(other, point) for other in usable)
+    frontier_ids = {s.id for s in frontier}
+    for point in usable:
+        if point.id not in frontier_ids:
+            # every off-frontier point is dominated by a point on the frontier
+            assert any(dominates(f, point) for f in frontier)
+    keys = [(s.value, s.secondary, s.id) for s in frontier]
+    assert keys == sorted(keys)
+    assert len(frontier_ids) == len(frontier)
+
+
+@PROPERTY
+@given(scores=score_lists(max_size=16))
+def test_pareto_frontier_secondary_strictly_decreases_along_primary(scores):
+    frontier = tune.pareto_frontier(scores)
+    for a, b in itertools.pairwise(frontier):
+        if a.value < b.value:
+            assert a.secondary > b.secondary
+        else:  # equal primary on the frontier means the same point
+            assert (a.value, a.secondary) == (b.value, b.secondary)
+
+
+def test_pareto_frontier_known_answer():
+    table = [
+        Score("fast_big", 1.0, 900),
+        Score("mid", 1.5, 400),
+        Score("mid_twin", 1.5, 400),  # same point: both stay
+        Score("mid_worse", 1.5, 500),  # dominated by mid
+        Score("slow_small", 3.0, 100),
+        Score("slow_bigger", 3.5, 100),  # dominated by slow_small
+        Score("broken", math.nan, 0),
+    ]
+    assert [s.id for s in tune.pareto_frontier(table)] == ["fast_big", "mid", "mid_twin", "slow_small"]
+
+
+# --- fnv1a64 / seeded_order --------------------------------------------------
+
+
+def reference_fnv1a64(data: bytes) -> int:
+    """Plain 64-bit FNV-1a with no seed, checked against published vectors below."""
+    digest = 0xCBF29CE484222325
+    for byte in data:
+        digest = ((digest ^ byte) * 0x100000001B3) % 2**64
+    return digest
+
+
+def test_reference_fnv1a64_matches_published_vectors():
+    assert reference_fnv1a64(b"") == 0xCBF29CE484222325  # the offset basis
+    assert reference_fnv1a64(b"a") == 0xAF63DC4C8601EC8C
+    assert reference_fnv1a64(b"foobar") == 0x85944171F73967E8
+
+
+def test_fnv1a64_empty_input_hashes_the_seed_bytes():
+    # The seed is always hashed first as 8 little-endian bytes, so even seed 0
+    # does not give the bare offset basis: fnv1a64(b"", 0) is FNV-1a of 8 zero bytes.
+    assert tune.fnv1a64(b"", 0) == 0xA8C7F832281A39C5
+    assert tune.fnv1a64(b"", 0) == reference_fnv1a64(bytes(8))
+    assert tune.fnv1a64(b"", 0) != 0xCBF29CE484222325
+    assert tune.fnv1a64(b"", 1) == reference_fnv1a64(b"\x01" + bytes(7))
+
+
+@PROPERTY
+@given(data=st.binary(max_size=40), seed=st.integers(0, 2**64 - 1))
+def test_fnv1a64_is_fnv1a_of_seed_bytes_then_data(data, seed):
+    assert tune.fnv1a64(data, seed) == reference_fnv1a64(seed.to_bytes(8, "little") + data)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True])
+def test_fnv1a64_rejects_bad_seed(seed):
+    with pytest.raises(ValueError, match="seed"):
+        tune.fnv1a64(b"x", seed)
+
+
+IDS = st.lists(st.text(min_size=1, max_size=6), max_size=15, unique=True)
+
+
+@PROPERTY
+@given(data=st.data(), ids=IDS, seed=st.integers(0, 2**32))
+def test_seeded_order_is_a_permutation_depending_only_on_ids_and_seed(data, ids, seed):
+    ordered = tune.seeded_order(ids, seed)
+    assert sorted(ordered) == sorted(ids)
+    assert tune.seeded_order(data.draw(st.permutations(ids)), seed) == ordered
+    # objects are ordered by their ids alone
+    candidates = [BuiltCandidate(i, {"n": n}) for n, i in enumerate(ids)]
+    shuffled = data.draw(st.permutations(candidates))
+    assert [c.id for c in tune.seeded_order(shuffled, seed)] == ordered
+    # and the order is the hash order of the utf-8 ids
+    hashes = [tune.fnv1a64(i.encode("utf-8"), seed) for i in ordered]
+    assert hashes == sorted(hashes)
+
+
+def test_seeded_order_known_answer_and_seed_dependence():
+    ids = ["a", "b", "c", "d", "e"]
+    assert tune.seeded_order(ids, 0) == ["e", "d", "a", "c", "b"]
+    assert tune.seeded_order(ids, 1) == ["d", "e", "a", "b", "c"]
+
+
+def test_seeded_order_rejects_items_without_id():
+    with pytest.raises(TypeError, match="42"):
+        tune.seeded_order(["a", 42], 0)
+
+
+# --- exhaustive_scores -------------------------------------------------------
+
+
+@st.composite
+def search_cases(draw):
+    ids = draw(st.lists(st.text("xyz0123", min_size=1, max_size=4), max_size=12, unique=True))
+    candidates = [BuiltCandidate(i, {}, secondary=float(n)) for n, i in enumerate(ids)]
+    fate = {i: draw(st.sampled_from(["ok", "false", "reason", "raise"])) for i in ids}
+    budget = draw(st.integers(0, len(ids) + 3))
+    return candidates, fate, budget
+
+
+@PROPERTY
+@given(case=search_cases())
+def test_exhaustive_scores_examines_prefix_and_scores_only_valid(case):
+    candidates, fate, budget = case
+    pulled, scored = [], []
+
+    def stream():
+        for candidate in candidates:
+            pulled.append(candidate.id)
+            yield candidate
+
+    def is_valid(candidate):
+        return {"false": False, "reason": f"too big: {candidate.id}"}.get(fate[candidate.id], True)
+
+    def score_fn(candidate):
+        scored.append(candidate.id)
+        if fate[candidate.id] == "raise":
+            raise CandidateError(f"no kernel for {candidate.id}")
+        return Score(candidate.id, float(len(scored)), candidate.secondary)
+
+    scores, events = tune.exhaustive_scores(stream(), score_fn, budget, is_valid)
+
+    examined = [c.id for c in candidates[:budget]]
+    assert len(pulled) <= budget
+    assert [e.candidate_id for e in events] == examined  # one event per examined candidate
+    assert scored == [i for i in examined if fate[i] in ("ok", "raise")]
+    expected_status = {"ok": "ok", "raise": "failed", "false": "rejected", "reason": "rejected"}
+    assert [e.status for e in events] == [expected_status[fate[i]] for i in examined]
+    assert [s.id for s in scores] == scored
+    for score in scores:
+        assert score.usable == (fate[score.id] == "ok")
+    for event in events:
+        if fate[event.candidate_id] == "reason":
+            assert event.reason == f"too big: {event.candidate_id}"
+        if event.status == "failed":
+            assert event.reason == f"CandidateError: no kernel for {event.candidate_id}"
+
+
+def test_exhaustive_scores_known_run():
+    candidates = ["k1", "k2", "k3", "k4"]
+    scores, events = tune.exhaustive_scores(
+        candidates,
+        lambda c: Score(c, {"k1": 2.0, "k3": 1.0}[c]),
+        budget=3,
+        is_valid=lambda c: c != "k2",
+    )
+    assert [(s.id, s.value) for s in scores] == [("k1", 2.0), ("k3", 1.0)]
+    assert [(e.candidate_id, e.status, e.reason) for e in events] == [
+        ("k1", "ok", ""),
+        ("k2", "rejected", "is_valid returned False"),
+        ("k3", "ok", ""),
+    ]
+
+
+def test_exhaustive_scores_rejects_with_falsy_verdicts_and_refuses_empty_reason():
+    _, events = tune.exhaustive_scores(["k1", "k2"], lambda c: Score(c, 1.0), 2,
+                                       is_valid=lambda c: None if c == "k1" else 0)
+    assert [(e.status, e.reason) for e in events] == [
+        ("rejected", "is_valid returned None"), ("rejected", "is_valid returned 0")
+    ]
+    with pytest.raises(ValueError, match="empty reason for 'k1'"):
+        tune.exhaustive_scores(["k1"], lambda c: Score(c, 1.0), 1, is_valid=lambda c: "")
+
+
+def test_exhaustive_scores_lets_unnamed_errors_propagate():
+    def score_fn(candidate):
+        raise ZeroDivisionError("bug in the harness")
+
+    with pytest.raises(ZeroDivisionError):
+        tune.exhaustive_scores(["k1"], score_fn, budget=1)
+    # ...unless the caller names them
+    scores, events = tune.exhaustive_scores(["k1"], score_fn, 1, errors=(ZeroDivisionError,))
+    assert events[0].status == "failed" and scores[0].value == math.inf
+
+
+def test_exhaustive_scores_rejects_negative_budget_and_wrong_score():
+    with pytest.raises(ValueError, match="budget.*-1"):
+        tune.exhaustive_scores(["k1"], lambda c: Score(c, 1.0), -1)
+    with pytest.raises(ValueError, match="'k1'"):
+        tune.exhaustive_scores(["k1"], lambda c: Score("other", 1.0), 1)
+
+
+# --- confirmation_count ------------------------------------------------------
+
+
+@PROPERTY
+@given(
+    base=st.integers(0, 50),
+    uncertainty=st.one_of(st.floats(min_value=0.0), st.just(math.nan)),
+    budget=st.integers(0, 100),
+)
+def test_confirmation_count_lies_in_zero_to_budget(base, uncertainty, budget):
+    count = tune.confirmation_count(base, uncertainty, budget)
+    assert 0 <= count <= budget
+    assert count in (min(base * k, budget) for k in (1, 2, 3))
+
+
+@PROPERTY
+@given(base=st.integers(0, 20), low=st.floats(0.0, 1.0), high=st.floats(0.0, 1.0))
+def test_confirmation_count_is_monotone_in_uncertainty(base, low, high):
+    low, high = sorted((low, high))
+    assert tune.confirmation_count(base, low, 1000) <= tune.confirmation_count(base, high, 1000)
+
+
+@pytest.mark.parametrize(
+    ("uncertainty", "expected"),
+    [(0.0, 3), (0.04, 3), (0.05, 3), (0.1, 6), (0.20, 6), (0.5, 9), (math.inf, 9), (math.nan, 9)],
+)
+def test_confirmation_count_known_answers(uncertainty, expected):
+    assert tune.confirmation_count(3, uncertainty, budget=100) == expected
+
+
+def test_confirmation_count_clamps_to_budget_and_rejects_negatives():
+    assert tune.confirmation_count(3, 0.5, budget=5) == 5
+    assert tune.confirmation_count(3, 0.04, budget=0) == 0
+    for args in [(-1, 0.1, 5), (3, -0.1, 5), (3, 0.1, -5)]:
+        with pytest.raises(ValueError, match="-"):
+            tune.confirmation_count(*args)
+
+
+# --- score_samples -----------------------------------------------------------
+
+
+def test_score_samples_median_of_usable_samples():
+    score = tune.score_samples("k1", [1.0, 3.0, math.nan, 2.0, -1.0, math.inf, 10.0], secondary=7)
+    assert score == Score("k1", 2.5, 7.0, score.samples)
+    assert score.usable
+    assert len(score.samples) == 7  # every sample is kept
+
+
+@pytest.mark.parametrize("samples", [[], [math.nan], [-1.0, math.inf]])
+def test_score_samples_without_usable_sample_is_invalid_inf(samples):
+    score = tune.score_samples("k1", samples)
+    assert score.value == math.inf and not score.usable
+
+
+def test_score_usable_property():
+    assert Score("a", 0.0).usable and Score("a", 1.5).usable
+    assert not any(Score("a", v).usable for v in (math.nan, math.inf, -math.inf, -0.5))
+
+
+# --- CandidateSpace ----------------------------------------------------------
+
+
+def test_candidate_space_enumerates_in_declared_order():
+    space = CandidateSpace({"bm": (32, 64), "bn": [16, 32, 64]})
+    assert [(c["bm"], c["bn"]) for c in space.enumerate()] == [
+        (32, 16), (32, 32), (32, 64), (64, 16), (64, 32), (64, 64)
+    ]
+    assert len(space) == 6
+    assert space.contains({"bm": 64, "bn": 16})
+    assert not space.contains({"bm": 48, "bn": 16})
+    assert not space.contains({"bm": 64})
+
+
+def test_candidate_space_neighbors_on_2x3():
+    space = CandidateSpace({"bm": (32, 64), "bn": (16, 32, 64)})
+    assert space.neighbors({"bm": 32, "bn": 32}) == [
+        {"bm": 64, "bn": 32},
+        {"bm": 32, "bn": 16},
+        {"bm": 32, "bn": 64},
+    ]
+    assert space.neighbors({"bm": 64, "bn": 64}) == [{"bm": 32, "bn": 64}, {"bm": 64, "bn": 32}]
+
+
+def test_candidate_space_constraint_filters_enumeration_and_neighbors():
+    space = CandidateSpace({"bm": (32, 64), "bn": (16, 32, 64)},
+                           constraint=lambda c: c["bm"] * c["bn"] <= 2048)
+    assert len(space) == 5
+    assert not space.contains({"bm": 64, "bn": 64})
+    assert space.neighbors({"bm": 64, "bn": 32}) == [{"bm": 32, "bn": 32}, {"bm": 64, "bn": 16}]
+
+
+@PROPERTY
+@given(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3), data=st.data())
+def test_candidate_space_neighbors_differ_in_one_step(sizes, data):
+    space = CandidateSpace({f"p{n}": tuple(range(0, 10 * size, 10)) for n, size in enumerate(sizes)})
+    config = data.draw(st.sampled_from(list(space.enumerate())))
+    neighbors = space.neighbors(config)
+    for neighbor in neighbors:
+        changed = [k for k in config if neighbor[k] != config[k]]
+        assert len(changed) == 1 and abs(neighbor[changed[0]] - config[changed[0]]) == 10
+    expected = sum((config[f"p{n}"] > 0) + (config[f"p{n}"] < 10 * (size - 1))
+                   for n, size in enumerate(sizes))
+    assert len(neighbors) == expected
+
+
+def test_candidate_space_rejects_bad_definitions():
+    with pytest.raises(ValueError, match="'bk'"):
+        CandidateSpace({"bk": ()})
+    with pytest.raises(ValueError, match="32"):
+        CandidateSpace({"bk": (32, 32)})
+    with pytest.raises(ValueError, match="48"):
+        CandidateSpace({"bm": (32, 64)}).neighbors({"bm": 48})
+
+
+# --- HoldoutPlan -------------------------------------------------------------
+
+
+def test_holdout_plan_split_keeps_input_order():
+    plan = HoldoutPlan(("p3", "p1"))
+    assert plan.split(["p1", "p2", "p3", "p4"]) == (["p2", "p4"], ["p1", "p3"])
+    with pytest.raises(ValueError, match="p3"):
+        plan.split(["p1", "p2"])
+
+
+@PROPERTY
+@given(ids=st.lists(st.text(min_size=1, max_size=5), min_size=2, max_size=20, unique=True),
+       fraction=st.floats(0.01, 0.99), seed=st.integers(0, 1000))
+def test_holdout_plan_from_fraction_partitions_reproducibly(ids, fraction, seed):
+    plan = HoldoutPlan.from_fraction(ids, fraction, seed)
+    train, holdout = plan.split(ids)
+    assert sorted(train + holdout) == sorted(ids)
+    assert train and holdout
+    assert plan == HoldoutPlan.from_fraction(list(reversed(ids)), fraction, seed)
+    assert list(plan.holdout_ids) == tune.seeded_order(ids, seed)[: len(holdout)]
+
+
+def test_holdout_plan_from_fraction_count():
+    ids = [f"p{n}" for n in range(10)]
+    assert len(HoldoutPlan.from_fraction(ids, 0.2, seed=4).holdout_ids) == 2
+    with pytest.raises(ValueError, match="1.0"):
+        HoldoutPlan.from_fraction(ids, 1.0)
+
+
+# --- value objects -----------------------------------------------------------
+
+
+def test_tuning_budget_defaults_and_validation():
+    budget = TuningBudget(max_candidates=60)
+    assert (budget.samples, budget.confirmation_samples, budget.finalists,
+            budget.tie_threshold_pct) == (5, 3, 3, 1.0)
+    assert TuningBudget(10, confirmation_samples=0).confirmation_samples == 0
+    for kwargs in [{"max_candidates": 0}, {"max_candidates": 5, "samples": 0},
+                   {"max_candidates": 5, "finalists": -1},
+                   {"max_candidates": 5, "confirmation_samples": -2},
+                   {"max_candidates": 5, "tie_threshold_pct": -0.5}]:
+        with pytest.raises(ValueError, match=repr(list(kwargs.values())[-1])):
+            TuningBudget(**kwargs)
+
+
+def test_tuning_objective_defaults():
+    assert TuningObjective() == TuningObjective("median_s", "binary_bytes", True)
+    with pytest.raises(ValueError, match="secondary"):
+        TuningObjective(secondary="")
+
+
+def test_build_event_status_comes_from_the_table():
+    assert tune.BUILD_STATUSES == ("ok", "failed", "rejected")
+    for status in tune.BUILD_STATUSES:
+        assert BuildEvent("k1", status).status == status
+    with pytest.raises(ValueError, match="'crashed'.*ok, failed, rejected"):
+        BuildEvent("k1", "crashed")
+
+
+def test_value_objects_are_frozen():
+    score = Score("a", 1.0)
+    with pytest.raises(AttributeError):
+        score.value = 0.0

@@ -1,0 +1,220 @@
+"""Benchmark stage: every built candidate on every problem, validated, every sample kept.
+
+Problems run in batches: a batch's inputs and torch references are prepared once, each
+candidate binary then runs all of the batch's jobs in one isolated process (see
+`measure.run_binary`), and its outputs are checked against the reference before the time
+counts. Each problem's finalists (the practical-tie set and the next best, per
+`tune.tie_set`) are re-measured with fresh samples (`confirm` phase, sample count from
+`tune.confirmation_count`), which removes the winner's curse from the oracle. Records are
+appended as they are produced; a re-run skips what the raw file already holds.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import stats, tune
+from .dataset import SCHEMA_VERSION
+from .families.base import PreparedProblem, norm_relative_error
+from .measure import JobOutcome, Protocol, measure_callable, run_binary
+from .rawlog import RawWriter, read_records
+
+log = logging.getLogger("tilecast.bench")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Policy of one benchmark run (the protocol says how to time, this what to time)."""
+    protocol: Protocol
+    tie_threshold_pct: float = 1.0
+    finalists: int = 3
+    confirm_samples: int = 5
+    problems_per_batch: int = 8
+    seed: int = 0
+    measure_peer: bool = True
+
+
+@dataclass
+class BenchSummary:
+    """What a benchmark call did: new records per status, and how many were already there."""
+    raw_path: Path
+    measured: int = 0
+    skipped_existing: int = 0
+    statuses: dict = field(default_factory=lambda: defaultdict(int))
+    seconds: float = 0.0
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class _Recorder:
+    """Builds records in the dataset's schema and appends them to the raw file."""
+
+    def __init__(self, family, writer: RawWriter, run_info: dict, protocol: Protocol,
+                 summary: BenchSummary):
+        self.family, self.writer, self.run_info = family, writer, run_info
+        self.protocol, self.summary = protocol, summary
+
+    def write(self, problem_set: str, problem, kernel: str, config, role: str, phase: str,
+              outcome: JobOutcome, binary_bytes: int = 0, max_error: float | None = None) -> dict:
+        fam = self.family
+        record = {
+            "schema_version": SCHEMA_VERSION, "time": _now(), **self.run_info,
+            "family": fam.name, "problem_set": problem_set, "dims_key": fam.dims_key(problem),
+            **fam.problem_dict(problem), "kernel": kernel, "role": role, "phase": phase,
+            "status": outcome.status, "reason": outcome.reason, "samples_s": outcome.samples_s,
+            "reps_per_sample": outcome.reps, "median_s": None, "mad_s": None, "tflops": None,
+            "gbps": None, "max_error": max_error, "threads": self.protocol.threads,
+            "binary_bytes": binary_bytes,
+        }
+        if config is not None:
+            for key, value in fam.config_dict(config).items():
+                record.setdefault(key, value)  # problem fields (e.g. dtype) win: they are equal
+        if outcome.status == "ok":
+            usable = stats.usable(outcome.samples_s)
+            if usable:
+                median_s = stats.median(usable)
+                record.update(median_s=median_s, mad_s=stats.mad(usable),
+                              tflops=fam.flops(problem) / median_s / 1e12,
+                              gbps=fam.bytes_moved(problem) / median_s / 1e9)
+            else:
+                record.update(status="crashed", reason="no usable sample (all zero or non-finite)")
+        self.writer.append(record)
+        self.summary.measured += 1
+        self.summary.statuses[record["status"]] += 1
+        return record
+
+
+def _validate(family, prepared: PreparedProblem, outcome: JobOutcome) -> tuple[JobOutcome, float | None]:
+    """The output must match the torch reference within the dtype's tolerance before its time counts."""
+    if outcome.status != "ok":
+        return outcome, None
+    try:
+        output = family.read_output(prepared)
+    except (OSError, ValueError) as err:
+        return JobOutcome("wrong_result", f"unreadable output: {err}", outcome.reps, outcome.samples_s), None
+    error = norm_relative_error(output, prepared.reference)
+    tol = family.tolerance(prepared.problem)
+    if not error <= tol:
+        return JobOutcome("wrong_result", f"norm-relative error {error:.3g} > tolerance {tol:g}",
+                          outcome.reps, outcome.samples_s), error
+    return outcome, error
+
+
+def _finalists(screen: dict[str, dict], settings: BenchSettings) -> list[tuple[str, int]]:
+    """(kernel, confirmation samples) for the practical-tie set plus the next best."""
+    scores = [tune.score_samples(kernel, rec["samples_s"]) for kernel, rec in screen.items()
+              if rec["status"] == "ok"]
+    usable = sorted((s for s in scores if s.usable), key=lambda s: (s.value, s.id))
+    if not usable:
+        return []
+    ties = {s.id for s in tune.tie_set(usable, settings.tie_threshold_pct)}
+    leaders = {s.id for s in usable[:settings.finalists]}
+    chosen = [s for s in usable if s.id in ties | leaders]
+    budget = settings.confirm_samples * 3
+    return [(s.id, tune.confirmation_count(settings.confirm_samples,
+                                           stats.relative_uncertainty(list(s.samples)), budget))
+            for s in chosen]
+
+
+def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], raw_path: Path,
+              scratch_dir: Path, run_info: dict, settings: BenchSettings,
+              progress: Callable[[str], None] | None = None) -> BenchSummary:
+    """Measure every built candidate on every (problem_set, problem); see the module docstring."""
+    progress = progress or log.info
+    summary = BenchSummary(raw_path=Path(raw_path))
+    started = time.perf_counter()
+    existing = read_records(raw_path)
+    done = {(r.get("dims_key"), r.get("kernel"), r.get("phase")): r for r in existing}
+    batches = [problems[i:i + settings.problems_per_batch]
+               for i in range(0, len(problems), settings.problems_per_batch)]
+    with RawWriter(raw_path) as writer:
+        rec = _Recorder(family, writer, run_info, settings.protocol, summary)
+        for index, batch in enumerate(batches, 1):
+            _run_batch(family, builts, batch, done, rec, scratch_dir / f"batch{index}", settings,
+                       summary)
+            elapsed = time.perf_counter() - started
+            eta = elapsed / index * (len(batches) - index)
+            progress(f"bench {family.name}: batch {index}/{len(batches)} done, "
+                     f"{summary.measured} new records, {summary.skipped_existing} already measured, "
+                     f"elapsed {elapsed:.0f}s, eta {eta:.0f}s")
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
+               settings: BenchSettings, summary: BenchSummary) -> None:
+    keys = {family.dims_key(p): (ps, p) for ps, p in batch}
+    prepared: dict[str, PreparedProblem] = {}
+
+    def prepare(key: str) -> PreparedProblem:
+        if key not in prepared:
+            problem = keys[key][1]
+            prepared[key] = family.prepare(problem, scratch / f"p{len(prepared)}",
+                                           seed=settings.seed + zlib.crc32(key.encode()))
+        return prepared[key]
+
+    try:
+        for built in builts:
+            todo = []
+            for key, (ps, problem) in keys.items():
+                if not family.applicable(built.config, problem):
+                    continue
+                if (key, built.kernel, "screen") in done:
+                    summary.skipped_existing += 1
+                    continue
+                reason = family.unsupported_reason(built.config, problem)
+                if built.binary is None or reason:
+                    status, why = ("build_failed", built.event.reason[:500]) if built.binary is None \
+                        else ("unsupported", reason)
+                    done[key, built.kernel, "screen"] = rec.write(
+                        ps, problem, built.kernel, built.config, "candidate", "screen",
+                        JobOutcome(status, why), built.event.binary_bytes)
+                    continue
+                todo.append(key)
+            if todo:
+                _measure(family, built, todo, keys, prepare, rec, "screen", None, done, settings)
+        if settings.measure_peer:
+            for key, (ps, problem) in keys.items():
+                if (key, "peer", "screen") in done:
+                    continue
+                name, fn = family.peer(prepare(key))
+                outcome = measure_callable(fn, settings.protocol)
+                done[key, "peer", "screen"] = rec.write(ps, problem, name, None, "peer", "screen", outcome)
+        _confirm(family, builts, keys, prepare, rec, done, settings)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _measure(family, built, todo, keys, prepare, rec, phase, samples, done, settings) -> None:
+    jobs = [(f"j{i}", (*prepare(key).job_args,)) for i, key in enumerate(todo)]
+    # each job writes its own output file, so outputs of a batch never overwrite each other
+    outcomes = run_binary(built.binary, jobs, settings.protocol, samples=samples)
+    for (job_id, _), key in zip(jobs, todo):
+        ps, problem = keys[key]
+        outcome, error = _validate(family, prepare(key), outcomes[job_id])
+        done[key, built.kernel, phase] = rec.write(ps, problem, built.kernel, built.config,
+                                                   "candidate", phase, outcome,
+                                                   built.event.binary_bytes, error)
+
+
+def _confirm(family, builts, keys, prepare, rec, done, settings) -> None:
+    by_kernel = {b.kernel: b for b in builts}
+    plan: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for key in keys:
+        screen = {k: r for (dk, k, ph), r in done.items() if dk == key and ph == "screen"
+                  and k in by_kernel and by_kernel[k].binary is not None}
+        for kernel, n_samples in _finalists(screen, settings):
+            if (key, kernel, "confirm") not in done and n_samples > 0:
+                plan[kernel, n_samples].append(key)
+    for (kernel, n_samples), todo in sorted(plan.items()):
+        _measure(family, by_kernel[kernel], todo, keys, prepare, rec, "confirm", n_samples,
+                 done, settings)

@@ -1,0 +1,123 @@
+"""Build stage: compile a family's candidate variants into a content-hash cache.
+
+The cache key covers everything that changes the binary: the source and every header beside
+it, the compiler's version, the flags and the variant's -D defines. A binary is written to a
+temp file and moved into place, so an interrupted build never leaves a half-written binary.
+A compile error is a recorded `failed` event (cached too, so re-runs do not retry it).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .tune import BuildEvent
+
+log = logging.getLogger("tilecast.build")
+
+DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG")
+
+
+@dataclass(frozen=True)
+class Built:
+    """One candidate after the build stage: its event and, when ok, the binary's path."""
+    kernel: str
+    config: object
+    event: BuildEvent
+    binary: Path | None
+    cache_key: str
+    cached: bool
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(compiler: str) -> str:
+    """First line of `<compiler> --version` (part of every cache key)."""
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise RuntimeError(f"C++ compiler {compiler!r} is not usable: {err}; install g++ "
+                           "or set build.compiler in the config") from None
+    return out.stdout.splitlines()[0].strip()
+
+
+def _sources_digest(source: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted([source, *source.parent.glob("*.hpp")]):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str) -> str:
+    """Content hash of source + headers, compiler version, flags and defines."""
+    payload = json.dumps({"src": _sources_digest(source), "cc": compiler_version(compiler),
+                          "flags": list(flags), "defines": dict(sorted(defines.items()))},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str],
+             timeout_s: float) -> Built:
+    name = family.kernel_name(config)
+    spec = family.build_spec(config)
+    key = cache_key(spec.source, spec.defines, flags, compiler)
+    binary = cache_dir / f"{name}-{key}"
+    failure = binary.with_suffix(".failed")
+    if binary.exists():
+        return Built(name, config, BuildEvent(name, "ok", "", 0.0, binary.stat().st_size), binary, key, True)
+    if failure.exists():
+        reason = failure.read_text()
+        return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, key, True)
+    tmp = binary.with_name(f".{binary.name}.{os.getpid()}.tmp")
+    cmd = [compiler, *flags, *(f"-D{k}={v}" for k, v in spec.defines.items()),
+           *(f"-I{d}" for d in spec.include_dirs), str(spec.source), "-o", str(tmp)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        ok, reason = proc.returncode == 0, proc.stderr.strip()[-2000:]
+    except subprocess.TimeoutExpired:
+        ok, reason = False, f"compile timed out after {timeout_s:g} s"
+    seconds = time.perf_counter() - start
+    if not ok:
+        tmp.unlink(missing_ok=True)
+        failure.write_text(reason or "compiler failed without a message")
+        return Built(name, config, BuildEvent(name, "failed", reason, seconds, 0), None, key, False)
+    os.replace(tmp, binary)
+    return Built(name, config, BuildEvent(name, "ok", "", seconds, binary.stat().st_size), binary, key, False)
+
+
+def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 2,
+                     compiler: str = "g++", flags: Sequence[str] = DEFAULT_FLAGS,
+                     timeout_s: float = 300.0,
+                     progress: Callable[[int, int, Built], None] | None = None) -> list[Built]:
+    """Compile every config in parallel (`jobs` compilers at once); one Built per config,
+    in the order given. Cached binaries are reused; failures are events, never exceptions."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    compiler_version(compiler)  # fail early, with a clear message, if there is no compiler
+    results: list[Built] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_compile, family, cfg, cache_dir, compiler, tuple(flags), timeout_s)
+                   for cfg in configs]
+        for index, future in enumerate(futures, 1):
+            built = future.result()
+            results.append(built)
+            if progress:
+                progress(index, len(futures), built)
+    return results
+
+
+def log_progress(index: int, total: int, built: Built) -> None:
+    """Default progress: one log line per candidate (cached, compiled or failed)."""
+    state = "cached" if built.cached else f"{built.event.seconds:.1f}s"
+    if built.event.status != "ok":
+        state = f"FAILED ({built.event.reason.splitlines()[0][:120] if built.event.reason else ''})"
+    log.info("build %d/%d %s %s", index, total, built.kernel, state)

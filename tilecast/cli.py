@@ -1,0 +1,83 @@
+"""The `tilecast` command line: library subcommands (no Prefect). `flows.cli` adds `run`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _cmd_select(args) -> int:
+    from .dispatch import Dispatcher, parse_problem_string
+
+    dispatcher = Dispatcher.from_registry(args.registry, args.model, args.alias)
+    problem = parse_problem_string(args.problem)
+    if args.json:
+        print(json.dumps(dispatcher.select_json(problem)))
+    else:
+        print(dispatcher.select(problem))
+    return 0
+
+
+def _cmd_convert(args) -> int:
+    from .convert import convert_raw
+
+    summary = convert_raw([Path(p) for p in args.inputs], Path(args.out))
+    print(f"wrote {summary.out_path}: {summary.rows} rows, {summary.problems} problems, "
+          f"{summary.kernels} kernels, statuses {summary.statuses}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser with every library subcommand; callers may add more."""
+    parser = argparse.ArgumentParser(prog="tilecast", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    select = sub.add_parser("select", help="print the kernel the published model chooses")
+    select.add_argument("--registry", default="registry")
+    select.add_argument("--model", required=True)
+    select.add_argument("--alias", default="production")
+    select.add_argument("--problem", required=True, help="e.g. 'm=512,n=512,k=512'")
+    select.add_argument("--json", action="store_true")
+    select.set_defaults(func=_cmd_select)
+
+    convert = sub.add_parser("convert", help="raw benchmark records (JSONL) -> parquet")
+    convert.add_argument("inputs", nargs="+")
+    convert.add_argument("--out", required=True)
+    convert.set_defaults(func=_cmd_convert)
+    return parser
+
+
+# Errors a user can cause: printed as a message, never as a traceback.
+def user_errors() -> tuple[type[BaseException], ...]:
+    from .config import ConfigError
+    from .dataset import DatasetError
+    from .families.base import FamilyError
+
+    errors: list[type[BaseException]] = [CliError, ConfigError, DatasetError, FamilyError,
+                                         FileNotFoundError]
+    try:
+        from .registry import RegistryError
+        errors.append(RegistryError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    parser = parser or build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+    try:
+        return args.func(args)
+    except user_errors() as err:
+        print(f"tilecast {args.command}: error: {err}", file=sys.stderr)
+        return 2

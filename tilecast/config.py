@@ -1,0 +1,177 @@
+"""Run configurations (configs/*.yaml): problem sets, candidate spaces, budgets, model specs.
+
+Every key is checked; an unknown or malformed one is an error that names the file and the
+key, never a silently ignored setting.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .measure import Protocol, ProtocolError
+
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+PROBLEM_SETS = ("train", "holdout")
+
+
+class ConfigError(ValueError):
+    """A malformed run configuration."""
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """One family's part of a run: which candidates, on which problems, with which model."""
+    name: str
+    candidates: dict
+    budget: int
+    seed: int
+    problems: dict[str, list[dict]]
+    model: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run; see configs/quick.yaml for an annotated example."""
+    name: str
+    path: Path
+    protocol: Protocol
+    tie_threshold_pct: float
+    finalists: int
+    confirm_samples: int
+    build_jobs: int
+    problems_per_batch: int
+    families: dict[str, FamilyConfig]
+
+
+def _check_keys(where: str, values: Mapping, required: set, optional: set) -> None:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__} {values!r}")
+    missing = required - set(values)
+    if missing:
+        raise ConfigError(f"{where}: missing key(s) {sorted(missing)}")
+    unknown = set(values) - required - optional
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; "
+                          f"valid: {sorted(required | optional)}")
+
+
+def expand_problems(where: str, entries: list) -> list[dict]:
+    """Expand problem entries into field mappings. An entry is one of:
+    `{grid: {field: [values]}, <fixed fields>}` (cartesian product),
+    `{list: [{field: value}, ...], <fixed fields>}`, or
+    `{random: {count, seed, ranges: {field: [lo, hi]}}, <fixed fields>}` (log-uniform ints)."""
+    if not isinstance(entries, list):
+        raise ConfigError(f"{where}: expected a list of problem entries, got {entries!r}")
+    problems: list[dict] = []
+    for i, entry in enumerate(entries):
+        here = f"{where}[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{here}: expected a mapping, got {entry!r}")
+        kinds = [k for k in ("grid", "list", "random") if k in entry]
+        if len(kinds) != 1:
+            raise ConfigError(f"{here}: needs exactly one of grid / list / random, got {sorted(entry)}")
+        kind = kinds[0]
+        fixed = {k: v for k, v in entry.items() if k != kind}
+        body = entry[kind]
+        if kind == "grid":
+            if not isinstance(body, Mapping) or not body:
+                raise ConfigError(f"{here}.grid: expected a mapping of field -> list of values")
+            keys = list(body)
+            for combo in itertools.product(*(body[k] if isinstance(body[k], list) else [body[k]]
+                                             for k in keys)):
+                problems.append({**fixed, **dict(zip(keys, combo))})
+        elif kind == "list":
+            if not isinstance(body, list):
+                raise ConfigError(f"{here}.list: expected a list of mappings")
+            for item in body:
+                if not isinstance(item, Mapping):
+                    raise ConfigError(f"{here}.list: expected a mapping, got {item!r}")
+                problems.append({**fixed, **item})
+        else:
+            _check_keys(f"{here}.random", body, {"count", "ranges"}, {"seed"})
+            problems.extend({**fixed, **p} for p in _random_problems(here, body))
+    return problems
+
+
+def _random_problems(where: str, body: Mapping) -> list[dict]:
+    import numpy as np
+
+    rng = np.random.default_rng(int(body.get("seed", 0)))
+    ranges = body["ranges"]
+    out = []
+    for _ in range(int(body["count"])):
+        item = {}
+        for key, bounds in ranges.items():
+            if not (isinstance(bounds, list) and len(bounds) == 2 and 1 <= bounds[0] <= bounds[1]):
+                raise ConfigError(f"{where}.random.ranges.{key}: expected [lo, hi] with 1 <= lo <= hi")
+            lo, hi = math.log(bounds[0]), math.log(bounds[1])
+            item[key] = int(round(math.exp(rng.uniform(lo, hi))))
+        out.append(item)
+    return out
+
+
+def _family_config(where: str, name: str, values: Mapping) -> FamilyConfig:
+    _check_keys(where, values, {"candidates", "problems"}, {"budget", "seed", "model"})
+    problems = values["problems"]
+    _check_keys(f"{where}.problems", problems, set(PROBLEM_SETS), set())
+    expanded = {ps: expand_problems(f"{where}.problems.{ps}", problems[ps]) for ps in PROBLEM_SETS}
+    return FamilyConfig(name=name, candidates=dict(values["candidates"] or {}),
+                        budget=int(values.get("budget", 10**9)), seed=int(values.get("seed", 0)),
+                        problems=expanded, model=dict(values.get("model") or {}))
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A config path as given, or a bare name (`quick`) looked up in configs/."""
+    candidate = Path(path)
+    if candidate.exists():
+        return candidate
+    named = CONFIGS_DIR / f"{path}.yaml"
+    if named.exists():
+        return named
+    raise ConfigError(f"config {str(path)!r} not found (looked at {candidate} and {named}); "
+                      f"available: {', '.join(sorted(p.stem for p in CONFIGS_DIR.glob('*.yaml')))}")
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a run config; ConfigError names the file and the offending key."""
+    path = resolve_path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    where = str(path)
+    _check_keys(where, raw or {}, {"name", "families"},
+                {"protocol", "tune", "build", "bench", "description"})
+    try:
+        protocol = Protocol.from_mapping(raw.get("protocol") or {})
+    except (ProtocolError, TypeError) as err:
+        raise ConfigError(f"{where}.protocol: {err}") from None
+    tune_cfg = raw.get("tune") or {}
+    _check_keys(f"{where}.tune", tune_cfg, set(),
+                {"tie_threshold_pct", "finalists", "confirm_samples"})
+    build_cfg = raw.get("build") or {}
+    _check_keys(f"{where}.build", build_cfg, set(), {"jobs"})
+    bench_cfg = raw.get("bench") or {}
+    _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch"})
+    families_raw = raw["families"]
+    if not isinstance(families_raw, Mapping) or not families_raw:
+        raise ConfigError(f"{where}.families: expected a non-empty mapping of family name -> settings")
+    from .families import FAMILIES
+
+    families = {}
+    for name, values in families_raw.items():
+        if name not in FAMILIES:
+            raise ConfigError(f"{where}.families: unknown family {name!r}; valid: {', '.join(FAMILIES)}")
+        families[name] = _family_config(f"{where}.families.{name}", name, values)
+    return RunConfig(name=str(raw["name"]), path=path, protocol=protocol,
+                     tie_threshold_pct=float(tune_cfg.get("tie_threshold_pct", 1.0)),
+                     finalists=int(tune_cfg.get("finalists", 3)),
+                     confirm_samples=int(tune_cfg.get("confirm_samples", 5)),
+                     build_jobs=int(build_cfg.get("jobs", 2)),
+                     problems_per_batch=int(bench_cfg.get("problems_per_batch", 8)),
+                     families=families)

@@ -1,0 +1,75 @@
+"""Convert stage: raw benchmark records (JSON lines) into the schema-versioned parquet dataset.
+
+Rows are keyed on `dims_key` (never on a row or problem index). An empty input, or one whose
+records lack required columns, is rejected with a message naming the file; the parquet file is
+written to a temp path and moved into place, so a crash never leaves a half-written dataset.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from .dataset import PHASES, RECORD_COLUMNS, ROLES, SCHEMA_VERSION, STATUSES, DatasetError
+from .rawlog import read_records
+
+
+@dataclass(frozen=True)
+class ConvertSummary:
+    out_path: Path
+    rows: int
+    problems: int
+    kernels: int
+    statuses: dict
+
+
+def records_frame(records: list[dict], source: str) -> pd.DataFrame:
+    """Validate raw records and make a DataFrame in the dataset schema."""
+    if not records:
+        raise DatasetError(f"{source}: no benchmark records (empty or unreadable file); "
+                           "run the benchmark stage first")
+    frame = pd.DataFrame.from_records(records)
+    missing = [c for c in RECORD_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DatasetError(f"{source}: records lack column(s) {missing}")
+    for column, allowed in (("status", STATUSES), ("phase", PHASES), ("role", ROLES)):
+        bad = sorted(set(frame[column].dropna()) - set(allowed))
+        if bad:
+            raise DatasetError(f"{source}: unknown {column} value(s) {bad}; valid: {list(allowed)}")
+    versions = sorted(set(frame["schema_version"]))
+    if versions != [SCHEMA_VERSION]:
+        raise DatasetError(f"{source}: schema version(s) {versions}, expected {SCHEMA_VERSION}")
+    for column in ("median_s", "mad_s", "tflops", "gbps", "max_error"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    frame["samples_s"] = frame["samples_s"].apply(lambda v: [float(x) for x in (v or [])])
+    return frame
+
+
+def write_parquet(frame: pd.DataFrame, out_path: Path) -> None:
+    """Atomic parquet write: temp file in the same directory, then os.replace."""
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def convert_raw(raw_paths: Sequence[Path], out_path: Path) -> ConvertSummary:
+    """Raw JSONL files -> one parquet dataset; see the module docstring."""
+    records: list[dict] = []
+    for path in raw_paths:
+        if not Path(path).exists():
+            raise DatasetError(f"raw benchmark file {path} does not exist")
+        records.extend(read_records(Path(path)))
+    frame = records_frame(records, ", ".join(map(str, raw_paths)))
+    write_parquet(frame, out_path)
+    return ConvertSummary(out_path=Path(out_path), rows=len(frame),
+                          problems=frame["dims_key"].nunique(),
+                          kernels=frame.loc[frame["role"] == "candidate", "kernel"].nunique(),
+                          statuses=frame["status"].value_counts().to_dict())

@@ -1,0 +1,198 @@
+"""The measurement protocol, one implementation for every family.
+
+The timing loop itself lives in `kernels/cpu/harness.hpp` (warm-up, repetitions per sample
+sized from a minimum sample time, N samples, optional cache flush) so that it runs next to
+the kernel; this module owns the protocol's parameters, runs each candidate binary as an
+isolated subprocess with a per-job timeout, and turns its output into outcomes. A kernel that
+crashes or hangs becomes a `crashed` / `timeout` outcome and the remaining jobs go on in a
+fresh process. `measure_callable` applies the same protocol to an in-process peer (torch).
+"""
+from __future__ import annotations
+
+import math
+import os
+import selectors
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+
+class ProtocolError(ValueError):
+    """An invalid measurement protocol setting."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How every candidate is timed; see the module docstring."""
+    warmup_ms: float = 20.0
+    min_sample_ms: float = 10.0
+    samples: int = 7
+    max_reps: int = 10000
+    flush_cache: bool = False
+    threads: int = 2
+    timeout_s: float = 60.0
+
+    def __post_init__(self):
+        for name in ("warmup_ms", "min_sample_ms", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ProtocolError(f"protocol {name}={getattr(self, name)!r} must be > 0")
+        for name in ("samples", "max_reps", "threads"):
+            if int(getattr(self, name)) < 1:
+                raise ProtocolError(f"protocol {name}={getattr(self, name)!r} must be >= 1")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping) -> "Protocol":
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ProtocolError(f"unknown protocol key(s) {sorted(unknown)}; valid: {sorted(known)}")
+        return cls(**values)
+
+    def argv(self, samples: int | None = None) -> list[str]:
+        return ["--warmup-ms", f"{self.warmup_ms:g}", "--min-sample-ms", f"{self.min_sample_ms:g}",
+                "--samples", str(samples or self.samples), "--max-reps", str(self.max_reps),
+                "--flush", str(int(self.flush_cache))]
+
+    def env(self) -> dict[str, str]:
+        """Threads counted and pinned: one OpenMP thread per core, bound close."""
+        env = dict(os.environ)
+        env.update(OMP_NUM_THREADS=str(self.threads), OMP_PROC_BIND="close", OMP_PLACES="cores",
+                   OMP_DYNAMIC="false")
+        return env
+
+
+@dataclass
+class JobOutcome:
+    """What one job produced: status (a dataset.STATUSES code) and the samples if any."""
+    status: str
+    reason: str = ""
+    reps: int = 0
+    samples_s: list[float] = field(default_factory=list)
+
+
+def _parse_line(line: str) -> tuple[str, JobOutcome] | None:
+    parts = line.strip().split(maxsplit=2)
+    if len(parts) < 2:
+        return None
+    tag, job_id = parts[0], parts[1]
+    rest = parts[2] if len(parts) > 2 else ""
+    if tag == "OK":
+        values = rest.split()
+        try:
+            reps, samples = int(values[0]), [float(v) for v in values[1:]]
+        except (IndexError, ValueError):
+            return job_id, JobOutcome("crashed", f"malformed result line {line.strip()!r}")
+        return job_id, JobOutcome("ok", "", reps, samples)
+    if tag == "UNSUPPORTED":
+        return job_id, JobOutcome("unsupported", rest)
+    if tag == "ERROR":
+        return job_id, JobOutcome("crashed", f"kernel error: {rest}")
+    return None
+
+
+def _describe_exit(returncode: int, stderr_tail: str) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with status {returncode}: {stderr_tail}".strip()
+
+
+def run_binary(binary: Path, jobs: Sequence[tuple[str, Sequence[str]]], protocol: Protocol,
+               samples: int | None = None) -> dict[str, JobOutcome]:
+    """Run `jobs` (job id, tokens) through one candidate binary, isolated in subprocesses.
+
+    Results stream back one line per job; a job that outlives `protocol.timeout_s` is killed
+    (`timeout`), a process that dies mid-job marks that job `crashed`, and the jobs after it
+    run in a fresh process, so one bad shape never costs the others.
+    """
+    outcomes: dict[str, JobOutcome] = {}
+    pending = list(jobs)
+    while pending:
+        done = _run_once(Path(binary), pending, protocol, samples)
+        outcomes.update(done)
+        pending = [job for job in pending if job[0] not in outcomes]
+    return outcomes
+
+
+def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobOutcome]:
+    outcomes: dict[str, JobOutcome] = {}
+    with tempfile.TemporaryDirectory(prefix="tilecast-jobs-") as tmp:
+        jobs_path = Path(tmp) / "jobs.txt"
+        jobs_path.write_text("".join(f"{job_id} {' '.join(tokens)}\n" for job_id, tokens in jobs))
+        stderr_path = Path(tmp) / "stderr.txt"
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen([str(binary), *protocol.argv(samples), "--jobs", str(jobs_path)],
+                                    stdout=subprocess.PIPE, stderr=stderr, env=protocol.env(),
+                                    start_new_session=True)
+        expected = [job_id for job_id, _ in jobs]
+        current = 0
+        timed_out = False
+        buffer = b""
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + protocol.timeout_s
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                if not sel.select(timeout=min(remaining, 1.0)):
+                    continue
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break  # end of output: the process exited (or closed stdout)
+                buffer += chunk
+                while b"\n" in buffer:
+                    raw, buffer = buffer.split(b"\n", 1)
+                    parsed = _parse_line(raw.decode(errors="replace"))
+                    if parsed is None:
+                        continue
+                    job_id, outcome = parsed
+                    outcomes[job_id] = outcome
+                    while current < len(expected) and expected[current] in outcomes:
+                        current += 1
+                    deadline = time.monotonic() + protocol.timeout_s
+        finally:
+            sel.close()
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # our own session: the binary and nothing else
+            proc.wait()
+            proc.stdout.close()
+        if current < len(expected):
+            job_id = expected[current]
+            if timed_out:
+                outcomes[job_id] = JobOutcome("timeout", f"no result within {protocol.timeout_s:g} s")
+            else:
+                tail = stderr_path.read_text(errors="replace")[-400:].strip()
+                outcomes[job_id] = JobOutcome("crashed", _describe_exit(proc.returncode, tail))
+    return outcomes
+
+
+def measure_callable(fn: Callable[[], object], protocol: Protocol,
+                     samples: int | None = None) -> JobOutcome:
+    """The harness's protocol applied to a Python callable (a peer such as torch.matmul)."""
+    start = time.perf_counter()
+    calls = 0
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed * 1e3 >= protocol.warmup_ms:
+            break
+    per_call = elapsed / calls
+    reps = min(max(1, math.ceil(protocol.min_sample_ms / 1e3 / max(per_call, 1e-9))), protocol.max_reps)
+    times = []
+    for _ in range(samples or protocol.samples):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps)
+    return JobOutcome("ok", "", reps, times)
