@@ -176,7 +176,8 @@ def test_results_are_memoized_per_validated_problem(setup, monkeypatch):
     calls = []
     real_predict = dispatcher.booster.predict
     monkeypatch.setattr(dispatcher.booster, "predict",
-                        lambda features: calls.append(features.shape) or real_predict(features))
+                        lambda features, **options: calls.append(features.shape)
+                        or real_predict(features, **options))
     first = dispatcher.ranking({"m": 256, "n": 128, "k": 64})
     assert calls == [(18, len(setup["engine"].feature_names()))]
     # the same problem spelled three other ways hits the cache

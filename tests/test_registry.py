@@ -5,6 +5,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,16 @@ def _payload(worker: int, index: int) -> bytes:
 
 
 def _publish_many(root: str, worker: int, count: int, barrier) -> None:
+    # A slow directory listing widens the window between choosing a number and claiming
+    # it, so the publishers really collide and must retry.
+    list_versions = registry.list_versions
+
+    def slow_list_versions(*args):
+        found = list_versions(*args)
+        time.sleep(0.03)
+        return found
+
+    registry.list_versions = slow_list_versions
     barrier.wait()
     for index in range(count):
         registry.publish(root, MODEL, {"payload.bin": _payload(worker, index),

@@ -133,7 +133,9 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
     summary = BenchSummary(raw_path=Path(raw_path))
     started = time.perf_counter()
     existing = read_records(raw_path)
-    done = {(r.get("dims_key"), r.get("kernel"), r.get("phase")): r for r in existing}
+    # peers are keyed by role: the peer's name (e.g. torch.matmul) is the family's business
+    done = {(r.get("dims_key"), "peer" if r.get("role") == "peer" else r.get("kernel"),
+             r.get("phase")): r for r in existing}
     batches = [problems[i:i + settings.problems_per_batch]
                for i in range(0, len(problems), settings.problems_per_batch)]
     with RawWriter(raw_path) as writer:

@@ -246,7 +246,10 @@ class Dispatcher:
                                        self._kernel_matrix[rows], configs)
         if self._columns is not None:
             features = features[:, self._columns]
-        tflops = self._inverse(np.asarray(self.booster.predict(features), dtype=np.float64))
+        # one thread: a few dozen rows gain nothing from OpenMP, and a dispatcher must not
+        # compete for cores with the kernels it dispatches
+        raw = self.booster.predict(features, num_threads=1)
+        tflops = self._inverse(np.asarray(raw, dtype=np.float64))
         names = [self.kernels[i] for i in rows]
         # best first; equal predictions ordered by kernel name; a non-finite prediction last
         order = sorted(range(len(rows)), key=lambda j: (not math.isfinite(tflops[j]),

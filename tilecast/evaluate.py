@@ -61,10 +61,9 @@ def evaluate(family, engine, predictor, holdout_final: pd.DataFrame, train_final
                          "appears in the training data; holdouts must be disjoint by dims_key")
     if not candidates:
         raise ValueError("no candidate kernels to evaluate; pass the family's candidate names")
-    names = sorted(set(candidates))
-    configs = [family.parse_name(name) for name in names]
-    kernel_matrix = engine.kernel_features(configs)
-    static_kernel, _ = static_best(train_final, names)
+    configs = {name: family.parse_name(name) for name in sorted(set(candidates))}
+    kernel_matrix = engine.kernel_features(list(configs.values()))
+    static_kernel, _ = static_best(train_final, list(configs))
 
     winners = dataset.winners(holdout_final, tie_threshold_pct)
     if not winners:
@@ -75,17 +74,7 @@ def evaluate(family, engine, predictor, holdout_final: pd.DataFrame, train_final
     for dims_key, winner in winners.items():
         fields = {f: first_rows.at[dims_key, f] for f in family.problem_fields}
         problem = family.problem(fields)
-        mask = np.array([family.applicable(cfg, problem) for cfg in configs])
-        if not mask.any():
-            raise ValueError(f"no candidate kernel is applicable to holdout problem {dims_key!r}; "
-                             "check the candidate list matches the problem set")
-        kernels = [n for n, keep in zip(names, mask) if keep]
-        X = engine.combine(problem, engine.problem_features(problem), kernel_matrix[mask],
-                           [c for c, keep in zip(configs, mask) if keep])
-        predicted = np.asarray(predictor.predict_tflops(X), dtype=np.float64)
-        # highest prediction first; equal predictions in name order, so results are stable
-        ranking = [kernels[i] for i in sorted(range(len(kernels)),
-                                              key=lambda i: (-predicted[i], kernels[i]))]
+        ranking = _ranking(family, engine, predictor, problem, dims_key, configs, kernel_matrix)
         problem_tflops = measured.loc[dims_key]
         chosen = ranking[0]
         chosen_tflops = _tflops(problem_tflops, chosen)
@@ -101,6 +90,25 @@ def evaluate(family, engine, predictor, holdout_final: pd.DataFrame, train_final
     table["winner_rank"] = table["winner_rank"].astype("Int64")
     metrics = _metrics(table, static_kernel)
     return Evaluation(metrics=metrics, per_problem=table.drop(columns="_top1_tie"))
+
+
+def _ranking(family, engine, predictor, problem, dims_key: str, configs: dict,
+             kernel_matrix: np.ndarray) -> list[str]:
+    """Applicable candidate names, highest predicted TFLOP/s first (equal predictions in
+    name order, so results are stable)."""
+    mask = np.array([family.applicable(cfg, problem) for cfg in configs.values()])
+    if not mask.any():
+        raise ValueError(f"no candidate kernel is applicable to holdout problem {dims_key!r}; "
+                         "check the candidate list matches the problem set")
+    kernels = [name for name, keep in zip(configs, mask) if keep]
+    X = engine.combine(problem, engine.problem_features(problem), kernel_matrix[mask],
+                       [configs[name] for name in kernels])
+    predicted = np.asarray(predictor.predict_tflops(X), dtype=np.float64)
+    if predicted.shape != (len(kernels),) or not np.all(np.isfinite(predicted)):
+        raise ValueError(f"predictor returned {predicted!r} for {len(kernels)} kernels on "
+                         f"{dims_key!r}; expected one finite prediction per kernel")
+    order = sorted(range(len(kernels)), key=lambda i: (-predicted[i], kernels[i]))
+    return [kernels[i] for i in order]
 
 
 def _tflops(problem_tflops: pd.Series, kernel: str) -> float:

@@ -250,14 +250,12 @@ def publish_stage(ctx: RunContext, name: str) -> dict:
 
 def run_all(ctx: RunContext) -> dict:
     """Every stage in order without Prefect (the plain-library baseline of the flow)."""
-    evaluations, published = {}, {}
+    stages, published = {}, {}
     for name in ctx.config.families:
-        build_stage(ctx, name)
-        bench_stage(ctx, name)
-        convert_stage(ctx, name)
-        train_stage(ctx, name)
-        evaluations[name] = evaluate_stage(ctx, name)
+        stages[name] = {"build": build_stage(ctx, name), "bench": bench_stage(ctx, name),
+                        "convert": convert_stage(ctx, name), "train": train_stage(ctx, name),
+                        "evaluate": evaluate_stage(ctx, name)}
     report = report_stage(ctx)
     for name in ctx.config.families:
         published[name] = publish_stage(ctx, name)
-    return {"report": report, "published": published}
+    return {"run_id": ctx.run_id, "stages": stages, "report": report, "published": published}

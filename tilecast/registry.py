@@ -159,7 +159,7 @@ def read_alias(root, model: str, alias: str) -> int:
     except RegistryError:
         raise RegistryError(f"alias file {path} holds {text.strip()!r}, "
                             f"not a version number") from None
-    if False:
+    if not (_versions_dir(root, model) / str(number)).is_dir():
         raise RegistryError(f"alias {alias!r} of model {model!r} points at version {number}, "
                             f"which does not exist (no directory "
                             f"{_versions_dir(root, model) / str(number)})")

@@ -80,7 +80,7 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
     if cv:
         lines += ["### Cross-validation (GroupKFold on dims_key)", ""]
         lines += _table(["folds", "mean rmse (target space)", "mean efficiency"],
-                        [[len(cv.get("folds", [])), cv.get("mean_rmse"),
+                        [[len(cv["folds"]) if "folds" in cv else None, cv.get("mean_rmse"),
                           cv.get("mean_efficiency")]])
     worst = evaluation.per_problem.sort_values(["efficiency", "dims_key"]).head(WORST_COUNT)
     lines += [f"### Worst {WORST_COUNT} problems", ""]

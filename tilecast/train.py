@@ -43,7 +43,8 @@ def target_transform(name: str):
     try:
         return TARGETS[name]
     except KeyError:
-        raise ValueError(f"unknown target transform {name!r}; valid: {', '.join(TARGETS)}") from None
+        raise ValueError(f"unknown target transform {name!r}; "
+                         f"valid: {', '.join(TARGETS)}") from None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,88 @@
+"""Benchmark stage: records for every pair, confirmation of finalists, faults recorded,
+resume after a crash (a truncated raw file) measures only what is missing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tilecast.bench import BenchSettings, benchmark
+from tilecast.build import Built, build_candidates
+from tilecast.convert import convert_raw
+from tilecast.families import get_family
+from tilecast.families.gemm import GemmConfig
+from tilecast.measure import Protocol
+from tilecast.rawlog import read_records
+from tilecast.tune import BuildEvent
+
+GEMM = get_family("gemm")
+SETTINGS = BenchSettings(protocol=Protocol(warmup_ms=1, min_sample_ms=1, samples=3, threads=2,
+                                           timeout_s=3), finalists=2, confirm_samples=2,
+                         problems_per_batch=2)
+RUN = {"run_id": "test", "git_sha": "0" * 7, "hardware": "test"}
+CONFIGS = [GemmConfig("fp32", "avx2", 6, 16, 96, 512, 128, "m", True, True),
+           GemmConfig("fp32", "avx2", 4, 24, 96, 504, 256, "k", False, False)]
+
+
+@pytest.fixture(scope="module")
+def builts(build_cache):
+    return build_candidates(GEMM, CONFIGS, build_cache, jobs=2)
+
+
+def _problems(*shapes):
+    return [("train", GEMM.problem({"m": m, "n": n, "k": k})) for m, n, k in shapes]
+
+
+def test_every_pair_measured_then_finalists_confirmed(tmp_path, builts):
+    raw = tmp_path / "gemm.jsonl"
+    problems = _problems((16, 32, 64), (5, 7, 9), (100, 3, 40))
+    summary = benchmark(GEMM, builts, problems, raw, tmp_path / "scratch", RUN, SETTINGS)
+    records = read_records(raw)
+    screen = [r for r in records if r["phase"] == "screen" and r["role"] == "candidate"]
+    assert len(screen) == 2 * 3 and all(r["status"] == "ok" for r in screen)
+    assert all(len(r["samples_s"]) == 3 and r["tflops"] > 0 and r["max_error"] < 1e-4 for r in screen)
+    confirm = [r for r in records if r["phase"] == "confirm"]
+    assert {r["dims_key"] for r in confirm} == {GEMM.dims_key(p) for _, p in problems}
+    assert all(len(r["samples_s"]) >= 2 for r in confirm)  # fresh samples, not the screening ones
+    peers = [r for r in records if r["role"] == "peer"]
+    assert len(peers) == 3 and all(r["kernel"] == "torch.matmul" and r["tflops"] > 0 for r in peers)
+    assert summary.measured == len(records)
+    assert not (tmp_path / "scratch").exists() or not any((tmp_path / "scratch").iterdir())
+
+
+def test_resume_after_a_crash_measures_only_what_is_missing(tmp_path, builts):
+    raw = tmp_path / "gemm.jsonl"
+    problems = _problems((8, 8, 8), (9, 10, 11), (12, 13, 14), (30, 31, 32))
+    benchmark(GEMM, builts, problems[:2], raw, tmp_path / "s", RUN, SETTINGS)
+    before = read_records(raw)
+    with open(raw, "a") as handle:  # a crash in the middle of writing a record
+        handle.write('{"schema_version": 1, "kernel": "gemm_fp32_av')
+    summary = benchmark(GEMM, builts, problems, raw, tmp_path / "s", RUN, SETTINGS)
+    after = read_records(raw)
+    new_keys = {r["dims_key"] for r in after[len(before):]}
+    assert new_keys == {GEMM.dims_key(p) for _, p in problems[2:]}
+    assert summary.skipped_existing == 2 * 2
+    again = benchmark(GEMM, builts, problems, raw, tmp_path / "s", RUN, SETTINGS)
+    assert again.measured == 0
+    out = convert_raw([raw], tmp_path / "gemm.parquet")
+    assert out.problems == 4 and out.rows == len(after)
+
+
+def test_faulty_and_failed_candidates_are_records_not_crashes(tmp_path, faulty_binary):
+    cfg = CONFIGS[0]
+    name = GEMM.kernel_name(cfg)
+    faulty = Built(name, cfg, BuildEvent(name, "ok", "", 0.0, 1), faulty_binary, "k", False)
+    failed_cfg = CONFIGS[1]
+    failed_name = GEMM.kernel_name(failed_cfg)
+    failed = Built(failed_name, failed_cfg, BuildEvent(failed_name, "failed", "error: boom"), None, "k2", False)
+    raw = tmp_path / "gemm.jsonl"
+    benchmark(GEMM, [faulty, failed], _problems((13, 4, 4), (19, 4, 4), (17, 4, 4), (6, 4, 4)),
+              raw, tmp_path / "s", RUN, SETTINGS)
+    status = {(r["kernel"], r["m"]): r["status"] for r in read_records(raw)
+              if r["phase"] == "screen" and r["role"] == "candidate"}
+    assert status[name, 13] == "crashed" and status[name, 19] == "wrong_result"
+    assert status[name, 17] == "timeout" and status[name, 6] == "ok"
+    assert all(status[failed_name, m] == "build_failed" for m in (13, 19, 17, 6))
+    bad = [r for r in read_records(raw) if r["status"] != "ok"]
+    assert all(r["tflops"] is None for r in bad), "a failed run must never carry a time"
+    json.dumps(bad)  # records stay JSON-serializable

@@ -1,0 +1,70 @@
+"""The whole DAG through the console script, as a user runs it: `tilecast run` (Prefect flow,
+embedded server) on a tiny config, then `tilecast select`; a re-run measures nothing again."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TINY = Path(__file__).parent / "configs" / "tiny.yaml"
+TILECAST = [sys.executable, "-m", "flows.cli"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(*args, check=True):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([*TILECAST, *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=600)
+    if check and proc.returncode != 0:
+        pytest.fail(f"tilecast {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.mark.slow
+def test_run_then_select_then_rerun(tmp_path):
+    work, registry = tmp_path / "work", tmp_path / "registry"
+    first = _run("run", "--config", str(TINY), "--workdir", str(work), "--registry", str(registry))
+    summary = json.loads(first.stdout)
+    assert summary["published"]["gemm"]["version"] == 1
+    assert "bench gemm: batch" in first.stderr  # progress shown during the benchmark
+
+    evaluation = json.loads((work / "report" / "evaluation.json").read_text())
+    gemm = evaluation["models"]["gemm"]
+    for key in ("n_problems", "mean_efficiency", "median_efficiency", "p10_efficiency",
+                "min_efficiency", "top1", "top5", "static_best"):
+        assert key in gemm, key
+    assert gemm["n_problems"] == 3 and 0 < gemm["mean_efficiency"] <= 1
+    assert (work / "report" / "report.md").read_text().startswith("# tilecast")
+    assert (work / "report" / "efficiency_gemm.png").stat().st_size > 1000
+
+    candidates = json.loads((registry / "gemm" / "versions" / "1" / "candidates.json").read_text())
+    chosen = _run("select", "--registry", str(registry), "--model", "gemm",
+                  "--problem", "m=40,n=70,k=90").stdout.strip()
+    assert chosen in candidates["kernels"]
+    as_json = json.loads(_run("select", "--registry", str(registry), "--model", "gemm",
+                              "--problem", "m=40,n=70,k=90", "--json").stdout)
+    assert as_json["kernel"] == chosen and as_json["version"] == 1 and as_json["predicted_tflops"] > 0
+
+    bad = _run("select", "--registry", str(registry), "--model", "gemm", "--problem", "m=4,n=x,k=1",
+               check=False)
+    assert bad.returncode == 2 and "n='x'" in bad.stderr
+
+    second = _run("run", "--plain", "--config", str(TINY), "--workdir", str(work),
+                  "--registry", str(registry))
+    again = json.loads(second.stdout)
+    assert summary["stages"]["gemm"]["bench"]["new_records"] > 0
+    assert again["stages"]["gemm"]["bench"]["new_records"] == 0  # warm: nothing re-measured
+    assert again["stages"]["gemm"]["build"]["cached"] == again["stages"]["gemm"]["build"]["candidates"]
+    assert again["published"]["gemm"]["version"] == 2
+
+
+def test_bad_config_is_a_message_not_a_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nfamilies: {gemm: {candidates: {}, problems: {train: []}}}\n")
+    proc = _run("run", "--config", str(bad), "--workdir", str(tmp_path / "w"), check=False)
+    assert proc.returncode == 2
+    assert "missing key(s) ['holdout']" in proc.stderr and "Traceback" not in proc.stderr

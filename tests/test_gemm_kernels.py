@@ -1,0 +1,65 @@
+"""Every micro-tile, parallel scheme, packing mode and dtype of the real GEMM kernels, built
+by the build stage and run through the benchmark path, matches torch on edge shapes."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tilecast.bench import _validate
+from tilecast.build import build_candidates
+from tilecast.families import get_family
+from tilecast.families.gemm import MICRO_TILES, GemmConfig
+from tilecast.measure import Protocol, run_binary
+
+GEMM = get_family("gemm")
+PROTOCOL = Protocol(warmup_ms=0.5, min_sample_ms=0.5, samples=2, threads=2, timeout_s=60)
+SCHEMES = itertools.cycle([("m", True, True), ("n", False, True), ("k", True, False),
+                           ("m", False, False), ("n", True, False), ("k", False, True)])
+# small cache blocks so that every shape below crosses several MC, NC and KC blocks
+VARIANTS = [GemmConfig("fp32", isa, mr, nr, 2 * mr, 2 * nr, 48, par, pack_a, prefetch)
+            for isa, tiles in MICRO_TILES.items() for (mr, nr), (par, pack_a, prefetch)
+            in zip(tiles, SCHEMES)]
+VARIANTS += [GemmConfig("bf16", "avx512", 14, 32, 28, 64, 48, "m", True, True),
+             GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False)]
+SHAPES = [(1, 1, 1), (7, 13, 5), (1, 300, 200), (130, 1, 70), (33, 65, 300), (129, 257, 65),
+          (64, 64, 1000)]
+LAYOUTS = [("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")]
+
+
+@pytest.fixture(scope="module")
+def built(build_cache, hw):
+    flags = set(hw["flags"])
+    configs = [c for c in VARIANTS if "avx512f" in flags or c.isa == "avx2"]
+    results = build_candidates(GEMM, configs, build_cache, jobs=2)
+    assert [b.event.status for b in results] == ["ok"] * len(results), \
+        [b.event.reason for b in results if b.event.status != "ok"]
+    return results
+
+
+@pytest.mark.parametrize("index", range(len(VARIANTS)))
+def test_variant_matches_torch(index, built, tmp_path):
+    if index >= len(built):
+        pytest.skip("this CPU lacks AVX-512")
+    b = built[index]
+    prepared, jobs = {}, []
+    for number, ((m, n, k), (la, lb)) in enumerate(zip(SHAPES, itertools.cycle(LAYOUTS))):
+        problem = GEMM.problem({"m": m, "n": n, "k": k, "dtype": b.config.dtype,
+                                "layout_a": la, "layout_b": lb})
+        prepared[f"j{number}"] = GEMM.prepare(problem, tmp_path / f"p{number}", seed=number)
+        jobs.append((f"j{number}", prepared[f"j{number}"].job_args))
+    outcomes = run_binary(b.binary, jobs, PROTOCOL)
+    for job_id, prep in prepared.items():
+        outcome, error = _validate(GEMM, prep, outcomes[job_id])
+        assert outcome.status == "ok", (b.kernel, prep.problem, outcome.reason)
+        assert error < GEMM.tolerance(prep.problem), (b.kernel, prep.problem, error)
+
+
+def test_describe_reports_the_compiled_parameters(built):
+    import subprocess
+
+    b = built[0]
+    out = subprocess.run([str(b.binary), "--describe"], capture_output=True, text=True, check=True)
+    params = dict(line.split()[1:] for line in out.stdout.splitlines())
+    assert int(params["MR"]) == b.config.mr and int(params["NR"]) == b.config.nr
+    assert int(params["KC"]) == b.config.kc and int(params["PACK_A"]) == int(b.config.pack_a)

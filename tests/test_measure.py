@@ -1,0 +1,53 @@
+"""Isolation: a kernel that segfaults, hangs, throws, exits or returns wrong numbers becomes a
+recorded status and the remaining jobs still run. Uses the fault-injecting fixture binary."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilecast.bench import _validate
+from tilecast.families import get_family
+from tilecast.measure import Protocol, ProtocolError, measure_callable, run_binary
+
+GEMM = get_family("gemm")
+PROTOCOL = Protocol(warmup_ms=1, min_sample_ms=1, samples=3, threads=1, timeout_s=3)
+
+
+def _jobs(tmp_path, ms):
+    prepared = {}
+    for m in ms:
+        problem = GEMM.problem({"m": m, "n": 5, "k": 7, "layout_a": "col" if m == 11 else "row"})
+        prepared[f"j{m}"] = GEMM.prepare(problem, tmp_path / f"p{m}", seed=m)
+    return prepared, [(job_id, p.job_args) for job_id, p in prepared.items()]
+
+
+def test_faults_become_statuses_and_the_rest_goes_on(tmp_path, faulty_binary):
+    prepared, jobs = _jobs(tmp_path, [11, 13, 12, 17, 19, 23, 29, 31])
+    outcomes = run_binary(faulty_binary, jobs, PROTOCOL)
+    assert outcomes["j13"].status == "crashed" and "SIGSEGV" in outcomes["j13"].reason
+    assert outcomes["j17"].status == "timeout" and "3 s" in outcomes["j17"].reason
+    assert outcomes["j23"].status == "crashed" and "fault injected for M=23" in outcomes["j23"].reason
+    assert outcomes["j29"].status == "crashed" and "status 3" in outcomes["j29"].reason
+    for job_id in ("j11", "j12", "j19", "j31"):  # jobs after each fault still ran
+        assert outcomes[job_id].status == "ok", outcomes[job_id]
+        assert len(outcomes[job_id].samples_s) == 3 and outcomes[job_id].reps >= 1
+    checked = {j: _validate(GEMM, prepared[j], outcomes[j]) for j in ("j11", "j12", "j19", "j31")}
+    assert checked["j11"][0].status == "ok" and checked["j11"][1] < 1e-6
+    assert checked["j19"][0].status == "wrong_result" and "tolerance" in checked["j19"][0].reason
+
+
+def test_protocol_is_validated():
+    with pytest.raises(ProtocolError, match="samples=0"):
+        Protocol(samples=0)
+    with pytest.raises(ProtocolError, match="unknown protocol key"):
+        Protocol.from_mapping({"sample": 3})
+    env = Protocol(threads=2).env()
+    assert env["OMP_NUM_THREADS"] == "2" and env["OMP_PROC_BIND"] == "close"
+
+
+def test_measure_callable_follows_the_protocol():
+    calls = []
+    outcome = measure_callable(lambda: calls.append(1), Protocol(warmup_ms=1, min_sample_ms=1, samples=4))
+    assert outcome.status == "ok" and len(outcome.samples_s) == 4
+    assert outcome.reps > 1 and len(calls) >= 4 * outcome.reps
+    assert all(np.isfinite(outcome.samples_s)) and min(outcome.samples_s) > 0
