@@ -188,7 +188,7 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
             for key, (ps, problem) in keys.items():
                 if (key, "peer", "screen") in done:
                     continue
-                name, fn = family.peer(prepare(key))
+                name, fn = family.peer(prepare(key), settings.protocol.threads)
                 outcome = measure_callable(fn, settings.protocol)
                 done[key, "peer", "screen"] = rec.write(ps, problem, name, None, "peer", "screen", outcome)
         _confirm(family, builts, keys, prepare, rec, done, settings)

@@ -178,17 +178,20 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
 
 def measure_callable(fn: Callable[[], object], protocol: Protocol,
                      samples: int | None = None) -> JobOutcome:
-    """The harness's protocol applied to a Python callable (a peer such as torch.matmul)."""
+    """The harness's protocol applied to a Python callable (a peer such as torch.matmul).
+
+    Repetitions per sample are sized from the fastest warm-up call, so a slow first call
+    (lazy initialisation, page faults) cannot shrink a sample to a single noisy call."""
     start = time.perf_counter()
-    calls = 0
+    fastest = float("inf")
     while True:
+        t0 = time.perf_counter()
         fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed * 1e3 >= protocol.warmup_ms:
+        t1 = time.perf_counter()
+        fastest = min(fastest, t1 - t0)
+        if (t1 - start) * 1e3 >= protocol.warmup_ms:
             break
-    per_call = elapsed / calls
-    reps = min(max(1, math.ceil(protocol.min_sample_ms / 1e3 / max(per_call, 1e-9))), protocol.max_reps)
+    reps = min(max(1, math.ceil(protocol.min_sample_ms / 1e3 / max(fastest, 1e-9))), protocol.max_reps)
     times = []
     for _ in range(samples or protocol.samples):
         t0 = time.perf_counter()

@@ -226,7 +226,7 @@ def report_stage(ctx: RunContext) -> dict:
         if (out / "peer_per_problem.parquet").exists():
             peer["per_problem"] = pd.read_parquet(out / "peer_per_problem.parquet")
         evaluation = Evaluation(metrics=metrics, per_problem=pd.read_parquet(out / "per_problem.parquet"))
-        results[name] = (evaluation, {"cv": {k: manifest["cv"][k] for k in ("mean_rmse", "mean_efficiency")},
+        results[name] = (evaluation, {"cv": manifest["cv"],
                                       "peer": peer})
     directory = write_report(ctx.workdir, results, peer={})
     return {"report_dir": str(directory), "evaluation": str(directory / "evaluation.json")}

@@ -248,10 +248,12 @@ class GemmFamily:
                               f"expected {p.m * p.n}")
         return data.reshape(p.m, p.n)
 
-    def peer(self, prepared: PreparedProblem):
-        """torch.matmul on the same operands: (name, callable) measured with the same protocol."""
+    def peer(self, prepared: PreparedProblem, threads: int):
+        """torch.matmul on the same operands with the same thread count: (name, callable),
+        measured with the same protocol."""
         import torch
 
+        torch.set_num_threads(threads)
         a, b = prepared.tensors["a"], prepared.tensors["b"]
         out = torch.empty(prepared.problem.m, prepared.problem.n, dtype=a.dtype)
         return "torch.matmul", lambda: torch.matmul(a, b, out=out)
