@@ -104,6 +104,16 @@ def _describe_exit(returncode: int, stderr_tail: str) -> str:
     return f"exited with status {returncode}: {stderr_tail}".strip()
 
 
+def _release_affinity() -> None:
+    """In the child before exec: run on every CPU of the machine. A parent whose threads were
+    pinned (torch under OMP_PROC_BIND pins the calling thread to one core) would otherwise
+    pass its one-core mask on, and the kernel's threads would share that core."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:
+        pass  # a cpuset narrower than the machine: keep what we are allowed
+
+
 def run_binary(binary: Path, jobs: Sequence[tuple[str, Sequence[str]]], protocol: Protocol,
                samples: int | None = None) -> dict[str, JobOutcome]:
     """Run `jobs` (job id, tokens) through one candidate binary, isolated in subprocesses.
@@ -130,7 +140,7 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
         with open(stderr_path, "wb") as stderr:
             proc = subprocess.Popen([str(binary), *protocol.argv(samples), "--jobs", str(jobs_path)],
                                     stdout=subprocess.PIPE, stderr=stderr, env=protocol.env(),
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_release_affinity)
         expected = [job_id for job_id, _ in jobs]
         current = 0
         timed_out = False

@@ -172,16 +172,20 @@ template <class F>
 Timing measure(const Protocol& protocol, F&& fn) {
   using clock = std::chrono::steady_clock;
   const auto warmup_start = clock::now();
-  long long warmup_calls = 0;
+  // Reps are sized from the fastest warm-up call: the first call pays for page faults and
+  // thread start-up, and sizing from it would shrink every sample to one noisy call.
+  double fastest_ms = 1e300;
   double warmup_elapsed_ms = 0.0;
   do {
+    const auto call_start = clock::now();
     fn();
-    ++warmup_calls;
-    warmup_elapsed_ms =
-        std::chrono::duration<double, std::milli>(clock::now() - warmup_start).count();
+    const auto call_end = clock::now();
+    fastest_ms = std::min(fastest_ms,
+                          std::chrono::duration<double, std::milli>(call_end - call_start).count());
+    warmup_elapsed_ms = std::chrono::duration<double, std::milli>(call_end - warmup_start).count();
   } while (warmup_elapsed_ms < protocol.warmup_ms);
 
-  const double per_call_ms = std::max(warmup_elapsed_ms / double(warmup_calls), 1e-9);
+  const double per_call_ms = std::max(fastest_ms, 1e-9);
   const double wanted = std::ceil(protocol.min_sample_ms / per_call_ms);
   Timing timing;
   timing.reps = static_cast<int>(std::clamp(wanted, 1.0, double(protocol.max_reps)));
