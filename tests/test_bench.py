@@ -86,3 +86,18 @@ def test_faulty_and_failed_candidates_are_records_not_crashes(tmp_path, faulty_b
     bad = [r for r in read_records(raw) if r["status"] != "ok"]
     assert all(r["tflops"] is None for r in bad), "a failed run must never carry a time"
     json.dumps(bad)  # records stay JSON-serializable
+
+
+def test_samples_are_spread_over_rounds_and_a_bad_round_is_final():
+    from tilecast.bench import _merge, _split
+    from tilecast.measure import JobOutcome
+
+    assert _split(7, 3) == [3, 2, 2] and _split(2, 3) == [1, 1, 0] and sum(_split(9, 3)) == 9
+    merged = {}
+    _merge(merged, "k", JobOutcome("ok", "", 10, [1.0, 2.0]), 1e-7)
+    _merge(merged, "k", JobOutcome("ok", "", 8, [3.0]), 2e-7)
+    outcome, error = merged["k"]
+    assert outcome.samples_s == [1.0, 2.0, 3.0] and outcome.reps == 8 and error == 2e-7
+    _merge(merged, "k", JobOutcome("wrong_result", "error 0.5"), 0.5)
+    _merge(merged, "k", JobOutcome("ok", "", 8, [4.0]), 1e-7)
+    assert merged["k"][0].status == "wrong_result" and merged["k"][1] == 0.5

@@ -5,7 +5,8 @@ candidate binary then runs all of the batch's jobs in one isolated process (see
 `measure.run_binary`), and its outputs are checked against the reference before the time
 counts. Each problem's finalists (the practical-tie set and the next best, per
 `tune.tie_set`) are re-measured with fresh samples (`confirm` phase, sample count from
-`tune.confirmation_count`), which removes the winner's curse from the oracle. Records are
+`tune.confirmation_count`), which removes the winner's curse from the oracle. Samples are
+taken in several rounds over the batch (see `_execute`). Records are
 appended as they are produced; a re-run skips what the raw file already holds.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ class BenchSettings:
     problems_per_batch: int = 8
     seed: int = 0
     measure_peer: bool = True
+    rounds: int = 3
 
 
 @dataclass
@@ -165,6 +167,7 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
         return prepared[key]
 
     try:
+        tasks = []
         for built in builts:
             todo = []
             for key, (ps, problem) in keys.items():
@@ -183,40 +186,99 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
                     continue
                 todo.append(key)
             if todo:
-                _measure(family, built, todo, keys, prepare, rec, "screen", None, done, settings)
-        if settings.measure_peer:
-            for key, (ps, problem) in keys.items():
-                if (key, "peer", "screen") in done:
-                    continue
-                name, fn = family.peer(prepare(key), settings.protocol.threads)
-                outcome = measure_callable(fn, settings.protocol)
-                done[key, "peer", "screen"] = rec.write(ps, problem, name, None, "peer", "screen", outcome)
+                tasks.append(_Task(built, todo, settings.protocol.samples))
+        peers = [key for key in keys if settings.measure_peer and (key, "peer", "screen") not in done]
+        _execute(family, tasks, peers, keys, prepare, rec, "screen", done, settings)
         _confirm(family, builts, keys, prepare, rec, done, settings)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _measure(family, built, todo, keys, prepare, rec, phase, samples, done, settings) -> None:
-    jobs = [(f"j{i}", (*prepare(key).job_args,)) for i, key in enumerate(todo)]
-    # each job writes its own output file, so outputs of a batch never overwrite each other
-    outcomes = run_binary(built.binary, jobs, settings.protocol, samples=samples)
-    for (job_id, _), key in zip(jobs, todo):
+@dataclass
+class _Task:
+    """One candidate binary to run on some problems of a batch, `samples` per job in all."""
+    built: object
+    keys: list
+    samples: int
+
+
+def _split(total: int, rounds: int) -> list[int]:
+    """`total` samples spread over `rounds` as evenly as possible (earlier rounds first)."""
+    return [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
+
+
+def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
+    """Fold one round's outcome in: samples add up; the first failure is final."""
+    previous = merged.get(key)
+    if previous is None:
+        merged[key] = (JobOutcome(outcome.status, outcome.reason, outcome.reps,
+                                  list(outcome.samples_s)), error)
+        return
+    acc, acc_error = previous
+    if acc.status != "ok":
+        return
+    if outcome.status != "ok":
+        merged[key] = (outcome, error)
+        return
+    acc.samples_s.extend(outcome.samples_s)
+    acc.reps = min(acc.reps, outcome.reps)
+    errors = [e for e in (acc_error, error) if e is not None]
+    merged[key] = (acc, max(errors) if errors else None)
+
+
+def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, phase, done,
+             settings: BenchSettings) -> None:
+    """Run the tasks' samples in `settings.rounds` passes over the batch, each pass in a
+    rotated order, so that a slow spell of the machine (seconds long on a shared VM) lands
+    in one pass of a few candidates and the median over all samples shrugs it off."""
+    if not tasks and not peers:
+        return
+    rounds = max(1, settings.rounds)
+    merged: dict[tuple[str, str], tuple[JobOutcome, float | None]] = {}
+    for r in range(rounds):
+        shift = r * max(1, len(tasks) // rounds) if tasks else 0
+        for task in tasks[shift:] + tasks[:shift]:
+            count = _split(task.samples, rounds)[r]
+            todo = [k for k in task.keys
+                    if count and merged.get((task.built.kernel, k), (JobOutcome("ok"),))[0].status == "ok"]
+            if not todo:
+                continue
+            jobs = [(f"j{i}", tuple(prepare(key).job_args)) for i, key in enumerate(todo)]
+            # each job writes its own output file, so outputs never overwrite each other
+            outcomes = run_binary(task.built.binary, jobs, settings.protocol, samples=count)
+            for (job_id, _), key in zip(jobs, todo):
+                outcome, error = _validate(family, prepare(key), outcomes[job_id])
+                _merge(merged, (task.built.kernel, key), outcome, error)
+        for key in peers:
+            count = _split(settings.protocol.samples, rounds)[r]
+            if count:
+                name, fn = family.peer(prepare(key), settings.protocol.threads)
+                _merge(merged, ("peer", key), measure_callable(fn, settings.protocol, samples=count), None)
+    for task in tasks:
+        b = task.built
+        for key in task.keys:
+            ps, problem = keys[key]
+            outcome, error = merged[b.kernel, key]
+            done[key, b.kernel, phase] = rec.write(ps, problem, b.kernel, b.config, "candidate",
+                                                   phase, outcome, b.event.binary_bytes, error)
+    for key in peers:
         ps, problem = keys[key]
-        outcome, error = _validate(family, prepare(key), outcomes[job_id])
-        done[key, built.kernel, phase] = rec.write(ps, problem, built.kernel, built.config,
-                                                   "candidate", phase, outcome,
-                                                   built.event.binary_bytes, error)
+        name, _ = family.peer(prepare(key), settings.protocol.threads)
+        done[key, "peer", phase] = rec.write(ps, problem, name, None, "peer", phase,
+                                             merged["peer", key][0])
 
 
 def _confirm(family, builts, keys, prepare, rec, done, settings) -> None:
     by_kernel = {b.kernel: b for b in builts}
-    plan: dict[tuple[str, int], list[str]] = defaultdict(list)
+    plan: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for key in keys:
         screen = {k: r for (dk, k, ph), r in done.items() if dk == key and ph == "screen"
                   and k in by_kernel and by_kernel[k].binary is not None}
         for kernel, n_samples in _finalists(screen, settings):
             if (key, kernel, "confirm") not in done and n_samples > 0:
-                plan[kernel, n_samples].append(key)
-    for (kernel, n_samples), todo in sorted(plan.items()):
-        _measure(family, by_kernel[kernel], todo, keys, prepare, rec, "confirm", n_samples,
-                 done, settings)
+                plan[kernel].append((key, n_samples))
+    tasks = []
+    for kernel, items in sorted(plan.items()):
+        for n_samples in sorted({n for _, n in items}):
+            tasks.append(_Task(by_kernel[kernel], [k for k, n in items if n == n_samples], n_samples))
+    _execute(family, tasks, [], keys, prepare, rec, "confirm", done, settings)

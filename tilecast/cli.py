@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
+    for chatty in ("httpx", "httpcore"):  # one line per API call of the embedded server
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         return args.func(args)
     except user_errors() as err:

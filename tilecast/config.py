@@ -45,6 +45,7 @@ class RunConfig:
     confirm_samples: int
     build_jobs: int
     problems_per_batch: int
+    rounds: int
     families: dict[str, FamilyConfig]
 
 
@@ -157,7 +158,7 @@ def load_config(path: str | Path) -> RunConfig:
     build_cfg = raw.get("build") or {}
     _check_keys(f"{where}.build", build_cfg, set(), {"jobs"})
     bench_cfg = raw.get("bench") or {}
-    _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch"})
+    _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch", "rounds"})
     families_raw = raw["families"]
     if not isinstance(families_raw, Mapping) or not families_raw:
         raise ConfigError(f"{where}.families: expected a non-empty mapping of family name -> settings")
@@ -174,4 +175,5 @@ def load_config(path: str | Path) -> RunConfig:
                      confirm_samples=int(tune_cfg.get("confirm_samples", 5)),
                      build_jobs=int(build_cfg.get("jobs", 2)),
                      problems_per_batch=int(bench_cfg.get("problems_per_batch", 8)),
+                     rounds=int(bench_cfg.get("rounds", 3)),
                      families=families)

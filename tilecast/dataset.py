@@ -83,7 +83,11 @@ class Winner:
 def winners(final: pd.DataFrame, tie_threshold_pct: float,
             secondary: dict[str, float] | None = None) -> dict[str, Winner]:
     """Per problem, the tune.select_best winner among valid kernels (practical ties broken by
-    the secondary metric, e.g. binary bytes, then by name), with the best TFLOP/s measured."""
+    the secondary metric, then by name), with the best TFLOP/s measured. The secondary metric
+    defaults to the records' `binary_bytes` (the smaller binary wins a practical tie)."""
+    if secondary is None and "binary_bytes" in final.columns:
+        sizes = final.dropna(subset=["binary_bytes"]).drop_duplicates("kernel")
+        secondary = dict(zip(sizes["kernel"], sizes["binary_bytes"].astype(float)))
     secondary = secondary or {}
     result: dict[str, Winner] = {}
     for dims_key, group in valid(final).groupby("dims_key", sort=True):
