@@ -283,6 +283,10 @@ def artifact_files(setup, **overrides):
                                        "target_transform": "log_tflops",
                                        "hardware": HARDWARE})},
      r"model\.txt expects \d+ features, feature_spec\.json lists 2"),
+    ({"feature_spec.json": json.dumps({"family": "gemm", "feature_names": ["m"],
+                                       "engine": "gemm", "engine_version": 99,
+                                       "target_transform": "log_tflops", "hardware": HARDWARE})},
+     r"'engine_version' is 99, newer than the installed 'gemm' engine"),
 ])
 def test_broken_artifacts_raise_registry_error_naming_the_file(setup, tmp_path, overrides,
                                                                 message):

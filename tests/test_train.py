@@ -129,7 +129,7 @@ def test_train_writes_artifacts_with_the_contract_keys(trained):
                                                      "train_manifest.json"]
     spec = json.loads((out / "feature_spec.json").read_text())
     assert spec["feature_names"] == ENGINE.feature_names()
-    assert (spec["family"], spec["engine"], spec["engine_version"]) == ("gemm", "gemm", 1)
+    assert (spec["family"], spec["engine"], spec["engine_version"]) == ("gemm", "gemm", ENGINE.version)
     assert spec["target_transform"] == "log1p_tflops"
     assert spec["hardware"]["fingerprint"] == HW["fingerprint"]
     assert spec["model_spec"]["n_estimators"] == 300 and spec["model_spec"]["folds"] == 4

@@ -179,10 +179,12 @@ class Dispatcher:
             raise RegistryError(f"{spec_path} field 'engine' is {engine_name!r}, but family "
                                 f"{self.family.name!r} provides {self.engine.name!r}")
         engine_version = spec.get("engine_version")
-        if engine_version is not None and engine_version != self.engine.version:
-            raise RegistryError(f"{spec_path} field 'engine_version' is {engine_version!r}, but "
-                                f"the installed {self.engine.name!r} engine is version "
-                                f"{self.engine.version}; retrain the model")
+        # An older engine version is fine: its features are looked up by name in the current
+        # engine (_column_map). A newer one may need features this install cannot compute.
+        if engine_version is not None and engine_version > self.engine.version:
+            raise RegistryError(f"{spec_path} field 'engine_version' is {engine_version!r}, newer "
+                                f"than the installed {self.engine.name!r} engine (version "
+                                f"{self.engine.version}); upgrade tilecast")
 
     def _column_map(self, spec_names: list, spec_path: Path) -> np.ndarray | None:
         """None when the engine's columns are the model's; else the engine column of each

@@ -1,8 +1,10 @@
 """GEMM feature engine: problem, kernel, interaction and hardware features, in a fixed order.
 
-The interactions encode what makes one variant beat another on a shape: padding waste of
-the micro-tile on the edges, how many parallel work units each scheme exposes per thread,
-and how the packed panels compare with the cache sizes.
+The interactions mirror how `kernels/cpu/gemm_parallel.hpp` shares out the work: padding waste
+of the micro-tile on the edges; the work units each parallel scheme splits across threads
+(MR-row panels for `m`, NR-column panels of one NC block for `n`, K for split-K) and how
+evenly they divide; the barriers each scheme pays per block; packing and C traffic per
+flop; and how the packed panels compare with the cache sizes.
 """
 from __future__ import annotations
 
@@ -17,12 +19,15 @@ PROBLEM_FEATURES = (
 KERNEL_FEATURES = (
     "is_avx512", "mr", "nr", "mc", "nc", "kc", "tile_area", "par_m", "par_n", "par_k",
     "pack_a", "prefetch", "log2_a_block_bytes", "log2_b_panel_bytes", "log2_b_micro_bytes",
+    "tile_loads_per_fma",
 )
 INTERACTION_FEATURES = (
     "m_tile_eff", "n_tile_eff", "tile_eff", "log2_m_tiles", "log2_n_tiles", "k_blocks",
-    "k_tail_frac", "m_blocks", "n_blocks", "log2_par_units", "par_balance",
-    "a_block_l2_ratio", "b_panel_l3_ratio", "b_micro_l1_ratio", "log2_flops_per_thread",
-    "splitk_reduce_ratio", "pack_ratio", "a_strided_unpacked",
+    "k_tail_frac", "m_blocks", "n_blocks", "log2_par_units", "par_balance", "par_busy_frac",
+    "log2_barriers", "log2_barriers_per_mflop", "k_per_thread", "a_block_l2_ratio",
+    "b_panel_l3_ratio", "b_micro_l1_ratio", "log2_flops_per_thread", "splitk_reduce_ratio",
+    "a_pack_traffic_ratio", "b_pack_traffic_ratio", "c_traffic_ratio", "a_strided_unpacked",
+    "a_col_unpacked", "log2_est_ms",
 )
 HARDWARE_FEATURES = ("hw_threads", "hw_simd_bits", "hw_l1d_kib", "hw_l2_kib", "hw_l3_kib",
                      "hw_clock_mhz", "hw_has_avx512", "hw_has_avx512_bf16")
@@ -35,7 +40,7 @@ def _ceil_div(a, b):
 class GemmFeatureEngine:
     """Features for (GemmProblem, GemmConfig) pairs; see the module docstring."""
     name = "gemm"
-    version = 1
+    version = 2
 
     def __init__(self, hardware: Mapping):
         self.hardware = dict(hardware)
@@ -58,7 +63,8 @@ class GemmFeatureEngine:
                 float(c.isa == "avx512"), c.mr, c.nr, c.mc, c.nc, c.kc, c.mr * c.nr,
                 float(c.parallel == "m"), float(c.parallel == "n"), float(c.parallel == "k"),
                 float(c.pack_a), float(c.prefetch), np.log2(c.mc * c.kc * elt),
-                np.log2(c.kc * c.nc * elt), np.log2(c.kc * c.nr * elt)])
+                np.log2(c.kc * c.nc * elt), np.log2(c.kc * c.nr * elt),
+                (c.mr + c.nr / (16 if c.isa == "avx512" else 8)) / (c.mr * c.nr)])
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(KERNEL_FEATURES))
 
     def problem_features(self, p) -> np.ndarray:
@@ -77,29 +83,43 @@ class GemmFeatureEngine:
         kf = {name: kernel_matrix[:, i] for i, name in enumerate(KERNEL_FEATURES)}
         m, n, k = float(problem.m), float(problem.n), float(problem.k)
         mr, nr, mc, nc, kc = kf["mr"], kf["nr"], kf["mc"], kf["nc"], kf["kc"]
+        par_m, par_n, par_k = kf["par_m"], kf["par_n"], kf["par_k"]
         threads = max(self._hw[0], 1.0)
+        flops = 2.0 * m * n * k
         m_tiles, n_tiles = _ceil_div(m, mr), _ceil_div(n, nr)
         m_eff, n_eff = m / (m_tiles * mr), n / (n_tiles * nr)
-        k_blocks = _ceil_div(k, kc)
-        k_tail = (k_blocks * kc - k) / (k_blocks * kc)
+        # split-K runs the blocked loops on k / threads per thread
+        k_thread = np.where(par_k > 0, _ceil_div(k, threads), k)
+        k_blocks = _ceil_div(k_thread, kc)
+        k_tail = (k_blocks * kc - k_thread) / (k_blocks * kc)
         m_blocks, n_blocks = _ceil_div(m, mc), _ceil_div(n, nc)
         n_panels = _ceil_div(np.minimum(n, nc), nr)
-        units = (kf["par_m"] * m_blocks + kf["par_n"] * n_panels
-                 + kf["par_k"] * np.minimum(threads, k_blocks * kc / 16.0))
+        units = par_m * m_tiles + par_n * n_panels + par_k * min(threads, k)
         units = np.maximum(units, 1.0)
         balance = units / (_ceil_div(units, threads) * threads)
-        kc_eff = np.minimum(kc, k)
+        busy = np.minimum(units, threads) / threads
+        # barriers: m and n sync after each B block (n also around each shared A block)
+        barriers = (par_m * n_blocks * k_blocks + par_n * n_blocks * k_blocks * m_blocks * 2
+                    + par_k * 1.0) + 1.0
+        kc_eff = np.minimum(kc, k_thread)
         a_block = np.minimum(mc, m_tiles * mr) * kc_eff * 4
         b_panel = kc_eff * np.minimum(nc, n_tiles * nr) * 4
         b_micro = kc_eff * nr * 4
         l1, l2, l3 = (max(v * 1024, 1.0) for v in self._hw[2:5])
-        flops = 2.0 * m * n * k
+        # A is repacked for every NC block; B once per (jc, pc) (per thread for split-K)
+        a_pack = kf["pack_a"] * m * k * n_blocks / flops
+        b_pack = np.full_like(mr, k * n / flops)
+        c_traffic = m * n * k_blocks * (1 + par_k * (threads - 1)) / flops
+        est_s = flops / (threads * 32 * self._hw[5] * 1e6 * busy * m_eff * n_eff + 1.0)
         interactions = np.column_stack([
             m_eff, n_eff, m_eff * n_eff, np.log2(m_tiles), np.log2(n_tiles), k_blocks, k_tail,
-            m_blocks, n_blocks, np.log2(units), balance, a_block / l2, b_panel / l3,
+            m_blocks, n_blocks, np.log2(units), balance, busy, np.log2(barriers),
+            np.log2(barriers / (flops / 1e6)), k_thread, a_block / l2, b_panel / l3,
             b_micro / l1, np.full_like(mr, np.log2(flops / threads)),
-            kf["par_k"] * (m * n * threads) / flops, (m * k + k * n) / (m * n * k) * (1 + 0 * mr),
-            (1 - kf["pack_a"]) * float(problem.layout_a == "col")])
+            par_k * (m * n * threads) / flops, a_pack, b_pack, c_traffic,
+            (1 - kf["pack_a"]) * float(problem.layout_a == "col"),
+            (1 - kf["pack_a"]) * float(problem.layout_a == "col") * mr,
+            np.log2(est_s * 1e3 + 1e-9)])
         count = kernel_matrix.shape[0]
         return np.hstack([np.broadcast_to(problem_row, (count, problem_row.size)), kernel_matrix,
                           interactions, np.broadcast_to(self._hw, (count, self._hw.size))])
