@@ -55,3 +55,16 @@ def test_compile_error_is_a_recorded_event(tmp_path):
     [again] = build_candidates(_BrokenFamily(source), [CFG], tmp_path / "cache", jobs=1)
     assert again.cached and again.event.status == "failed"
     assert isinstance(BuildSpec(source, {}), BuildSpec)
+
+
+def test_cache_key_covers_included_headers_only(tmp_path):
+    (tmp_path / "used.hpp").write_text("#pragma once\n#include \"nested.hpp\"\n")
+    (tmp_path / "nested.hpp").write_text("int nested = 1;\n")
+    (tmp_path / "unrelated.hpp").write_text("int other = 1;\n")
+    source = tmp_path / "k.cpp"
+    source.write_text('#include "used.hpp"\n#include <vector>\nint main() {}\n')
+    base = cache_key(source, {}, ["-O3"], "g++")
+    (tmp_path / "unrelated.hpp").write_text("int other = 2;\n")
+    assert cache_key(source, {}, ["-O3"], "g++") == base
+    (tmp_path / "nested.hpp").write_text("int nested = 2;\n")
+    assert cache_key(source, {}, ["-O3"], "g++") != base

@@ -210,3 +210,14 @@ def test_training_is_deterministic(tmp_path):
     second = train_model(GEMM, ENGINE, frame, spec, tmp_path / "b", HW)
     assert first.cv == second.cv
     assert (tmp_path / "a" / "model.txt").read_text() == (tmp_path / "b" / "model.txt").read_text()
+
+
+def test_row_weights_favour_each_problems_best_rows():
+    from tilecast.train import row_weights
+
+    tflops = np.array([1.0, 0.5, 4.0, 2.0, 1.0])
+    groups = np.array(["a", "a", "b", "b", "b"])
+    assert np.allclose(row_weights(tflops, groups, 0.0), 1.0)
+    assert np.allclose(row_weights(tflops, groups, 2.0), [1.0, 0.25, 1.0, 0.25, 0.0625])
+    with pytest.raises(ValueError, match="top_weight=-1"):
+        ModelSpec(top_weight=-1)

@@ -1,8 +1,9 @@
 """Build stage: compile a family's candidate variants into a content-hash cache.
 
-The cache key covers everything that changes the binary: the source and every header beside
-it, the compiler's version, the flags and the variant's -D defines. A binary is written to a
-temp file and moved into place, so an interrupted build never leaves a half-written binary.
+The cache key covers everything that changes the binary: the source and every header it
+includes (transitively), the compiler's version, the flags and the variant's -D defines. A
+binary is written to a temp file and moved into place, so an interrupted build never leaves
+a half-written binary.
 A compile error is a recorded `failed` event (cached too, so re-runs do not retry it).
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,9 +50,27 @@ def compiler_version(compiler: str) -> str:
     return out.stdout.splitlines()[0].strip()
 
 
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def local_includes(source: Path) -> list[Path]:
+    """The source and every file it includes with `#include "..."`, transitively (found
+    beside the including file); system headers are covered by the compiler version."""
+    seen: dict[Path, None] = {}
+    pending = [source.resolve()]
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.exists():
+            continue
+        seen[path] = None
+        pending.extend((path.parent / name).resolve()
+                       for name in INCLUDE_RE.findall(path.read_text(errors="replace")))
+    return sorted(seen)
+
+
 def _sources_digest(source: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted([source, *source.parent.glob("*.hpp")]):
+    for path in local_includes(source):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

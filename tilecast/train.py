@@ -62,6 +62,9 @@ class ModelSpec:
     early_stopping_rounds: int = 100
     seed: int = 0
     target: str = "log1p_tflops"
+    # Row weight (tflops / best tflops of the row's problem) ** top_weight: 0 weighs every row
+    # alike; > 0 spends the model's capacity where selection happens, near each problem's best.
+    top_weight: float = 0.0
 
     def __post_init__(self) -> None:
         target_transform(self.target)
@@ -70,6 +73,8 @@ class ModelSpec:
                 raise ValueError(f"ModelSpec.{name}={getattr(self, name)!r} must be >= 1")
         if int(self.folds) < 2:
             raise ValueError(f"ModelSpec.folds={self.folds!r} must be >= 2 for cross-validation")
+        if not self.top_weight >= 0:
+            raise ValueError(f"ModelSpec.top_weight={self.top_weight!r} must be >= 0")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "ModelSpec":
@@ -136,6 +141,12 @@ def featurize(family, engine, frame: pd.DataFrame) -> Features:
     return Features(X=X, y_tflops=y, groups=groups, kernels=kernels)
 
 
+def row_weights(tflops: np.ndarray, groups: np.ndarray, power: float) -> np.ndarray:
+    """(tflops / best tflops of the same problem) ** power, one weight per row."""
+    best = pd.Series(tflops).groupby(groups).transform("max").to_numpy()
+    return (tflops / best) ** power
+
+
 def group_folds(groups: np.ndarray, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train_idx, val_idx) pairs of GroupKFold(min(folds, n_groups)) keyed on the groups."""
     from sklearn.model_selection import GroupKFold
@@ -184,13 +195,16 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
                          f"{features.y_tflops[first]!r}; pass dataset.valid(final)")
     forward, _ = target_transform(spec.target)
     y = forward(features.y_tflops)
+    weights = row_weights(features.y_tflops, features.groups, spec.top_weight)
     names = engine.feature_names()
     params = spec.lgb_params(int(hardware.get("threads") or 2))
 
     fold_metrics, best_iterations = [], []
     for number, (train_idx, val_idx) in enumerate(group_folds(features.groups, spec.folds)):
-        train_set = lgb.Dataset(features.X[train_idx], y[train_idx], feature_name=names)
-        val_set = lgb.Dataset(features.X[val_idx], y[val_idx], reference=train_set)
+        train_set = lgb.Dataset(features.X[train_idx], y[train_idx], weight=weights[train_idx],
+                                feature_name=names)
+        val_set = lgb.Dataset(features.X[val_idx], y[val_idx], weight=weights[val_idx],
+                              reference=train_set)
         booster = lgb.train(params, train_set, num_boost_round=spec.n_estimators,
                             valid_sets=[val_set], callbacks=[
                                 lgb.early_stopping(spec.early_stopping_rounds, verbose=False)])
@@ -210,7 +224,7 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
           "mean_efficiency": float(np.mean([f["mean_efficiency"] for f in fold_metrics]))}
 
     num_boost_round = max(1, int(round(stats.median(best_iterations))))
-    booster = lgb.train(params, lgb.Dataset(features.X, y, feature_name=names),
+    booster = lgb.train(params, lgb.Dataset(features.X, y, weight=weights, feature_name=names),
                         num_boost_round=num_boost_round)
 
     out_dir = Path(out_dir)
