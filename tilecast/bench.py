@@ -187,7 +187,10 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
                 todo.append(key)
             if todo:
                 tasks.append(_Task(built, todo, settings.protocol.samples))
-        peers = [key for key in keys if settings.measure_peer and (key, "peer", "screen") not in done]
+        # the peer runs where some candidate runs: a problem no kernel supports has no inputs
+        runnable = {key for task in tasks for key in task.keys}
+        peers = [key for key in keys if settings.measure_peer and key in runnable
+                 and (key, "peer", "screen") not in done]
         _execute(family, tasks, peers, keys, prepare, rec, "screen", done, settings)
         _confirm(family, builts, keys, prepare, rec, done, settings)
     finally:

@@ -26,8 +26,13 @@ def _cmd_select(args) -> int:
 
 def _cmd_convert(args) -> int:
     from .convert import convert_raw
+    from .convert_ck import convert_ck_csv
 
-    summary = convert_raw([Path(p) for p in args.inputs], Path(args.out))
+    inputs = [Path(p) for p in args.inputs]
+    if args.source == "ck-csv":
+        summary = convert_ck_csv(inputs, Path(args.out), problem_set=args.problem_set)
+    else:
+        summary = convert_raw(inputs, Path(args.out))
     print(f"wrote {summary.out_path}: {summary.rows} rows, {summary.problems} problems, "
           f"{summary.kernels} kernels, statuses {summary.statuses}")
     return 0
@@ -47,9 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--json", action="store_true")
     select.set_defaults(func=_cmd_select)
 
-    convert = sub.add_parser("convert", help="raw benchmark records (JSONL) -> parquet")
+    convert = sub.add_parser("convert", help="raw benchmark records (JSONL) or CK tile-engine "
+                                             "CSVs -> parquet")
     convert.add_argument("inputs", nargs="+")
     convert.add_argument("--out", required=True)
+    convert.add_argument("--from", dest="source", choices=("raw", "ck-csv"), default="raw",
+                         help="input format: tilecast raw JSONL (default) or CK tile-engine CSV")
+    convert.add_argument("--problem-set", default="train", choices=("train", "holdout"),
+                         help="problem set of ck-csv rows (default train)")
     convert.set_defaults(func=_cmd_convert)
     return parser
 

@@ -3,8 +3,14 @@ from __future__ import annotations
 
 from .base import Family, FamilyError
 from .gemm import FAMILY as GEMM
+from .grouped_conv import GroupedConvFamily
 
-FAMILIES: dict[str, Family] = {"gemm": GEMM}
+FAMILIES: dict[str, Family] = {
+    "gemm": GEMM,
+    "grouped_conv_forward": GroupedConvFamily("forward"),
+    "grouped_conv_bwd_data": GroupedConvFamily("bwd_data"),
+    "grouped_conv_bwd_weight": GroupedConvFamily("bwd_weight"),
+}
 
 
 def get_family(name: str) -> Family:
