@@ -1,0 +1,102 @@
+// Compile-time parameters of one grouped-convolution variant, validated here.
+//
+// A variant is one binary built with -D macros; an invalid combination fails
+// at compile time (the tuner records a build failure) instead of producing a
+// binary that computes garbage.
+//
+//   TC_DIR       0 forward, 1 bwd_data, 2 bwd_weight
+//   TC_NDIM      2 or 3 (2 drops the depth loops; the depth of every shape must be trivial)
+//   TC_BM TC_BN TC_BK  implicit-GEMM blocks; BM % 8 == 0 (MR = 8), BN % 16 == 0
+//                (NR = 32 when BN % 32 == 0, else 16), 1 <= BK <= 4096, BM, BN <= 4096.
+//                dw pipeline: BM = output pixels (bwd_weight: taps) per block,
+//                BN = groups per block, BK = taps (bwd_weight: pixels) per block.
+//   TC_PIPELINE  0 direct, 1 im2col, 2 dw (depthwise: C == K == 1 per group)
+//   TC_WAVE      0 intra (threads share one group's GEMM), 1 inter (threads take whole
+//                (group, image) GEMMs; bwd_weight: whole groups)
+//   TC_DSB       1: pack the next im2col block while computing the current one (im2col only)
+//   TC_SI        1: split the K_gemm reduction over threads into partial outputs, then reduce
+//
+// Valid (pipeline, wave, dsb, si): direct {dsb 0} x wave x si (4), im2col all 8,
+// dw {dsb 0, si 0} x wave (2): 14 in all. The Python family holds the same table.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "harness.hpp"
+
+#if !defined(TC_DIR) || !defined(TC_NDIM) || !defined(TC_BM) || !defined(TC_BN) || \
+    !defined(TC_BK) || !defined(TC_PIPELINE) || !defined(TC_WAVE) || !defined(TC_DSB) || \
+    !defined(TC_SI)
+#error "missing -D parameter: all of TC_DIR TC_NDIM TC_BM TC_BN TC_BK TC_PIPELINE TC_WAVE TC_DSB TC_SI are required"
+#endif
+
+#ifndef __AVX512F__
+#error "grouped_conv needs AVX-512F: compile with -march=native on an AVX-512 machine"
+#endif
+
+#if TC_DIR != 0 && TC_DIR != 1 && TC_DIR != 2
+#error "TC_DIR must be 0 (forward), 1 (bwd_data) or 2 (bwd_weight)"
+#endif
+#if TC_NDIM != 2 && TC_NDIM != 3
+#error "TC_NDIM must be 2 or 3"
+#endif
+#if TC_BM < 8 || TC_BM > 4096 || TC_BM % 8 != 0
+#error "TC_BM must be a multiple of 8 (the micro-tile MR) in [8, 4096]"
+#endif
+#if TC_BN < 16 || TC_BN > 4096 || TC_BN % 16 != 0
+#error "TC_BN must be a multiple of 16 (the micro-tile NR) in [16, 4096]"
+#endif
+#if TC_BK < 1 || TC_BK > 4096
+#error "TC_BK must be in [1, 4096]"
+#endif
+#if TC_PIPELINE != 0 && TC_PIPELINE != 1 && TC_PIPELINE != 2
+#error "TC_PIPELINE must be 0 (direct), 1 (im2col) or 2 (dw)"
+#endif
+#if TC_WAVE != 0 && TC_WAVE != 1
+#error "TC_WAVE must be 0 (intra) or 1 (inter)"
+#endif
+#if TC_DSB != 0 && TC_DSB != 1
+#error "TC_DSB must be 0 or 1"
+#endif
+#if TC_SI != 0 && TC_SI != 1
+#error "TC_SI must be 0 or 1"
+#endif
+#if TC_DSB == 1 && TC_PIPELINE != 1
+#error "TC_DSB=1 packs the next im2col block ahead, so it needs TC_PIPELINE=1 (im2col)"
+#endif
+#if TC_SI == 1 && TC_PIPELINE == 2
+#error "TC_SI=1 is not implemented for TC_PIPELINE=2 (dw); valid dw variants have TC_DSB=0 TC_SI=0"
+#endif
+
+namespace tc::gconv {
+
+using index_t = std::ptrdiff_t;
+
+enum Direction { kForward = 0, kBwdData = 1, kBwdWeight = 2 };
+enum Pipeline { kDirect = 0, kIm2col = 1, kDw = 2 };
+
+constexpr int kDir = TC_DIR;
+constexpr int kNdim = TC_NDIM;
+constexpr index_t kBM = TC_BM;
+constexpr index_t kBN = TC_BN;
+constexpr index_t kBK = TC_BK;
+constexpr int kPipeline = TC_PIPELINE;
+constexpr bool kInterWave = TC_WAVE == 1;
+constexpr bool kDoubleBuffer = TC_DSB == 1;
+constexpr bool kSplitInput = TC_SI == 1;
+
+/// Register micro-tile: MR rows x NR columns of fp32 accumulators (8 x 2 or 8 x 1 zmm).
+constexpr int kMR = 8;
+constexpr int kNR = TC_BN % 32 == 0 ? 32 : 16;
+constexpr int kNV = kNR / 16;
+constexpr index_t kPanelsPerBlock = kBN / kNR;
+
+/// The one table `--describe` prints.
+inline std::vector<Param> describe_params() {
+  return {{"DIR", TC_DIR},           {"NDIM", TC_NDIM}, {"BM", TC_BM},  {"BN", TC_BN},
+          {"BK", TC_BK},             {"PIPELINE", TC_PIPELINE}, {"WAVE", TC_WAVE},
+          {"DSB", TC_DSB},           {"SI", TC_SI}};
+}
+
+}  // namespace tc::gconv

@@ -1,0 +1,106 @@
+"""Foreign import of CK tile-engine grouped-conv CSVs: rows keyed on the dims tuple (never on
+problem_idx), columns named as the seed, bad files rejected whole with the offenders named."""
+from __future__ import annotations
+
+import csv
+
+import pandas as pd
+import pytest
+
+from tilecast import dataset
+from tilecast.cli import main
+from tilecast.convert_ck import CK_COLUMNS, convert_ck_csv
+from tilecast.dataset import DatasetError
+from tilecast.families import get_family
+
+FWD_2D = "grouped_conv_forward_bf16_2d_64x64x64_compv3_intrawave_dsb_si"
+FWD_2D_MEM = "grouped_conv_forward_bf16_2d_256x128x128_mem_interwave"
+FWD_3D = "grouped_conv_forward_fp16_3d_128x64x32_basic_async_v1_interwave_si"
+BWD_W = "grouped_conv_bwd_weight_bf16_2d_64x64x64_compv4"
+SHAPE_2D = dict(N=2, C=64, K=128, G=1, Di=1, Hi=28, Wi=28, Z=1, Y=3, X=3, stride_d=1, stride_h=1,
+                stride_w=1, pad_d=0, pad_h=1, pad_w=1, dilation_d=1, dilation_h=1, dilation_w=1)
+SHAPE_3D = dict(N=1, C=16, K=32, G=4, Di=8, Hi=14, Wi=14, Z=3, Y=3, X=3, stride_d=1, stride_h=2,
+                stride_w=2, pad_d=1, pad_h=1, pad_w=1, dilation_d=2, dilation_h=1, dilation_w=1)
+
+
+def _row(kernel, problem_idx, latency_ms, non_zero="True", **shape):
+    return {"kernel": kernel, "problem_idx": problem_idx, **SHAPE_2D, **shape,
+            "latency_ms": latency_ms, "tflops": 1.0, "non_zero": non_zero}
+
+
+def _write(path, rows, columns=CK_COLUMNS):
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+ROWS = [
+    _row(FWD_2D, 0, 0.50),
+    _row(FWD_2D, 7, 0.70),                        # same dims, another index: one problem
+    _row(FWD_2D, 0, 0.40, dilation_h=2, pad_h=2),  # same index, other dims: another problem
+    _row(FWD_2D_MEM, 0, 0.90),
+    _row(FWD_3D, 3, 1.25, non_zero="0", **SHAPE_3D),
+    _row(BWD_W, 0, 2.00),
+]
+
+
+def test_rows_are_keyed_on_the_dims_tuple(tmp_path):
+    src = _write(tmp_path / "fwd_bench.csv", ROWS)
+    summary = convert_ck_csv(src, tmp_path / "out.parquet", problem_set="holdout")
+    frame = dataset.load(tmp_path / "out.parquet")
+    assert (summary.rows, summary.kernels, summary.problems) == (5, 4, 4)
+    assert "problem_idx" not in frame.columns
+    forward = get_family("grouped_conv_forward")
+    base = forward.problem({**SHAPE_2D, "dtype": "bf16", "ndim": 2})
+    dilated = forward.problem({**SHAPE_2D, "dilation_h": 2, "pad_h": 2, "dtype": "bf16", "ndim": 2})
+    seed = frame[frame["kernel"] == FWD_2D].set_index("dims_key")
+    assert set(seed.index) == {forward.dims_key(base), forward.dims_key(dilated)}
+    merged = seed.loc[forward.dims_key(base)]
+    assert sorted(merged["samples_s"]) == pytest.approx([0.5e-3, 0.7e-3])
+    assert merged["median_s"] == pytest.approx(0.6e-3)
+    assert merged["tflops"] == pytest.approx(forward.flops(base) / 0.6e-3 / 1e12)
+    assert (merged["status"], merged["family"], merged["role"], merged["phase"]) == \
+        ("ok", "grouped_conv_forward", "candidate", "screen")
+    assert (merged["run_id"], merged["hardware"], merged["problem_set"]) == \
+        ("ck-csv:fwd_bench.csv", "ck-tile-engine", "holdout")
+    assert (merged["pipeline"], merged["wave_mode"], merged["has_dsb"], merged["has_si"],
+            merged["ndim_spatial"], merged["block"], merged["dtype"]) == \
+        ("compv3", "intrawave", True, True, 2, 64, "bf16")
+    wrong = frame[frame["kernel"] == FWD_3D].iloc[0]
+    assert wrong["status"] == "wrong_result" and "non_zero" in wrong["reason"]
+    assert (wrong["ndim"], wrong["Di"], wrong["dilation_d"], wrong["G"]) == (3, 8, 2, 4)
+    assert dataset.valid(frame)["kernel"].tolist().count(FWD_3D) == 0
+    backward = frame[frame["kernel"] == BWD_W].iloc[0]
+    assert backward["family"] == "grouped_conv_bwd_weight" and backward["direction"] == "bwd_weight"
+    assert pd.isna(backward["wave_mode"])          # optional in tile-engine names
+
+
+def test_missing_columns_are_named_and_nothing_written(tmp_path):
+    columns = [c for c in CK_COLUMNS if c not in ("dilation_w", "non_zero")]
+    src = _write(tmp_path / "old.csv", ROWS, columns)
+    with pytest.raises(DatasetError, match=r"old.csv: missing column\(s\) \['dilation_w', 'non_zero'\]"):
+        convert_ck_csv(src, tmp_path / "out.parquet")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_unknown_kernels_are_named_and_the_file_rejected(tmp_path):
+    bad = ["grouped_conv_forward_bf16_2d_64x64x64_compv9x_intrawave", "gemm_kernel_7"]
+    src = _write(tmp_path / "bad.csv", ROWS + [_row(name, 9, 1.0) for name in bad])
+    with pytest.raises(DatasetError, match="2 unknown kernel name") as err:
+        convert_ck_csv(src, tmp_path / "out.parquet")
+    assert all(name in str(err.value) for name in bad)
+    assert "unknown pipeline 'compv9x'" in str(err.value)
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_cli_convert_from_ck_csv(tmp_path, capsys):
+    src = _write(tmp_path / "bench.csv", ROWS)
+    out = tmp_path / "cli.parquet"
+    assert main(["convert", "--from", "ck-csv", str(src), "--out", str(out)]) == 0
+    assert "5 rows, 4 problems, 4 kernels" in capsys.readouterr().out
+    assert set(dataset.load(out)["problem_set"]) == {"train"}
+    _write(tmp_path / "broken.csv", ROWS, CK_COLUMNS[:-1])
+    assert main(["convert", "--from", "ck-csv", str(tmp_path / "broken.csv"), "--out", str(out)]) == 2
+    assert "non_zero" in capsys.readouterr().err

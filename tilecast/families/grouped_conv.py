@@ -1,0 +1,544 @@
+"""Grouped-convolution families (forward, bwd_data, bwd_weight; 2D and 3D), fp32 on the CPU.
+
+Layouts (as in the seed): input NDHWGC, weight GKZYXC, output NDHWGK, with C and K per group;
+a 2D problem has Di = Z = 1, stride_d = dilation_d = 1 and pad_d = 0. Kernels are
+`kernels/cpu/grouped_conv.cpp` compiled with -D parameters. One `GroupedConvFamily` per
+direction is registered; they share this module's tables.
+
+Two kernel-name flavours are read by one parser driven by `NAME_FLAVOURS`: tilecast's own
+variants (`GroupedConvConfig`) and the CK tile engine's (`TileEngineConvConfig`), whose
+benchmark CSVs `tilecast.convert_ck` imports. Only tilecast's own variants can be built.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
+
+DIRECTIONS = {"forward": 0, "bwd_data": 1, "bwd_weight": 2}   # name -> TC_DIR
+NDIMS = (2, 3)
+DTYPES = ("fp32",)                                # dtypes tilecast's kernels compute in
+TILE_ENGINE_DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8")   # dtypes of foreign records
+PIPELINES = {"direct": 0, "im2col": 1, "dw": 2}   # name -> TC_PIPELINE
+WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
+
+# The single source of truth for valid (pipeline, wave_mode, has_dsb, has_si) combinations:
+# direct has no double-buffered staging (dsb), dw (depthwise) neither dsb nor split-input.
+PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
+    (pipeline, wave, dsb, si)
+    for pipeline, dsb_values, si_values in (("direct", (False,), (False, True)),
+                                            ("im2col", (False, True), (False, True)),
+                                            ("dw", (False,), (False,)))
+    for wave in WAVE_MODES for dsb in dsb_values for si in si_values)
+
+# The tile engine's pipelines, N a digit (e.g. compv3, basic_async_v1, preshufflev2).
+TILE_ENGINE_PIPELINES = ("basic_vN", "basic_async_vN", "comp_async", "compvN", "mem",
+                         "preshufflevN")
+
+# Block-size rules of kernels/cpu/grouped_conv_config.hpp, field -> (multiple of, min, max):
+# BM is a multiple of the micro-tile's MR = 8, BN of its NR = 16.
+TILE_RULES = {"bm": (8, 8, 4096), "bn": (16, 16, 4096), "bk": (1, 1, 4096)}
+REQUIRED_FLAGS = ("avx512f",)       # the kernels are written with AVX-512 intrinsics
+
+TOLERANCE = {"fp32": 1e-4}   # norm-relative error vs a float64 torch reference
+ELEMENT_BYTES = 4
+
+
+@dataclass(frozen=True, order=True)
+class GroupedConvConfig:
+    """Every compile-time parameter of one tilecast grouped-conv kernel binary."""
+    direction: str
+    dtype: str
+    ndim_spatial: int
+    bm: int
+    bn: int
+    bk: int
+    pipeline: str
+    wave_mode: str
+    has_dsb: bool
+    has_si: bool
+
+
+@dataclass(frozen=True)
+class TileEngineConvConfig:
+    """A CK tile-engine grouped-conv kernel, as its name spells it (read, never built)."""
+    direction: str
+    dtype: str
+    ndim_spatial: int
+    block: int
+    tile_m: int
+    tile_n: int
+    pipeline: str
+    wave_mode: str | None   # optional in tile-engine names
+    has_dsb: bool
+    has_si: bool
+
+
+@dataclass(frozen=True, order=True)
+class GroupedConvProblem:
+    """One grouped convolution; C and K are channels per group, Do/Ho/Wo derived."""
+    direction: str
+    dtype: str
+    ndim: int
+    N: int
+    G: int
+    C: int
+    K: int
+    Di: int
+    Hi: int
+    Wi: int
+    Z: int
+    Y: int
+    X: int
+    stride_d: int
+    stride_h: int
+    stride_w: int
+    pad_d: int
+    pad_h: int
+    pad_w: int
+    dilation_d: int
+    dilation_h: int
+    dilation_w: int
+
+    def output_dims(self) -> tuple[int, int, int]:
+        """(Do, Ho, Wo); a value below 1 means an empty output (see unsupported_reason)."""
+        return tuple((size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+                     for size, pad, dil, k, stride in self._axes())
+
+    def is_depthwise(self) -> bool:
+        return self.C == 1 and self.K == 1
+
+    def _axes(self):
+        return ((self.Di, self.pad_d, self.dilation_d, self.Z, self.stride_d),
+                (self.Hi, self.pad_h, self.dilation_h, self.Y, self.stride_h),
+                (self.Wi, self.pad_w, self.dilation_w, self.X, self.stride_w))
+
+
+# -- kernel names ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NameFlavour:
+    """One kernel-name grammar: its pipelines, dtypes, tile fields and config type."""
+    name: str
+    grammar: str
+    config_type: type
+    pipeline_re: str
+    pipelines_doc: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    tile_fields: tuple[str, str, str]
+    wave_required: bool
+
+
+NAME_FLAVOURS = (
+    NameFlavour("tilecast",
+                "grouped_conv_{direction}_{dtype}_{ndim}d_{bm}x{bn}x{bk}_{pipeline}_{wave_mode}[_dsb][_si]",
+                GroupedConvConfig, "|".join(PIPELINES), tuple(PIPELINES), DTYPES,
+                ("bm", "bn", "bk"), True),
+    NameFlavour("tile_engine",
+                "grouped_conv_{direction}_{dtype}_{ndim}d_{block}x{m}x{n}_{pipeline}[_{wave}][_dsb][_si]",
+                TileEngineConvConfig,
+                r"basic_v\d|basic_async_v\d|comp_async|compv\d|mem|preshufflev\d",
+                TILE_ENGINE_PIPELINES, TILE_ENGINE_DTYPES, ("block", "tile_m", "tile_n"), False),
+)
+_FLAVOUR_OF_TYPE = {f.config_type: f for f in NAME_FLAVOURS}
+
+NAME_RE = re.compile(
+    r"^grouped_conv_(?P<direction>forward|bwd_data|bwd_weight)_(?P<dtype>[a-z0-9]+)"
+    r"_(?P<ndim>\d+)d_(?P<t0>\d+)x(?P<t1>\d+)x(?P<t2>\d+)_(?P<pipeline>[a-z0-9_]+?)"
+    rf"(?:_(?P<wave>{'|'.join(WAVE_MODES)}))?(?P<dsb>_dsb)?(?P<si>_si)?$")
+
+
+def _choice(value, table, what: str, context: str):
+    if value not in table:
+        raise FamilyError(f"unknown {what} {value!r} in {context}; "
+                          f"valid: {', '.join(map(str, table))}")
+    return value
+
+
+def validate_config(cfg) -> Any:
+    """Raise FamilyError naming the offending field when cfg is not a valid kernel."""
+    flavour = _FLAVOUR_OF_TYPE.get(type(cfg))
+    if flavour is None:
+        raise FamilyError(f"not a grouped-conv config: {cfg!r}")
+    ctx = f"grouped-conv config {cfg}"
+    _choice(cfg.direction, DIRECTIONS, "direction", ctx)
+    _choice(cfg.dtype, flavour.dtypes, "dtype", ctx)
+    _choice(cfg.ndim_spatial, NDIMS, "ndim_spatial", ctx)
+    for name in flavour.tile_fields:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FamilyError(f"{name}={value!r} in {ctx} must be a positive integer")
+    if not re.fullmatch(flavour.pipeline_re, cfg.pipeline):
+        raise FamilyError(f"unknown pipeline {cfg.pipeline!r} in {ctx}; "
+                          f"valid: {', '.join(flavour.pipelines_doc)}")
+    if cfg.wave_mode is not None or flavour.wave_required:
+        _choice(cfg.wave_mode, WAVE_MODES, "wave_mode", ctx)
+    if flavour.config_type is GroupedConvConfig:
+        for name, (multiple, low, high) in TILE_RULES.items():
+            value = getattr(cfg, name)
+            if value % multiple or not low <= value <= high:
+                raise FamilyError(f"{name}={value} in {ctx} must be a multiple of {multiple} "
+                                  f"in [{low}, {high}]")
+        variant = (cfg.pipeline, cfg.wave_mode, cfg.has_dsb, cfg.has_si)
+        if variant not in PIPELINE_VARIANTS:
+            valid = ", ".join(_variant_label(*v) for v in PIPELINE_VARIANTS)
+            raise FamilyError(f"pipeline variant {_variant_label(*variant)} (pipeline, wave_mode, "
+                              f"has_dsb, has_si) is not valid; valid: {valid}")
+    return cfg
+
+
+def _variant_label(pipeline, wave, dsb, si) -> str:
+    return f"{pipeline}_{wave}" + ("_dsb" if dsb else "") + ("_si" if si else "")
+
+
+def kernel_name(cfg) -> str:
+    """The unique name of a kernel of either flavour; parse_kernel_name inverts it."""
+    flavour = _FLAVOUR_OF_TYPE[type(validate_config(cfg))]
+    tiles = "x".join(str(getattr(cfg, f)) for f in flavour.tile_fields)
+    return (f"grouped_conv_{cfg.direction}_{cfg.dtype}_{cfg.ndim_spatial}d_{tiles}_{cfg.pipeline}"
+            + (f"_{cfg.wave_mode}" if cfg.wave_mode else "") + ("_dsb" if cfg.has_dsb else "")
+            + ("_si" if cfg.has_si else ""))
+
+
+def parse_kernel_name(name: str):
+    """A GroupedConvConfig or TileEngineConvConfig from a kernel name (flavour chosen by its
+    pipeline); FamilyError says what is wrong and what was expected."""
+    match = NAME_RE.match(name) if isinstance(name, str) else None
+    if not match:
+        grammars = "; ".join(f.grammar for f in NAME_FLAVOURS)
+        raise FamilyError(f"not a grouped-conv kernel name: {name!r}; expected {grammars}")
+    g = match.groupdict()
+    flavour = next((f for f in NAME_FLAVOURS if re.fullmatch(f.pipeline_re, g["pipeline"])), None)
+    if flavour is None:
+        valid = ", ".join(p for f in NAME_FLAVOURS for p in f.pipelines_doc)
+        raise FamilyError(f"unknown pipeline {g['pipeline']!r} in kernel name {name!r}; "
+                          f"valid: {valid}")
+    _choice(g["dtype"], flavour.dtypes, "dtype", f"kernel name {name!r}")
+    if flavour.wave_required and g["wave"] is None:
+        raise FamilyError(f"kernel name {name!r} lacks the wave mode; expected {flavour.grammar}")
+    tiles = dict(zip(flavour.tile_fields, (int(g["t0"]), int(g["t1"]), int(g["t2"]))))
+    try:
+        cfg = flavour.config_type(direction=g["direction"], dtype=g["dtype"],
+                                  ndim_spatial=int(g["ndim"]), pipeline=g["pipeline"],
+                                  wave_mode=g["wave"], has_dsb=g["dsb"] is not None,
+                                  has_si=g["si"] is not None, **tiles)
+        return validate_config(cfg)
+    except FamilyError as err:
+        raise FamilyError(f"invalid kernel name {name!r}: {err}") from None
+
+
+# -- problems ----------------------------------------------------------------------------
+
+# The shape tokens of a job line, in the kernel's order (the three file paths follow).
+JOB_FIELDS = ("N", "G", "C", "K", "Di", "Hi", "Wi", "Z", "Y", "X", "stride_d", "stride_h",
+              "stride_w", "pad_d", "pad_h", "pad_w", "dilation_d", "dilation_h", "dilation_w")
+SPATIAL_D_DEFAULTS = {"Di": 1, "Z": 1, "stride_d": 1, "pad_d": 0, "dilation_d": 1}
+OPTIONAL_DEFAULTS = {"N": 1, "G": 1, "stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0,
+                     "dilation_h": 1, "dilation_w": 1}
+REQUIRED_FIELDS = ("C", "K", "Hi", "Wi", "Y", "X")
+NONNEGATIVE_FIELDS = ("pad_d", "pad_h", "pad_w")
+
+
+def _integer(field: str, value) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not number.is_integer():
+        raise FamilyError(f"grouped-conv problem field {field}={value!r} is not an integer")
+    return int(number)
+
+
+def make_problem(values: Mapping[str, Any], direction: str) -> GroupedConvProblem:
+    """Validate a mapping (config entry, CLI `k=v`, parquet row) into a GroupedConvProblem.
+    ndim defaults to 3 when any depth field is given, else 2; a 2D problem's depth fields
+    must be trivial (Di = Z = 1, stride_d = dilation_d = 1, pad_d = 0)."""
+    names = tuple(f.name for f in fields(GroupedConvProblem))
+    unknown = set(values) - set(names)
+    if unknown:
+        raise FamilyError(f"unknown grouped-conv problem field(s) {sorted(unknown)}; "
+                          f"valid: {', '.join(names)}")
+    given = {k: v for k, v in values.items() if v is not None}
+    if str(given.get("direction", direction)) != direction:
+        raise FamilyError(f"problem direction {given['direction']!r} != family direction "
+                          f"{direction!r}; use family grouped_conv_{given['direction']}")
+    dtype = _choice(str(given.get("dtype", "fp32")), TILE_ENGINE_DTYPES, "dtype", "grouped-conv problem")
+    missing = [f for f in REQUIRED_FIELDS if f not in given]
+    depth_given = any(f in given for f in ("Di", "Z"))
+    ndim = _integer("ndim", given.get("ndim", 3 if depth_given else 2))
+    _choice(ndim, NDIMS, "ndim", "grouped-conv problem")
+    if ndim == 3:
+        missing += [f for f in ("Di", "Z") if f not in given]
+    if missing:
+        raise FamilyError(f"grouped-conv problem is missing field(s) {missing} in {dict(values)}")
+    dims = {f: _integer(f, given.get(f, default))
+            for f, default in {**SPATIAL_D_DEFAULTS, **OPTIONAL_DEFAULTS,
+                               **{r: None for r in REQUIRED_FIELDS}}.items()}
+    for f, value in dims.items():
+        low = 0 if f in NONNEGATIVE_FIELDS else 1
+        if value < low:
+            raise FamilyError(f"grouped-conv problem field {f}={value} must be >= {low}")
+    if ndim == 2:
+        for f, trivial in SPATIAL_D_DEFAULTS.items():
+            if dims[f] != trivial:
+                raise FamilyError(f"2D grouped-conv problem has {f}={dims[f]}; a 2D problem "
+                                  f"needs {f}={trivial} (set ndim=3 for a 3D convolution)")
+    return GroupedConvProblem(direction=direction, dtype=dtype, ndim=ndim,
+                              **{f: dims[f] for f in JOB_FIELDS})
+
+
+def geometry_reason(p: GroupedConvProblem) -> str | None:
+    """Why no kernel can run this problem's geometry, or None."""
+    for axis, (size, pad, dil, k, _), out in zip("dhw", p._axes(), p.output_dims()):
+        extent = dil * (k - 1) + 1
+        if pad > extent:
+            return f"pad_{axis}={pad} exceeds the filter extent {extent} (dilation*(size-1)+1)"
+        if out < 1:
+            return f"empty output along {axis}: input {size} + 2*pad {pad} < filter extent {extent}"
+    return None
+
+
+# -- tensor layouts ----------------------------------------------------------------------
+# torch holds (N, G*C, D, H, W) / (G*K, C, Z, Y, X); the kernels NDHWGC / GKZYXC / NDHWGK.
+
+def _to_ndhwgc(t, groups: int):
+    n, gc, *spatial = t.shape
+    grouped = t.reshape(n, groups, gc // groups, *spatial)
+    order = (0, *range(3, 3 + len(spatial)), 1, 2)
+    return grouped.permute(order).contiguous()
+
+
+def _to_gkzyxc(w, groups: int):
+    gk, c, *spatial = w.shape
+    grouped = w.reshape(groups, gk // groups, c, *spatial)
+    order = (0, 1, *range(3, 3 + len(spatial)), 2)
+    return grouped.permute(order).contiguous()
+
+
+@dataclass(frozen=True)
+class _Direction:
+    """What one direction reads and writes: (in1, in2, out) as torch tensor keys, the output's
+    kernel layout, and which argument of convolution_backward the peer asks for."""
+    operands: tuple[str, str, str]
+    output_layout: Callable
+    output_mask: tuple[bool, bool, bool] | None
+
+
+DIRECTION_IO = {
+    "forward": _Direction(("x", "w", "y"), _to_ndhwgc, None),
+    "bwd_data": _Direction(("dy", "w", "dx"), _to_ndhwgc, (True, False, False)),
+    "bwd_weight": _Direction(("x", "dy", "dw"), _to_gkzyxc, (False, True, False)),
+}
+_LAYOUT_OF = {"x": _to_ndhwgc, "dy": _to_ndhwgc, "w": _to_gkzyxc}
+
+
+class GroupedConvFamily:
+    """A grouped-conv family for one direction (see the module docstring)."""
+    problem_fields = tuple(f.name for f in fields(GroupedConvProblem))
+    config_fields = tuple(f.name for f in fields(GroupedConvConfig))
+    source = KERNELS_DIR / "cpu" / "grouped_conv.cpp"
+
+    def __init__(self, direction: str):
+        self.direction = _choice(direction, DIRECTIONS, "direction", "GroupedConvFamily")
+        self.name = f"grouped_conv_{direction}"
+
+    # -- names --------------------------------------------------------------------------
+    def kernel_name(self, cfg) -> str:
+        return kernel_name(cfg)
+
+    def parse_name(self, name: str):
+        """Either flavour; a name of another direction is an error naming its family."""
+        cfg = parse_kernel_name(name)
+        if cfg.direction != self.direction:
+            raise FamilyError(f"kernel {name!r} is a {cfg.direction} kernel; family {self.name} "
+                              f"holds {self.direction} kernels (use grouped_conv_{cfg.direction})")
+        return cfg
+
+    def config_dict(self, cfg) -> dict:
+        return asdict(cfg)
+
+    # -- candidate space ----------------------------------------------------------------
+    CANDIDATE_OPTIONS = {"dtype": ["fp32"], "ndim": list(NDIMS),
+                         "tiles": ["32x32x32", "64x32x32", "32x64x32", "64x64x64", "128x64x32"],
+                         "pipeline": list(PIPELINES), "wave_mode": list(WAVE_MODES),
+                         "has_dsb": [False, True], "has_si": [False, True]}
+
+    def candidate_space(self, options: Mapping[str, Sequence], hardware: Mapping) -> list[GroupedConvConfig]:
+        """Every valid variant the options allow (each option a list; defaults in
+        CANDIDATE_OPTIONS), filtered through PIPELINE_VARIANTS, deduplicated and sorted.
+        Empty when the hardware's flags are known and lack AVX-512F (never build what
+        cannot run)."""
+        unknown = set(options) - set(self.CANDIDATE_OPTIONS)
+        if unknown:
+            raise FamilyError(f"unknown grouped-conv candidate option(s) {sorted(unknown)}; "
+                              f"valid: {sorted(self.CANDIDATE_OPTIONS)}")
+        opt = {k: list(options.get(k) or default) for k, default in self.CANDIDATE_OPTIONS.items()}
+        for p in opt["pipeline"]:
+            _choice(p, PIPELINES, "pipeline", "candidates")
+        for w in opt["wave_mode"]:
+            _choice(w, WAVE_MODES, "wave_mode", "candidates")
+        flags = set(hardware.get("flags", ()))
+        if flags and not set(REQUIRED_FLAGS) <= flags:
+            return []
+        configs = set()
+        for dtype, ndim, tile, variant in itertools.product(
+                opt["dtype"], opt["ndim"], opt["tiles"], PIPELINE_VARIANTS):
+            pipeline, wave, dsb, si = variant
+            if (pipeline not in opt["pipeline"] or wave not in opt["wave_mode"]
+                    or dsb not in opt["has_dsb"] or si not in opt["has_si"]):
+                continue
+            try:
+                bm, bn, bk = (int(v) for v in str(tile).split("x"))
+            except ValueError:
+                raise FamilyError(f"candidate tile {tile!r} is not BMxBNxBK") from None
+            configs.add(validate_config(GroupedConvConfig(
+                self.direction, str(dtype), int(ndim), bm, bn, bk, pipeline, wave, dsb, si)))
+        return sorted(configs)
+
+    def build_spec(self, cfg) -> BuildSpec:
+        if not isinstance(cfg, GroupedConvConfig):
+            raise FamilyError(f"{kernel_name(cfg)} is a tile-engine kernel; tilecast builds "
+                              "only its own grouped-conv variants")
+        validate_config(cfg)
+        return BuildSpec(source=self.source, defines={
+            "TC_DIR": DIRECTIONS[cfg.direction], "TC_NDIM": cfg.ndim_spatial, "TC_BM": cfg.bm,
+            "TC_BN": cfg.bn, "TC_BK": cfg.bk, "TC_PIPELINE": PIPELINES[cfg.pipeline],
+            "TC_WAVE": WAVE_MODES[cfg.wave_mode], "TC_DSB": int(cfg.has_dsb),
+            "TC_SI": int(cfg.has_si)})
+
+    # -- problems -----------------------------------------------------------------------
+    def problem(self, values: Mapping[str, Any]) -> GroupedConvProblem:
+        return make_problem(values, self.direction)
+
+    def problem_dict(self, problem: GroupedConvProblem) -> dict:
+        return asdict(problem)
+
+    def dims_key(self, problem: GroupedConvProblem) -> str:
+        """Every shape field (the family fixes the direction): the join key and CV group."""
+        return ",".join(f"{f}={getattr(problem, f)}" for f in self.problem_fields
+                        if f != "direction")
+
+    def applicable(self, cfg, problem: GroupedConvProblem) -> bool:
+        """Whether the kernel is a candidate for the problem at all: same direction, dtype
+        and ndim, and a pipeline that handles it (dw only for depthwise problems), so a
+        dispatcher never picks a kernel that cannot run the problem."""
+        return (cfg.direction == problem.direction and cfg.dtype == problem.dtype
+                and cfg.ndim_spatial == problem.ndim
+                and (cfg.pipeline != "dw" or problem.is_depthwise()))
+
+    def unsupported_reason(self, cfg, problem: GroupedConvProblem) -> str | None:
+        for field, kernel_value, problem_value in (
+                ("direction", cfg.direction, problem.direction), ("dtype", cfg.dtype, problem.dtype),
+                ("ndim", cfg.ndim_spatial, problem.ndim)):
+            if kernel_value != problem_value:
+                return f"kernel {field} {kernel_value} != problem {field} {problem_value}"
+        if cfg.pipeline == "dw" and not problem.is_depthwise():
+            return (f"the dw pipeline needs a depthwise problem (C = K = 1 per group), "
+                    f"got C={problem.C}, K={problem.K}")
+        return geometry_reason(problem)
+
+    def flops(self, p: GroupedConvProblem) -> float:
+        do, ho, wo = p.output_dims()
+        return 2.0 * p.N * p.G * p.K * p.C * p.Z * p.Y * p.X * max(do * ho * wo, 0)
+
+    def bytes_moved(self, p: GroupedConvProblem) -> float:
+        do, ho, wo = (max(v, 0) for v in p.output_dims())
+        elements = (p.N * p.Di * p.Hi * p.Wi * p.G * p.C + p.G * p.K * p.Z * p.Y * p.X * p.C
+                    + p.N * do * ho * wo * p.G * p.K)
+        return float(ELEMENT_BYTES * elements)
+
+    def tolerance(self, problem: GroupedConvProblem) -> float:
+        return TOLERANCE[_choice(problem.dtype, TOLERANCE, "dtype", "tolerance")]
+
+    # -- inputs, reference, peer --------------------------------------------------------
+    def prepare(self, problem: GroupedConvProblem, directory: Path, seed: int) -> PreparedProblem:
+        """Write the direction's two inputs in the kernel layouts and compute the float64
+        torch reference (autograd of the same convolution for the backward directions)."""
+        import torch
+
+        reason = geometry_reason(problem)
+        if reason or problem.dtype not in DTYPES:
+            raise FamilyError(f"cannot prepare {self.dims_key(problem)}: "
+                              f"{reason or 'tilecast kernels are fp32 only'}")
+        p, io = problem, DIRECTION_IO[self.direction]
+        spatial_in, spatial_k = _spatial(p, (p.Di, p.Hi, p.Wi)), _spatial(p, (p.Z, p.Y, p.X))
+        gen = torch.Generator().manual_seed(seed)
+        tensors = {"x": torch.randn(p.N, p.G * p.C, *spatial_in, generator=gen),
+                   "w": torch.randn(p.G * p.K, p.C, *spatial_k, generator=gen)}
+        tensors["dy"] = torch.randn(p.N, p.G * p.K, *_spatial(p, p.output_dims()), generator=gen)
+        reference = self._reference(p, tensors)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = [directory / f"{name}.bin" for name in io.operands]
+        for key, path in zip(io.operands[:2], paths):
+            _LAYOUT_OF[key](tensors[key], p.G).numpy().tofile(path)
+        job = (*(str(getattr(p, f)) for f in JOB_FIELDS), *map(str, paths))
+        return PreparedProblem(problem=p, job_args=job, output_path=paths[2],
+                               reference=io.output_layout(reference, p.G).numpy(),
+                               tensors=tensors)
+
+    def _reference(self, p: GroupedConvProblem, tensors: Mapping) -> Any:
+        import torch
+
+        x = tensors["x"].double().requires_grad_(self.direction == "bwd_data")
+        w = tensors["w"].double().requires_grad_(self.direction == "bwd_weight")
+        y = _conv(p)(x, w)
+        if self.direction == "forward":
+            return y.detach()
+        wrt = x if self.direction == "bwd_data" else w
+        (grad,) = torch.autograd.grad(y, wrt, tensors["dy"].double())
+        return grad
+
+    def read_output(self, prepared: PreparedProblem) -> np.ndarray:
+        expected = prepared.reference.shape
+        data = np.fromfile(prepared.output_path, dtype=np.float32)
+        if data.size != int(np.prod(expected)):
+            raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
+                              f"expected {int(np.prod(expected))} {tuple(expected)}")
+        return data.reshape(expected)
+
+    def peer(self, prepared: PreparedProblem, threads: int):
+        """torch's own CPU op for this direction on the same operands and thread count:
+        ("torch.conv", callable), measured with the same protocol."""
+        import torch
+
+        torch.set_num_threads(threads)
+        p, t = prepared.problem, prepared.tensors
+        mask = DIRECTION_IO[self.direction].output_mask
+        if mask is None:
+            conv = _conv(p)
+            return "torch.conv", lambda: conv(t["x"], t["w"])
+        stride, pad, dil = _geometry(p)
+        return "torch.conv", lambda: torch.ops.aten.convolution_backward(
+            t["dy"], t["x"], t["w"], None, stride, pad, dil, False, [0] * len(stride), p.G,
+            list(mask))
+
+    def feature_engine(self, hardware: Mapping):
+        from ..features.grouped_conv import GroupedConvFeatureEngine
+
+        return GroupedConvFeatureEngine(hardware)
+
+
+def _spatial(p: GroupedConvProblem, dhw: tuple[int, int, int]) -> tuple[int, ...]:
+    return dhw if p.ndim == 3 else dhw[1:]
+
+
+def _geometry(p: GroupedConvProblem) -> tuple[list[int], list[int], list[int]]:
+    return (list(_spatial(p, (p.stride_d, p.stride_h, p.stride_w))),
+            list(_spatial(p, (p.pad_d, p.pad_h, p.pad_w))),
+            list(_spatial(p, (p.dilation_d, p.dilation_h, p.dilation_w))))
+
+
+def _conv(p: GroupedConvProblem) -> Callable:
+    """conv2d / conv3d with the problem's geometry and groups: f(input, weight)."""
+    import torch.nn.functional as F
+
+    op = F.conv3d if p.ndim == 3 else F.conv2d
+    stride, pad, dil = _geometry(p)
+    return lambda x, w: op(x, w, None, stride, pad, dil, p.G)
+
