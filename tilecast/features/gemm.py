@@ -12,6 +12,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .hardware import HARDWARE_FEATURES, hardware_vector
+
 PROBLEM_FEATURES = (
     "m", "n", "k", "log2_m", "log2_n", "log2_k", "log2_flops", "log2_bytes",
     "log2_intensity", "log2_m_over_n", "log2_min_mn", "is_bf16", "a_col_major", "b_col_major",
@@ -29,8 +31,6 @@ INTERACTION_FEATURES = (
     "a_pack_traffic_ratio", "b_pack_traffic_ratio", "c_traffic_ratio", "a_strided_unpacked",
     "a_col_unpacked", "log2_est_ms",
 )
-HARDWARE_FEATURES = ("hw_threads", "hw_simd_bits", "hw_l1d_kib", "hw_l2_kib", "hw_l3_kib",
-                     "hw_clock_mhz", "hw_has_avx512", "hw_has_avx512_bf16")
 
 
 def _ceil_div(a, b):
@@ -44,12 +44,7 @@ class GemmFeatureEngine:
 
     def __init__(self, hardware: Mapping):
         self.hardware = dict(hardware)
-        flags = set(hardware.get("flags", ()))
-        self._hw = np.array([
-            float(hardware.get("threads", 1)), float(hardware.get("simd_bits", 256)),
-            hardware.get("l1d_bytes", 0) / 1024, hardware.get("l2_bytes", 0) / 1024,
-            hardware.get("l3_bytes", 0) / 1024, float(hardware.get("clock_mhz", 0.0)),
-            float("avx512f" in flags), float("avx512_bf16" in flags)])
+        self._hw = hardware_vector(hardware)
 
     def feature_names(self) -> list[str]:
         return [*PROBLEM_FEATURES, *KERNEL_FEATURES, *INTERACTION_FEATURES, *HARDWARE_FEATURES]

@@ -17,6 +17,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .hardware import HARDWARE_FEATURES, hardware_vector
+
 from ..families.grouped_conv import GroupedConvConfig, TileEngineConvConfig
 
 PROBLEM_FEATURES = (
@@ -41,8 +43,6 @@ INTERACTION_FEATURES = (
     "log2_k_per_thread", "si_reduce_ratio", "im2col_expansion", "dw_on_dense",
     "log2_flops_per_thread", "log2_est_ms",
 )
-HARDWARE_FEATURES = ("hw_threads", "hw_simd_bits", "hw_l1d_kib", "hw_l2_kib", "hw_l3_kib",
-                     "hw_clock_mhz", "hw_has_avx512", "hw_has_avx512_bf16")
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "bf8": 1}
 
@@ -98,12 +98,7 @@ class GroupedConvFeatureEngine:
 
     def __init__(self, hardware: Mapping):
         self.hardware = dict(hardware)
-        flags = set(hardware.get("flags", ()))
-        self._hw = np.array([
-            float(hardware.get("threads", 1)), float(hardware.get("simd_bits", 256)),
-            hardware.get("l1d_bytes", 0) / 1024, hardware.get("l2_bytes", 0) / 1024,
-            hardware.get("l3_bytes", 0) / 1024, float(hardware.get("clock_mhz", 0.0)),
-            float("avx512f" in flags), float("avx512_bf16" in flags)])
+        self._hw = hardware_vector(hardware)
 
     def feature_names(self) -> list[str]:
         return [*PROBLEM_FEATURES, *KERNEL_FEATURES, *INTERACTION_FEATURES, *HARDWARE_FEATURES]
