@@ -68,3 +68,20 @@ def test_bad_config_is_a_message_not_a_traceback(tmp_path):
     proc = _run("run", "--config", str(bad), "--workdir", str(tmp_path / "w"), check=False)
     assert proc.returncode == 2
     assert "missing key(s) ['holdout']" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_grouped_conv_forward_runs_through_the_whole_pipeline(tmp_path):
+    work, registry = tmp_path / "work", tmp_path / "registry"
+    config = Path(__file__).parent / "configs" / "tiny_conv.yaml"
+    summary = json.loads(_run("run", "--plain", "--config", str(config), "--workdir", str(work),
+                              "--registry", str(registry)).stdout)
+    stages = summary["stages"]["grouped_conv_forward"]
+    assert stages["build"]["ok"] == stages["build"]["candidates"] == 5
+    assert stages["bench"]["statuses"].get("ok", 0) > 0
+    assert set(stages["bench"]["statuses"]) <= {"ok", "unsupported"}
+    model = json.loads((work / "report" / "evaluation.json").read_text())["models"]
+    assert model["grouped_conv_forward"]["n_problems"] == 3
+    chosen = _run("select", "--registry", str(registry), "--model", "grouped_conv_forward",
+                  "--problem", "C=8,K=8,Hi=10,Wi=10,Y=3,X=3,pad_h=1,pad_w=1").stdout.strip()
+    assert chosen.startswith("grouped_conv_forward_fp32_2d_")
