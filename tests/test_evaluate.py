@@ -221,3 +221,36 @@ def test_evaluation_is_a_value_object(evaluation):
     assert list(evaluation.per_problem.columns) == [
         "dims_key", *GEMM.problem_fields, "chosen_kernel", "chosen_tflops", "best_kernel",
         "best_tflops", "efficiency", "static_best_efficiency", "winner_rank"]
+
+
+def test_slice_metrics_group_problems_by_the_familys_tags():
+    from tilecast.evaluate import slice_metrics
+    from tilecast.families import get_family
+
+    gemm = get_family("gemm")
+    table = pd.DataFrame([
+        {"m": 1, "n": 768, "k": 768, "dtype": "fp32", "layout_a": "row", "layout_b": "row",
+         "efficiency": 0.5, "winner_rank": 1, "static_best_efficiency": 0.25},
+        {"m": 512, "n": 512, "k": 512, "dtype": "fp32", "layout_a": "col", "layout_b": "row",
+         "efficiency": 1.0, "winner_rank": 3, "static_best_efficiency": 0.75},
+        {"m": 100, "n": 64, "k": 64, "dtype": "fp32", "layout_a": "row", "layout_b": "row",
+         "efficiency": 0.8, "winner_rank": 1, "static_best_efficiency": 0.5}])
+    table["winner_rank"] = table["winner_rank"].astype("Int64")
+    slices = slice_metrics(gemm, table)
+    assert set(slices) == {"skinny", "wide", "non_pow2", "col_major"}
+    assert slices["skinny"] == {"n_problems": 1, "mean_efficiency": 0.5, "p10_efficiency": 0.5,
+                                "top1": 1.0, "static_best_mean_efficiency": 0.25}
+    assert slices["wide"]["n_problems"] == 2 and slices["wide"]["mean_efficiency"] == 0.9
+    assert slices["wide"]["top1"] == 0.5
+    assert slices["non_pow2"]["n_problems"] == 2  # 768 and 100 are not powers of two
+
+
+def test_grouped_conv_slices():
+    from tilecast.families import get_family
+
+    conv = get_family("grouped_conv_forward")
+    dw = conv.problem({"G": 32, "C": 1, "K": 1, "Hi": 8, "Wi": 8, "Y": 3, "X": 3,
+                       "stride_h": 2, "stride_w": 2})
+    assert conv.slices(dw) == ("2d", "depthwise", "strided")
+    pw3d = conv.problem({"C": 8, "K": 8, "Di": 4, "Hi": 4, "Wi": 4, "Z": 1, "Y": 1, "X": 1})
+    assert conv.slices(pw3d) == ("3d", "pointwise")

@@ -131,6 +131,22 @@ def _metrics(table: pd.DataFrame, static_kernel: str) -> dict:
             "margin_over_static_best": mean - static_mean}
 
 
+def slice_metrics(family, per_problem: pd.DataFrame) -> dict:
+    """Per report slice (family.slices of each problem): n_problems, mean and P10 efficiency,
+    top-1, and the static best's mean efficiency on the same problems."""
+    tags = [family.slices(family.problem({f: row[f] for f in family.problem_fields}))
+            for _, row in per_problem.iterrows()]
+    result = {}
+    for name in sorted({t for problem_tags in tags for t in problem_tags}):
+        rows = per_problem[[name in problem_tags for problem_tags in tags]]
+        eff = rows["efficiency"].to_numpy(dtype=np.float64)
+        result[name] = {"n_problems": int(len(rows)), "mean_efficiency": float(eff.mean()),
+                        "p10_efficiency": float(np.percentile(eff, 10)),
+                        "top1": float((rows["winner_rank"] == 1).fillna(False).mean()),
+                        "static_best_mean_efficiency": float(rows["static_best_efficiency"].mean())}
+    return result
+
+
 def peer_ratios(records: pd.DataFrame, family) -> dict:
     """Best candidate TFLOP/s over peer TFLOP/s, per problem and per problem_set.
 

@@ -189,7 +189,7 @@ def train_stage(ctx: RunContext, name: str) -> dict:
 
 def evaluate_stage(ctx: RunContext, name: str) -> dict:
     """The model on the held-out problems; writes W/eval/<family>/."""
-    from .evaluate import evaluate, peer_ratios
+    from .evaluate import evaluate, peer_ratios, slice_metrics
     from .train import load_predictor
 
     family, _ = _family(ctx, name)
@@ -199,6 +199,7 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
     evaluation = evaluate(family, family.feature_engine(ctx.hardware), load_predictor(model_dir),
                           by_set["holdout"], by_set["train"], candidates, ctx.config.tie_threshold_pct)
     peer = peer_ratios(records, family)
+    evaluation.metrics["slices"] = slice_metrics(family, evaluation.per_problem)
     out = ctx.path("eval", name)
     out.mkdir(parents=True, exist_ok=True)
     evaluation.per_problem.to_parquet(out / "per_problem.parquet", index=False)
@@ -210,7 +211,7 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
     log.info("evaluate %s: %d held-out problems, mean eff %.3f, P10 %.3f, top1 %.2f, top5 %.2f, "
              "static best %.3f", name, m["n_problems"], m["mean_efficiency"], m["p10_efficiency"],
              m["top1"], m["top5"], m["static_best"]["mean_efficiency"])
-    return {"family": name, **m}
+    return {"family": name, **{k: v for k, v in m.items() if k != "slices"}}
 
 
 def report_stage(ctx: RunContext) -> dict:

@@ -82,6 +82,14 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
         lines += _table(["folds", "mean rmse (target space)", "mean efficiency"],
                         [[len(cv["folds"]) if "folds" in cv else None, cv.get("mean_rmse"),
                           cv.get("mean_efficiency")]])
+    slices = metrics.get("slices")
+    if slices:
+        lines += ["### Per-slice results (held-out problems)", ""]
+        lines += _table(["slice", "problems", "mean efficiency", "P10", "top-1",
+                         "static best mean"],
+                        [[key, v["n_problems"], v["mean_efficiency"], v["p10_efficiency"],
+                          v["top1"], v["static_best_mean_efficiency"]]
+                         for key, v in slices.items()])
     worst = evaluation.per_problem.sort_values(["efficiency", "dims_key"]).head(WORST_COUNT)
     lines += [f"### Worst {WORST_COUNT} problems", ""]
     lines += _table(list(WORST_COLUMNS), worst[list(WORST_COLUMNS)].values.tolist())

@@ -204,6 +204,16 @@ class GemmFamily:
             return f"kernel dtype {cfg.dtype} != problem dtype {problem.dtype}"
         return None  # every GEMM variant handles every shape (edges are padded)
 
+    def slices(self, problem: GemmProblem) -> tuple[str, ...]:
+        """Report slices the problem belongs to (per-slice results in the report)."""
+        dims = (problem.m, problem.n, problem.k)
+        tags = ["skinny" if min(problem.m, problem.n) <= 16 else "wide"]
+        if any(d & (d - 1) for d in dims):
+            tags.append("non_pow2")
+        if "col" in (problem.layout_a, problem.layout_b):
+            tags.append("col_major")
+        return tuple(tags)
+
     def flops(self, problem: GemmProblem) -> float:
         return 2.0 * problem.m * problem.n * problem.k
 

@@ -443,6 +443,21 @@ class GroupedConvFamily:
                     f"got C={problem.C}, K={problem.K}")
         return geometry_reason(problem)
 
+    def slices(self, problem: GroupedConvProblem) -> tuple[str, ...]:
+        """Report slices: 2d/3d, depthwise or grouped, strided, dilated, pointwise."""
+        tags = [f"{problem.ndim}d"]
+        if problem.is_depthwise():
+            tags.append("depthwise")
+        elif problem.G > 1:
+            tags.append("grouped")
+        if max(problem.stride_d, problem.stride_h, problem.stride_w) > 1:
+            tags.append("strided")
+        if max(problem.dilation_d, problem.dilation_h, problem.dilation_w) > 1:
+            tags.append("dilated")
+        if problem.Z == problem.Y == problem.X == 1:
+            tags.append("pointwise")
+        return tuple(tags)
+
     def flops(self, p: GroupedConvProblem) -> float:
         do, ho, wo = p.output_dims()
         return 2.0 * p.N * p.G * p.K * p.C * p.Z * p.Y * p.X * max(do * ho * wo, 0)
