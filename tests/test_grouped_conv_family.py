@@ -22,7 +22,7 @@ from tilecast.families.grouped_conv import (
 
 FAMILIES = {d: get_family(f"grouped_conv_{d}") for d in DIRECTIONS}
 FORWARD = FAMILIES["forward"]
-CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "grouped_conv_problems.yaml"
+CONFIG_FILE = Path(__file__).resolve().parents[1] / "configs" / "grouped_conv.yaml"
 
 
 def test_families_are_registered_under_their_names():
