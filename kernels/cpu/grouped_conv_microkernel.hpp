@@ -93,24 +93,7 @@ TC_INLINE void tile_strided(Tile<MR, NV>& tile, index_t count, const float* __re
   }
 }
 
-/// In-register 8x8 transpose: rows[r][c] -> rows[c][r] (im2col packing of 8-row panels).
-TC_INLINE void transpose8x8(__m256 rows[8]) {
-  __m256 lo[4], hi[4], quad[8];
-  for (int r = 0; r < 4; ++r) {
-    lo[r] = _mm256_unpacklo_ps(rows[2 * r], rows[2 * r + 1]);
-    hi[r] = _mm256_unpackhi_ps(rows[2 * r], rows[2 * r + 1]);
-  }
-  for (int r = 0; r < 2; ++r) {
-    quad[4 * r + 0] = _mm256_shuffle_ps(lo[2 * r], lo[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0));
-    quad[4 * r + 1] = _mm256_shuffle_ps(lo[2 * r], lo[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2));
-    quad[4 * r + 2] = _mm256_shuffle_ps(hi[2 * r], hi[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0));
-    quad[4 * r + 3] = _mm256_shuffle_ps(hi[2 * r], hi[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int c = 0; c < 4; ++c) {
-    rows[c] = _mm256_permute2f128_ps(quad[c], quad[4 + c], 0x20);
-    rows[c + 4] = _mm256_permute2f128_ps(quad[c], quad[4 + c], 0x31);
-  }
-}
+using tc::gemm::transpose8x8;  // shared with the GEMM packing (gemm_simd.hpp)
 
 /// Lanes [0, valid) of one vector; valid may be <= 0 or >= 16.
 TC_INLINE __mmask16 lane_mask(index_t valid) {
