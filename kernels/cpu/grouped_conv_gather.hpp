@@ -161,8 +161,7 @@ class GatherPolicy {
   }
 
   TC_INLINE index_t source(int dim, index_t dst, index_t f) const {
-    if constexpr (Dir == kForward) return forward_source(s_, dim, dst, f);
-    else return backward_source(s_, dim, dst, f);
+    return gather_source<Dir>(s_, dim, dst, f);
   }
 
   ConvShape s_;

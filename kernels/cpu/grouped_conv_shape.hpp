@@ -154,6 +154,14 @@ inline index_t backward_source(const ConvShape& s, int dim, index_t in, index_t 
   return out < s.out[dim] ? out : -1;
 }
 
+/// The source coordinate a gather of direction `Dir` reads: forward_source for the
+/// forward pass, backward_source for bwd_data.
+template <int Dir>
+inline index_t gather_source(const ConvShape& s, int dim, index_t dst, index_t f) {
+  if constexpr (Dir == kForward) return forward_source(s, dim, dst, f);
+  else return backward_source(s, dim, dst, f);
+}
+
 /// Valid output range [lo, hi) along `dim` for filter offset f: the outputs
 /// whose forward source coordinate is inside the input. Empty when lo >= hi.
 inline void forward_valid_range(const ConvShape& s, int dim, index_t f, index_t& lo, index_t& hi) {

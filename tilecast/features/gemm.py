@@ -8,11 +8,11 @@ flop; and how the packed panels compare with the cache sizes.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from .hardware import HARDWARE_FEATURES, hardware_vector
+from .hardware import EngineBase
 
 PROBLEM_FEATURES = (
     "m", "n", "k", "log2_m", "log2_n", "log2_k", "log2_flops", "log2_bytes",
@@ -37,17 +37,14 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
-class GemmFeatureEngine:
+class GemmFeatureEngine(EngineBase):
     """Features for (GemmProblem, GemmConfig) pairs; see the module docstring."""
     name = "gemm"
     version = 2
 
-    def __init__(self, hardware: Mapping):
-        self.hardware = dict(hardware)
-        self._hw = hardware_vector(hardware)
-
-    def feature_names(self) -> list[str]:
-        return [*PROBLEM_FEATURES, *KERNEL_FEATURES, *INTERACTION_FEATURES, *HARDWARE_FEATURES]
+    _problem_names = PROBLEM_FEATURES
+    _kernel_names = KERNEL_FEATURES
+    _interaction_names = INTERACTION_FEATURES
 
     def kernel_features(self, configs: Sequence) -> np.ndarray:
         """One row per kernel (computed once per candidate pool, reused for every problem)."""

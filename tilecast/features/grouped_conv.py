@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .hardware import HARDWARE_FEATURES, hardware_vector
+from .hardware import EngineBase
 
 from ..families.grouped_conv import GroupedConvConfig, TileEngineConvConfig
 
@@ -91,17 +91,14 @@ def _log2(x):
     return np.log2(np.maximum(x, 1.0))
 
 
-class GroupedConvFeatureEngine:
+class GroupedConvFeatureEngine(EngineBase):
     """Features for (GroupedConvProblem, config) pairs; see the module docstring."""
     name = "grouped_conv"
     version = 1
 
-    def __init__(self, hardware: Mapping):
-        self.hardware = dict(hardware)
-        self._hw = hardware_vector(hardware)
-
-    def feature_names(self) -> list[str]:
-        return [*PROBLEM_FEATURES, *KERNEL_FEATURES, *INTERACTION_FEATURES, *HARDWARE_FEATURES]
+    _problem_names = PROBLEM_FEATURES
+    _kernel_names = KERNEL_FEATURES
+    _interaction_names = INTERACTION_FEATURES
 
     def kernel_features(self, configs: Sequence) -> np.ndarray:
         """One row per kernel (computed once per candidate pool, reused for every problem)."""

@@ -17,3 +17,19 @@ def hardware_vector(hardware: Mapping) -> np.ndarray:
         hardware.get("l1d_bytes", 0) / 1024, hardware.get("l2_bytes", 0) / 1024,
         hardware.get("l3_bytes", 0) / 1024, float(hardware.get("clock_mhz", 0.0)),
         float("avx512f" in flags), float("avx512_bf16" in flags)], dtype=np.float64)
+
+
+class EngineBase:
+    """What every feature engine shares: the hardware vector and the column order
+    problem + kernel + interaction + hardware, from the subclass's name tuples."""
+    _problem_names: tuple[str, ...] = ()
+    _kernel_names: tuple[str, ...] = ()
+    _interaction_names: tuple[str, ...] = ()
+
+    def __init__(self, hardware: Mapping):
+        self.hardware = dict(hardware)
+        self._hw = hardware_vector(hardware)
+
+    def feature_names(self) -> list[str]:
+        return [*self._problem_names, *self._kernel_names,
+                *self._interaction_names, *HARDWARE_FEATURES]
