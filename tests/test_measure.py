@@ -2,12 +2,16 @@
 recorded status and the remaining jobs still run. Uses the fault-injecting fixture binary."""
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
 from tilecast.bench import _validate
 from tilecast.families import get_family
-from tilecast.measure import Protocol, ProtocolError, measure_callable, run_binary
+from tilecast.measure import (Protocol, ProtocolError, _parse_line, cpu_stall_us, measure_callable,
+                              run_binary)
 
 GEMM = get_family("gemm")
 PROTOCOL = Protocol(warmup_ms=1, min_sample_ms=1, samples=3, threads=1, timeout_s=3)
@@ -51,3 +55,43 @@ def test_measure_callable_follows_the_protocol():
     assert outcome.status == "ok" and len(outcome.samples_s) == 4
     assert outcome.reps > 1 and len(calls) >= 4 * outcome.reps
     assert all(np.isfinite(outcome.samples_s)) and min(outcome.samples_s) > 0
+
+
+def _spinners(count: int):
+    """`count` busy-looping processes (ours, ended by PID in the caller's finally)."""
+    import subprocess
+    import sys
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def _stop(procs) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(cpu_stall_us() is None, reason="the kernel has no /proc/pressure/cpu")
+def test_contended_samples_are_retaken_and_counted(tmp_path, faulty_binary):
+    """With more busy processes than cores, samples are disturbed: the harness re-takes them
+    up to the allowance, then keeps and counts the rest; the peer path does the same."""
+    _, jobs = _jobs(tmp_path, [31])
+    protocol = Protocol(warmup_ms=5, min_sample_ms=5, samples=4, threads=2, timeout_s=30, retakes=3)
+    quiet = run_binary(faulty_binary, jobs, protocol)["j31"]
+    spinners = _spinners((os.cpu_count() or 2) + 1)
+    try:
+        time.sleep(0.2)
+        busy = run_binary(faulty_binary, jobs, protocol)["j31"]
+        peer = measure_callable(lambda: sum(range(2000)), protocol)
+    finally:
+        _stop(spinners)
+    assert busy.status == "ok" and len(busy.samples_s) == 4
+    assert busy.retaken == 3 and busy.disturbed >= 1, busy
+    assert peer.retaken == 3 and peer.disturbed >= 1, peer
+    assert quiet.retaken + quiet.disturbed <= busy.retaken + busy.disturbed
+
+
+def test_result_lines_carry_retake_counts():
+    job_id, outcome = _parse_line("OK j7 12 2 1 1.5e-03 1.6e-03")
+    assert job_id == "j7" and outcome.status == "ok" and outcome.reps == 12
+    assert (outcome.retaken, outcome.disturbed) == (2, 1) and outcome.samples_s == [1.5e-3, 1.6e-3]
+    assert _parse_line("OK j7 12 x 1e-3")[1].status == "crashed"

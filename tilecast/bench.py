@@ -75,7 +75,8 @@ class _Recorder:
             "status": outcome.status, "reason": outcome.reason, "samples_s": outcome.samples_s,
             "reps_per_sample": outcome.reps, "median_s": None, "mad_s": None, "tflops": None,
             "gbps": None, "max_error": max_error, "threads": self.protocol.threads,
-            "binary_bytes": binary_bytes,
+            "binary_bytes": binary_bytes, "retaken": outcome.retaken,
+            "disturbed": outcome.disturbed,
         }
         if config is not None:
             for key, value in fam.config_dict(config).items():
@@ -215,7 +216,8 @@ def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
     previous = merged.get(key)
     if previous is None:
         merged[key] = (JobOutcome(outcome.status, outcome.reason, outcome.reps,
-                                  list(outcome.samples_s)), error)
+                                  list(outcome.samples_s), outcome.retaken, outcome.disturbed),
+                       error)
         return
     acc, acc_error = previous
     if acc.status != "ok":
@@ -225,6 +227,8 @@ def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
         return
     acc.samples_s.extend(outcome.samples_s)
     acc.reps = min(acc.reps, outcome.reps)
+    acc.retaken += outcome.retaken
+    acc.disturbed += outcome.disturbed
     errors = [e for e in (acc_error, error) if e is not None]
     merged[key] = (acc, max(errors) if errors else None)
 

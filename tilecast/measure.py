@@ -35,6 +35,10 @@ class Protocol:
     flush_cache: bool = False
     threads: int = 2
     timeout_s: float = 60.0
+    # Contention guard (see harness.hpp): a sample during which tasks waited for a CPU for
+    # more than stall_limit of its time is re-taken, at most `retakes` times per job.
+    retakes: int = 10
+    stall_limit: float = 0.05
 
     def __post_init__(self):
         for name in ("warmup_ms", "min_sample_ms", "timeout_s"):
@@ -43,6 +47,10 @@ class Protocol:
         for name in ("samples", "max_reps", "threads"):
             if int(getattr(self, name)) < 1:
                 raise ProtocolError(f"protocol {name}={getattr(self, name)!r} must be >= 1")
+        if int(self.retakes) < 0:
+            raise ProtocolError(f"protocol retakes={self.retakes!r} must be >= 0")
+        if not 0 < self.stall_limit <= 1:
+            raise ProtocolError(f"protocol stall_limit={self.stall_limit!r} must be in (0, 1]")
 
     @classmethod
     def from_mapping(cls, values: Mapping) -> "Protocol":
@@ -55,7 +63,8 @@ class Protocol:
     def argv(self, samples: int | None = None) -> list[str]:
         return ["--warmup-ms", f"{self.warmup_ms:g}", "--min-sample-ms", f"{self.min_sample_ms:g}",
                 "--samples", str(samples or self.samples), "--max-reps", str(self.max_reps),
-                "--flush", str(int(self.flush_cache))]
+                "--flush", str(int(self.flush_cache)), "--retakes", str(self.retakes),
+                "--stall-limit", f"{self.stall_limit:g}"]
 
     def env(self) -> dict[str, str]:
         """Threads counted and pinned: one OpenMP thread per core, bound close."""
@@ -72,6 +81,8 @@ class JobOutcome:
     reason: str = ""
     reps: int = 0
     samples_s: list[float] = field(default_factory=list)
+    retaken: int = 0    # samples re-taken because another task competed for the CPU
+    disturbed: int = 0  # samples kept although disturbed (the retake allowance ran out)
 
 
 def _parse_line(line: str) -> tuple[str, JobOutcome] | None:
@@ -83,10 +94,11 @@ def _parse_line(line: str) -> tuple[str, JobOutcome] | None:
     if tag == "OK":
         values = rest.split()
         try:
-            reps, samples = int(values[0]), [float(v) for v in values[1:]]
-        except (IndexError, ValueError):
+            reps, retaken, disturbed = (int(v) for v in values[:3])
+            samples = [float(v) for v in values[3:]]
+        except ValueError:
             return job_id, JobOutcome("crashed", f"malformed result line {line.strip()!r}")
-        return job_id, JobOutcome("ok", "", reps, samples)
+        return job_id, JobOutcome("ok", "", reps, samples, retaken, disturbed)
     if tag == "UNSUPPORTED":
         return job_id, JobOutcome("unsupported", rest)
     if tag == "ERROR":
@@ -186,12 +198,27 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
     return outcomes
 
 
+def cpu_stall_us() -> int | None:
+    """Cumulative microseconds some task waited for a CPU (Linux pressure stall information,
+    /proc/pressure/cpu "some total"); None where the kernel does not provide it."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            first = f.readline()
+    except OSError:
+        return None
+    for token in first.split():
+        if token.startswith("total="):
+            return int(token[6:])
+    return None
+
+
 def measure_callable(fn: Callable[[], object], protocol: Protocol,
                      samples: int | None = None) -> JobOutcome:
     """The harness's protocol applied to a Python callable (a peer such as torch.matmul).
 
     Repetitions per sample are sized from the fastest warm-up call, so a slow first call
-    (lazy initialisation, page faults) cannot shrink a sample to a single noisy call."""
+    (lazy initialisation, page faults) cannot shrink a sample to a single noisy call. The
+    contention guard is the harness's: disturbed samples are re-taken up to protocol.retakes."""
     start = time.perf_counter()
     fastest = float("inf")
     while True:
@@ -202,10 +229,20 @@ def measure_callable(fn: Callable[[], object], protocol: Protocol,
         if (t1 - start) * 1e3 >= protocol.warmup_ms:
             break
     reps = min(max(1, math.ceil(protocol.min_sample_ms / 1e3 / max(fastest, 1e-9))), protocol.max_reps)
-    times = []
-    for _ in range(samples or protocol.samples):
+    times: list[float] = []
+    retaken = disturbed = 0
+    while len(times) < (samples or protocol.samples):
+        stall_before = cpu_stall_us()
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
-        times.append((time.perf_counter() - t0) / reps)
-    return JobOutcome("ok", "", reps, times)
+        seconds = time.perf_counter() - t0
+        stall_after = cpu_stall_us()
+        busy = (stall_before is not None and stall_after is not None
+                and (stall_after - stall_before) * 1e-6 > protocol.stall_limit * seconds)
+        if busy and retaken < protocol.retakes:
+            retaken += 1
+            continue
+        disturbed += busy
+        times.append(seconds / reps)
+    return JobOutcome("ok", "", reps, times, retaken, disturbed)

@@ -8,7 +8,10 @@
 //
 // Output, one line per job, flushed immediately so a crash loses nothing
 // already printed:
-//   OK <job_id> <reps> <s_1> ... <s_N>      seconds per call, %.9e
+//   OK <job_id> <reps> <retaken> <disturbed> <s_1> ... <s_N>
+//        seconds per call (%.9e); retaken = samples re-taken because another
+//        task competed for the CPU during them, disturbed = samples still
+//        disturbed when the retake allowance ran out (kept, counted)
 //   UNSUPPORTED <job_id> <reason>
 //   ERROR <job_id> <reason>
 #pragma once
@@ -39,12 +42,17 @@ struct Protocol {
   int samples;
   int max_reps;
   bool flush;
+  int retakes;         // at most this many samples re-taken per job
+  double stall_limit;  // a sample is disturbed past this CPU-stall fraction of its time
 };
 
-/// Result of `measure`: reps per sample and one seconds-per-call per sample.
+/// Result of `measure`: reps per sample, one seconds-per-call per sample, and how many
+/// samples were re-taken (or kept although disturbed) because of CPU contention.
 struct Timing {
   int reps = 0;
   std::vector<double> seconds_per_call;
+  int retaken = 0;
+  int disturbed = 0;
 };
 
 /// A compile-time parameter of a family binary, printed by `--describe`.
@@ -69,7 +77,8 @@ namespace detail {
 
 inline const char* kUsage =
     "usage: <binary> --warmup-ms W --min-sample-ms S --samples N --jobs PATH "
-    "[--max-reps R (default 100000)] [--flush 0|1 (default 0)] | --describe";
+    "[--max-reps R (default 100000)] [--flush 0|1 (default 0)] "
+    "[--retakes R (default 0)] [--stall-limit F (default 0.05)] | --describe";
 
 inline double parse_double(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -104,6 +113,8 @@ inline RunnerArgs parse_runner_args(int argc, char** argv) {
   RunnerArgs args;
   args.protocol.max_reps = 100000;
   args.protocol.flush = false;
+  args.protocol.retakes = 0;
+  args.protocol.stall_limit = 0.05;
   bool has_warmup = false, has_sample = false, has_samples = false, has_jobs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -126,6 +137,10 @@ inline RunnerArgs parse_runner_args(int argc, char** argv) {
       args.protocol.max_reps = static_cast<int>(detail::parse_int(flag, value, 1, 1000000000));
     } else if (flag == "--flush") {
       args.protocol.flush = detail::parse_int(flag, value, 0, 1) == 1;
+    } else if (flag == "--retakes") {
+      args.protocol.retakes = static_cast<int>(detail::parse_int(flag, value, 0, 1000000));
+    } else if (flag == "--stall-limit") {
+      args.protocol.stall_limit = detail::parse_double(flag, value);
     } else if (flag == "--jobs") {
       args.jobs_path = value;
       has_jobs = true;
@@ -164,10 +179,31 @@ inline void flush_caches() {
   sink = sink + total;
 }
 
+/// Cumulative time (microseconds) during which some task on this machine was
+/// runnable but waiting for a CPU: the "some total" of Linux's pressure stall
+/// information. -1 where the kernel does not provide it.
+inline long long cpu_stall_us() {
+  std::FILE* file = std::fopen("/proc/pressure/cpu", "r");
+  if (file == nullptr) return -1;
+  char line[256];
+  long long total = -1;
+  if (std::fgets(line, sizeof line, file) != nullptr) {
+    const char* field = std::strstr(line, "total=");
+    if (field != nullptr) total = std::atoll(field + 6);
+  }
+  std::fclose(file);
+  return total;
+}
+
 /// Times `fn` under `protocol`: warm up for warmup_ms (at least one call),
 /// size reps so one sample lasts >= min_sample_ms, then take `samples`
 /// samples of `reps` back-to-back calls, flushing caches before each sample
 /// when asked. Returns seconds per call for each sample.
+///
+/// Contention guard: a sample during which tasks waited for a CPU for more than
+/// stall_limit of its duration shared the cores with someone else (on 2 cores an
+/// OpenMP kernel then runs 2x to 50x slower, as its barriers wait for a preempted
+/// thread); it is re-taken, at most `retakes` times per job, then kept and counted.
 template <class F>
 Timing measure(const Protocol& protocol, F&& fn) {
   using clock = std::chrono::steady_clock;
@@ -190,11 +226,20 @@ Timing measure(const Protocol& protocol, F&& fn) {
   Timing timing;
   timing.reps = static_cast<int>(std::clamp(wanted, 1.0, double(protocol.max_reps)));
   timing.seconds_per_call.reserve(protocol.samples);
-  for (int sample = 0; sample < protocol.samples; ++sample) {
+  while (static_cast<int>(timing.seconds_per_call.size()) < protocol.samples) {
     if (protocol.flush) flush_caches();
+    const long long stall_before = cpu_stall_us();
     const auto start = clock::now();
     for (int rep = 0; rep < timing.reps; ++rep) fn();
     const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+    const long long stall_after = cpu_stall_us();
+    const bool disturbed = stall_before >= 0 && stall_after >= 0 &&
+                           (stall_after - stall_before) * 1e-6 > protocol.stall_limit * seconds;
+    if (disturbed && timing.retaken < protocol.retakes) {
+      ++timing.retaken;
+      continue;
+    }
+    timing.disturbed += disturbed ? 1 : 0;
     timing.seconds_per_call.push_back(seconds / timing.reps);
   }
   return timing;
@@ -271,7 +316,8 @@ inline std::vector<std::string> split_tokens(const std::string& line) {
 /// Prints one job's line and flushes stdout.
 inline void print_result(const std::string& job_id, const JobResult& result) {
   if (result.status == JobStatus::OK) {
-    std::printf("OK %s %d", job_id.c_str(), result.timing.reps);
+    std::printf("OK %s %d %d %d", job_id.c_str(), result.timing.reps, result.timing.retaken,
+                result.timing.disturbed);
     for (double seconds : result.timing.seconds_per_call) std::printf(" %.9e", seconds);
     std::printf("\n");
   } else {
