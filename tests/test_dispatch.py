@@ -307,3 +307,12 @@ def test_import_tilecast_is_lazy_about_lightgbm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["tilecast.dispatch", "0.1.0"]
+
+
+def test_a_bad_query_is_never_memoized(setup):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    for _ in range(2):  # the second call validates again and fails again
+        with pytest.raises((ValueError, FamilyError), match="'x'"):
+            dispatcher.select({"m": "x", "n": 4, "k": 4})
+    good = dispatcher.ranking({"m": 8, "n": 4, "k": 4})
+    assert dispatcher.ranking({"k": 4, "n": 4, "m": 8}) is good

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 TINY = Path(__file__).parent / "configs" / "tiny.yaml"
 TILECAST = [sys.executable, "-m", "flows.cli"]
@@ -53,9 +54,20 @@ def test_run_then_select_then_rerun(tmp_path):
                check=False)
     assert bad.returncode == 2 and "n='x'" in bad.stderr
 
-    second = _run("run", "--plain", "--config", str(TINY), "--workdir", str(work),
+    # the nightly's second night: same measurements, training continued from production
+    warm_config = tmp_path / "tiny_warm.yaml"
+    config = yaml.safe_load(TINY.read_text())
+    config["families"]["gemm"]["warm_start"] = "production"
+    warm_config.write_text(yaml.safe_dump(config))
+    second = _run("run", "--plain", "--config", str(warm_config), "--workdir", str(work),
                   "--registry", str(registry))
     again = json.loads(second.stdout)
+    assert again["stages"]["gemm"]["train"]["warm_start_version"] == 1
+    manifest = json.loads((registry / "gemm" / "versions" / "2" / "train_manifest.json").read_text())
+    assert manifest["lineage"][0]["base"]["version"] == 1 and manifest["base_trees"] > 0
+    published = again["published"]["gemm"]
+    assert "same holdout, 3 problems" in published["reason"] and published["baseline_version"] == 1
+    assert published["aliases"] == (["production"] if published["promoted"] else ["candidate"])
     assert summary["stages"]["gemm"]["bench"]["new_records"] > 0
     assert again["stages"]["gemm"]["bench"]["new_records"] == 0  # warm: nothing re-measured
     assert again["stages"]["gemm"]["build"]["cached"] == again["stages"]["gemm"]["build"]["candidates"]

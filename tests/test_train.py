@@ -135,6 +135,7 @@ def test_train_writes_artifacts_with_the_contract_keys(trained):
     assert spec["model_spec"]["n_estimators"] == 300 and spec["model_spec"]["folds"] == 4
     manifest = json.loads((out / "train_manifest.json").read_text())
     assert set(manifest) == {"data_hash", "rows", "problems", "kernels", "cv", "num_boost_round",
+                             "base_trees",
                              "lineage", "versions", "git_sha", "created"}
     assert (manifest["rows"], manifest["problems"], manifest["kernels"]) == (
         len(frame), len(TRAIN_PROBLEMS), len(KERNELS))
@@ -221,3 +222,45 @@ def test_row_weights_favour_each_problems_best_rows():
     assert np.allclose(row_weights(tflops, groups, 2.0), [1.0, 0.25, 1.0, 0.25, 0.0625])
     with pytest.raises(ValueError, match="top_weight=-1"):
         ModelSpec(top_weight=-1)
+
+
+def _holdout_efficiency(model_dir) -> float:
+    predictor = load_predictor(model_dir)
+    efficiencies = []
+    for p in HOLDOUT_PROBLEMS:
+        truth = true_tflops(p)
+        chosen = int(np.argmax(predictor.predict_tflops(ENGINE.matrix(p, CONFIGS))))
+        efficiencies.append(truth[chosen] / truth.max())
+    return float(np.mean(efficiencies))
+
+
+def test_warm_start_continues_the_base_model_with_new_data(trained, tmp_path):
+    from tilecast.train import check_warm_start
+
+    _, base = trained
+    init = check_warm_start(base.out_dir, GEMM, ENGINE, FAST_SPEC)
+    new_data = frame_for(problems([60, 150, 420, 850], [70, 300, 700], [256]))
+    warm = train_model(GEMM, ENGINE, new_data, FAST_SPEC, tmp_path / "warm", HW,
+                       lineage=[{"base": 1}], init_model=init)
+    manifest = json.loads((tmp_path / "warm" / "train_manifest.json").read_text())
+    assert manifest["base_trees"] == base.booster.current_iteration() > 0
+    assert warm.booster.current_iteration() == manifest["base_trees"] + warm.num_boost_round
+    assert manifest["lineage"] == [{"base": 1}]
+    # the continued model keeps what the base learned: at least its holdout quality
+    assert _holdout_efficiency(tmp_path / "warm") >= _holdout_efficiency(base.out_dir) - 1e-9
+
+
+def test_warm_start_refuses_a_base_with_another_schema(trained, tmp_path):
+    from tilecast.train import check_warm_start
+
+    _, base = trained
+    with pytest.raises(ModelArtifactError, match="its target_transform differs"):
+        check_warm_start(base.out_dir, GEMM, ENGINE, ModelSpec(target="log_tflops"))
+    spec = json.loads((base.out_dir / "feature_spec.json").read_text())
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / "model.txt").write_text((base.out_dir / "model.txt").read_text())
+    spec["feature_names"] = spec["feature_names"][::-1]
+    (changed / "feature_spec.json").write_text(json.dumps(spec))
+    with pytest.raises(ModelArtifactError, match="its feature_names differ"):
+        check_warm_start(changed, GEMM, ENGINE, FAST_SPEC)

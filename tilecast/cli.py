@@ -38,6 +38,59 @@ def _cmd_convert(args) -> int:
     return 0
 
 
+def _version_summary(root, model: str, version: int) -> dict:
+    """What `registry list/show` print for one version: headline metrics, promotion, lineage."""
+    from . import registry
+
+    path = registry.version_path(root, model, version)
+    summary: dict = {"version": version, "path": str(path)}
+    for name, keys in (("metrics.json", ("mean_efficiency", "median_efficiency",
+                                         "p10_efficiency", "top1", "top5", "n_problems")),
+                       ("promotion.json", ("promoted", "reason", "published_at")),
+                       ("train_manifest.json", ("created", "git_sha", "data_hash", "rows",
+                                                "lineage"))):
+        try:
+            document = json.loads((path / name).read_text())
+        except (OSError, ValueError) as err:
+            summary[name] = f"unreadable: {err}"
+            continue
+        summary.update({k: document[k] for k in keys if k in document})
+    return summary
+
+
+def _cmd_registry(args) -> int:
+    from . import registry
+
+    root = args.registry
+    if args.action == "list":
+        models = [args.model] if args.model else registry.list_models(root)
+        if not models:
+            raise CliError(f"registry {root} holds no model")
+        for model in models:
+            aliases = registry.list_aliases(root, model)
+            print(f"{model}: versions {registry.list_versions(root, model) or 'none'}; aliases "
+                  + (", ".join(f"{a} -> {v}" for a, v in aliases.items()) or "none"))
+        return 0
+    if not args.model:
+        raise CliError(f"registry {args.action} needs MODEL")
+    if args.action == "show":
+        number = int(registry.resolve(root, args.model, args.version or args.alias).name)
+        aliases = [a for a, v in registry.list_aliases(root, args.model).items() if v == number]
+        print(json.dumps({"model": args.model, "aliases": aliases,
+                          **_version_summary(root, args.model, number)}, indent=2))
+        return 0
+    if args.action == "promote":
+        if not args.version:
+            raise CliError("registry promote needs VERSION")
+        previous = registry.promote(root, args.model, args.version, args.alias)
+        print(f"{args.model}: alias {args.alias} -> version {int(args.version)} "
+              f"(was {previous if previous is not None else 'unset'})")
+        return 0
+    version = registry.rollback(root, args.model, args.alias)
+    print(f"{args.model}: alias {args.alias} rolled back to version {version}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every library subcommand; callers may add more."""
     parser = argparse.ArgumentParser(prog="tilecast", description=__doc__)
@@ -61,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--problem-set", default="train", choices=("train", "holdout"),
                          help="problem set of ck-csv rows (default train)")
     convert.set_defaults(func=_cmd_convert)
+
+    reg = sub.add_parser("registry", help="list, show, promote or roll back model versions")
+    reg.add_argument("action", choices=("list", "show", "promote", "rollback"))
+    reg.add_argument("model", nargs="?", help="model name (all models for list)")
+    reg.add_argument("version", nargs="?", help="version number (show, promote)")
+    reg.add_argument("--registry", default="registry")
+    reg.add_argument("--alias", default="production",
+                     help="alias to show, move or roll back (default production)")
+    reg.set_defaults(func=_cmd_registry)
     return parser
 
 
@@ -69,9 +131,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from .config import ConfigError
     from .dataset import DatasetError
     from .families.base import FamilyError
+    from .train import ModelArtifactError
 
     errors: list[type[BaseException]] = [CliError, ConfigError, DatasetError, FamilyError,
-                                         FileNotFoundError]
+                                         FileNotFoundError, ModelArtifactError]
     try:
         from .registry import RegistryError
         errors.append(RegistryError)

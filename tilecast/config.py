@@ -32,6 +32,8 @@ class FamilyConfig:
     seed: int
     problems: dict[str, list[dict]]
     model: dict = field(default_factory=dict)
+    # continue training from this registry version (an alias or a number); None: from scratch
+    warm_start: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,13 +119,16 @@ def _random_problems(where: str, body: Mapping) -> list[dict]:
 
 
 def _family_config(where: str, name: str, values: Mapping) -> FamilyConfig:
-    _check_keys(where, values, {"candidates", "problems"}, {"budget", "seed", "model"})
+    _check_keys(where, values, {"candidates", "problems"},
+                {"budget", "seed", "model", "warm_start"})
     problems = values["problems"]
     _check_keys(f"{where}.problems", problems, set(PROBLEM_SETS), set())
     expanded = {ps: expand_problems(f"{where}.problems.{ps}", problems[ps]) for ps in PROBLEM_SETS}
     return FamilyConfig(name=name, candidates=dict(values["candidates"] or {}),
                         budget=int(values.get("budget", 10**9)), seed=int(values.get("seed", 0)),
-                        problems=expanded, model=dict(values.get("model") or {}))
+                        problems=expanded, model=dict(values.get("model") or {}),
+                        warm_start=None if values.get("warm_start") is None
+                        else str(values["warm_start"]))
 
 
 def resolve_path(path: str | Path) -> Path:

@@ -56,6 +56,21 @@ def parse_problem_string(text: str) -> dict[str, str]:
     return values
 
 
+def _raw_key(problem) -> Any:
+    """A hashable key of a query as given (None when it has none): the string itself, or a
+    mapping's (key, value) pairs in key order."""
+    if isinstance(problem, str):
+        return problem
+    if isinstance(problem, Mapping):
+        try:
+            key = ("items", *sorted(problem.items()))
+            hash(key)
+        except TypeError:
+            return None
+        return key
+    return None
+
+
 @dataclass(frozen=True)
 class Ranking:
     """The applicable candidates for one problem, best first, with predicted TFLOP/s.
@@ -103,6 +118,7 @@ class Dispatcher:
         self.feature_spec = dict(feature_spec)
         self.last_fallback_reason: str | None = None
         self._cache: dict[Any, Ranking] = {}
+        self._raw_cache: dict[Any, Ranking] = {}
         self._cache_size = int(cache_size)
 
         family_name = _field(feature_spec, "family", str, spec_path)
@@ -224,14 +240,23 @@ class Dispatcher:
         return self.family.problem(problem)
 
     def ranking(self, problem) -> Ranking:
-        """The memoized Ranking for a problem (the same object on every call)."""
-        validated = self.problem(problem)
-        found = self._cache.get(validated)
+        """The memoized Ranking for a problem (the same object on every call). A repeated
+        query is found by its raw form (the string, or the mapping's items) before any
+        validation, so a memoized problem costs one dictionary lookup."""
+        raw_key = _raw_key(problem)
+        found = self._raw_cache.get(raw_key) if raw_key is not None else None
         if found is None:
-            found = self._rank_uncached(validated)
-            if len(self._cache) >= self._cache_size:
-                self._cache.pop(next(iter(self._cache)))  # oldest entry first
-            self._cache[validated] = found
+            validated = self.problem(problem)
+            found = self._cache.get(validated)
+            if found is None:
+                found = self._rank_uncached(validated)
+                if len(self._cache) >= self._cache_size:
+                    self._cache.pop(next(iter(self._cache)))  # oldest entry first
+                self._cache[validated] = found
+            if raw_key is not None:
+                if len(self._raw_cache) >= self._cache_size:
+                    self._raw_cache.pop(next(iter(self._raw_cache)))
+                self._raw_cache[raw_key] = found
         self.last_fallback_reason = found.fallback_reason
         return found
 

@@ -166,6 +166,27 @@ def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, p
     return records, {ps: final[final["problem_set"] == ps] for ps in PROBLEM_SETS}
 
 
+def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[Path | None, dict]:
+    """(base model.txt or None, lineage entry) for the family's warm_start setting. A registry
+    without that version yet (a first run) trains from scratch and says so."""
+    from . import registry
+    from .train import check_warm_start
+
+    if fc.warm_start is None:
+        return None, {}
+    try:
+        base_dir = registry.resolve(ctx.registry, name, fc.warm_start)
+    except registry.RegistryError as err:
+        log.warning("train %s: warm start from %r impossible (%s); training from scratch",
+                    name, fc.warm_start, err)
+        return None, {"warm_start": fc.warm_start, "base": None, "why": str(err)}
+    init = check_warm_start(base_dir, family, engine, spec)
+    manifest = json.loads((base_dir / "train_manifest.json").read_text() or "{}")
+    return init, {"warm_start": fc.warm_start, "base": {
+        "model": name, "version": int(base_dir.name), "data_hash": manifest.get("data_hash"),
+        "registry": str(ctx.registry)}}
+
+
 def train_stage(ctx: RunContext, name: str) -> dict:
     """Train the family's model; writes W/models/<family>/ (with candidates.json)."""
     from .evaluate import static_best
@@ -174,17 +195,24 @@ def train_stage(ctx: RunContext, name: str) -> dict:
     family, fc = _family(ctx, name)
     _, by_set = _final_by_set(ctx, name)
     spec = ModelSpec.from_mapping({"seed": fc.seed, **fc.model})
+    engine = family.feature_engine(ctx.hardware)
+    init, warm = _warm_start(ctx, name, fc, family, engine, spec)
+    lineage = [{"run_id": ctx.run_id, "config": str(ctx.config.path), "git_sha": ctx.git_sha,
+                "dataset": str(ctx.path("data", f"{name}.parquet")), **warm}]
     out = ctx.path("models", name)
-    result = train_model(family, family.feature_engine(ctx.hardware),
-                         dataset.valid(by_set["train"]), spec, out, ctx.hardware)
+    result = train_model(family, engine, dataset.valid(by_set["train"]), spec, out, ctx.hardware,
+                         lineage=lineage, init_model=init)
     kernels = [b.kernel for b in load_builds(ctx, name) if b.binary is not None]
     static_kernel, static_mean = static_best(by_set["train"], kernels)
     atomic_write_json(out / "candidates.json", {"family": name, "kernels": kernels,
                                                 "static_best": static_kernel})
-    log.info("train %s: cv mean efficiency %.3f, %d rounds; static best %s (%.3f on training)",
-             name, result.cv["mean_efficiency"], result.num_boost_round, static_kernel, static_mean)
+    log.info("train %s: cv mean efficiency %.3f, %d rounds%s; static best %s (%.3f on training)",
+             name, result.cv["mean_efficiency"], result.num_boost_round,
+             f" on top of version {warm['base']['version']}" if warm.get("base") else "",
+             static_kernel, static_mean)
     return {"family": name, "model_dir": str(out), "cv_mean_efficiency": result.cv["mean_efficiency"],
-            "num_boost_round": result.num_boost_round}
+            "num_boost_round": result.num_boost_round,
+            "warm_start_version": (warm.get("base") or {}).get("version")}
 
 
 def evaluate_stage(ctx: RunContext, name: str) -> dict:
@@ -235,19 +263,29 @@ def report_stage(ctx: RunContext) -> dict:
 
 
 def publish_stage(ctx: RunContext, name: str) -> dict:
-    """A new registry version of the family's model; production moves only past the gate."""
-    from . import registry
+    """A new registry version of the family's model; production moves only if the new model
+    passes the gate against production's choices on this run's holdout (tilecast.promotion)."""
+    from . import promotion, registry
 
+    family, _ = _family(ctx, name)
     model_dir = ctx.path("models", name)
     files = {f: model_dir / f for f in ("model.txt", "feature_spec.json", "train_manifest.json",
                                         "candidates.json")}
-    files["per_problem.parquet"] = ctx.path("eval", name, "per_problem.parquet")
+    per_problem = ctx.path("eval", name, "per_problem.parquet")
+    files["per_problem.parquet"] = per_problem
     metrics = json.loads(ctx.path("eval", name, "metrics.json").read_text())
-    result = registry.publish(ctx.registry, name, files, metrics=metrics)
+    _, by_set = _final_by_set(ctx, name)
+    baseline = promotion.production_baseline(ctx.registry, name, family, by_set["holdout"],
+                                             ctx.config.tie_threshold_pct)
+    gate = promotion.make_gate(baseline, promotion.read_candidate_table(per_problem))
+    result = registry.publish(ctx.registry, name, files, metrics=metrics, gate=gate)
     log.info("publish %s: version %d, %s (%s)", name, result.version,
              "promoted" if result.promoted else "not promoted", result.reason)
-    return {"family": name, "version": result.version, "promoted": result.promoted,
-            "reason": result.reason, "path": str(result.path)}
+    outcome = {"family": name, "version": result.version, "promoted": result.promoted,
+               "reason": result.reason, "path": str(result.path),
+               "aliases": list(result.aliases), "baseline_version": baseline.version}
+    atomic_write_json(ctx.path("report", f"publish_{name}.json"), outcome)
+    return outcome
 
 
 def run_all(ctx: RunContext) -> dict:

@@ -4,6 +4,7 @@ Layout (DESIGN.md, Data contracts):
 
     <root>/<model>/versions/<N>/...     N = 1, 2, ...; created exclusively, never rewritten
     <root>/<model>/aliases/<alias>      text file holding one version number
+    <root>/<model>/history.jsonl        one line per alias move (what `rollback` undoes)
 
 A version is assembled in a temp directory inside `versions/` and claimed with one
 `os.rename` onto `versions/<N>`; a name already taken makes the rename fail and the next
@@ -29,6 +30,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 PRODUCTION = "production"
 CANDIDATE = "candidate"
 METRICS_FILE = "metrics.json"
+HISTORY_FILE = "history.jsonl"
 PROMOTION_FILE = "promotion.json"
 RESERVED_FILES = (METRICS_FILE, PROMOTION_FILE)  # written by publish itself
 TEMP_PREFIX = ".tmp-"
@@ -192,13 +194,15 @@ def read_metrics(root, model: str, version) -> dict:
 # -- writing --------------------------------------------------------------------------------
 
 
-def set_alias(root, model: str, alias: str, version) -> None:
-    """Point `alias` at an existing version, atomically (temp file + os.replace)."""
+def set_alias(root, model: str, alias: str, version, *, why: str = "") -> int | None:
+    """Point `alias` at an existing version, atomically (temp file + os.replace), and log
+    the move in history.jsonl. Returns the version the alias held before (None if new)."""
     _check_name(alias, "alias")
     number = _version_number(version)
     version_path(root, model, number)
     aliases_dir = _aliases_dir(root, model)
     aliases_dir.mkdir(parents=True, exist_ok=True)
+    previous = list_aliases(root, model).get(alias)
     fd, temp_name = tempfile.mkstemp(prefix=TEMP_PREFIX + alias + "-", dir=aliases_dir)
     try:
         with os.fdopen(fd, "w") as handle:
@@ -212,6 +216,76 @@ def set_alias(root, model: str, alias: str, version) -> None:
         except FileNotFoundError:
             pass
         raise
+    _log_move(root, model, {"alias": alias, "version": number, "previous": previous,
+                            "why": why})
+    return previous
+
+
+def _log_move(root, model: str, entry: dict) -> None:
+    """Append one JSON line; a single O_APPEND write, so concurrent writers never interleave."""
+    entry = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **entry}
+    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
+    fd = os.open(_model_dir(root, model) / HISTORY_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def alias_history(root, model: str, alias: str | None = None) -> list[dict]:
+    """The alias moves of `model`, oldest first (only `alias`'s when given); a torn last line
+    (a writer killed mid-write) is skipped."""
+    path = _model_dir(root, model) / HISTORY_FILE
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    moves = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and (alias is None or entry.get("alias") == alias):
+            moves.append(entry)
+    return moves
+
+
+def promote(root, model: str, version, alias: str = PRODUCTION) -> int | None:
+    """Point `alias` (production by default) at `version` by hand; returns the previous one."""
+    return set_alias(root, model, alias, version, why="promote")
+
+
+def _alias_stack(root, model: str, alias: str) -> list[int]:
+    """The versions the alias went through, replayed from history: a move pushes, a rollback
+    pops, so repeated rollbacks walk further back instead of bouncing between two versions."""
+    stack: list[int] = []
+    for move in alias_history(root, model, alias):
+        if str(move.get("why", "")).startswith("rollback"):
+            if stack:
+                stack.pop()
+            if not stack or stack[-1] != move.get("version"):
+                stack.append(move.get("version"))
+        else:
+            stack.append(move.get("version"))
+    return stack
+
+
+def rollback(root, model: str, alias: str = PRODUCTION) -> int:
+    """Move `alias` back to the version it held before its current one (skipping versions
+    that no longer exist); returns that version. RegistryError when there is none."""
+    current = read_alias(root, model, alias)
+    existing = set(list_versions(root, model))
+    stack = _alias_stack(root, model, alias)
+    while stack and stack[-1] == current:
+        stack.pop()
+    earlier = [v for v in stack if v in existing and v != current]
+    if not earlier:
+        raise RegistryError(f"alias {alias!r} of model {model!r} (at version {current}) has no "
+                            f"earlier version to roll back to")
+    set_alias(root, model, alias, earlier[-1], why=f"rollback from {current}")
+    return earlier[-1]
 
 
 def _metric(metrics: Mapping, key: str, where: str) -> float:
@@ -355,7 +429,8 @@ def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
     path = versions_dir / str(version)
     for alias in new_aliases:
         try:
-            set_alias(root, model, alias, version)
+            set_alias(root, model, alias, version,
+                      why="publish: " + ("promoted" if promoted else "not promoted"))
         except (OSError, RegistryError) as err:
             # The version is claimed and stays (versions are never rewritten or reused).
             raise RegistryError(f"version {version} of model {model!r} was written to {path} "

@@ -176,13 +176,33 @@ class TrainResult:
     num_boost_round: int
 
 
+def check_warm_start(base_dir: str | Path, family, engine, spec: ModelSpec) -> Path:
+    """model.txt of a base model that training may continue from; ModelArtifactError naming
+    the difference when its family, features (names and order) or target differ."""
+    base_dir = Path(base_dir)
+    load_predictor(base_dir)  # files present and consistent
+    base = json.loads((base_dir / SPEC_FILE).read_text())
+    wanted = {"family": family.name, "feature_names": list(engine.feature_names()),
+              "target_transform": spec.target}
+    for key, value in wanted.items():
+        if base.get(key) != value:
+            detail = value if key != "feature_names" else (
+                f"{len(value)} features of engine {engine.name} v{engine.version}")
+            raise ModelArtifactError(f"cannot warm-start from {base_dir}: its {key} differs "
+                                     f"(base {str(base.get(key))[:80]!r}, this run {detail!r}); "
+                                     "train from scratch (drop warm_start)")
+    return base_dir / MODEL_FILE
+
+
 def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: str | Path,
                 hardware: Mapping, lineage: list | None = None,
-                data_hash: str | None = None) -> TrainResult:
+                data_hash: str | None = None, init_model: str | Path | None = None) -> TrainResult:
     """Cross-validate, refit on all rows and write the model artifact into `out_dir`.
 
     `frame` holds valid training rows only (dataset.valid); `data_hash` defaults to a hash of
-    the (dims_key, kernel, tflops) rows.
+    the (dims_key, kernel, tflops) rows. `init_model` (a model.txt checked by
+    check_warm_start) continues boosting from an earlier model: CV then picks how many trees
+    to add (its figure is optimistic, as the base may have seen the validation problems).
     """
     import lightgbm as lgb
 
@@ -199,6 +219,8 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
     names = engine.feature_names()
     params = spec.lgb_params(int(hardware.get("threads") or 2))
 
+    init = None if init_model is None else str(init_model)
+    base_trees = 0 if init is None else lgb.Booster(model_file=init).current_iteration()
     fold_metrics, best_iterations = [], []
     for number, (train_idx, val_idx) in enumerate(group_folds(features.groups, spec.folds)):
         train_set = lgb.Dataset(features.X[train_idx], y[train_idx], weight=weights[train_idx],
@@ -206,10 +228,11 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
         val_set = lgb.Dataset(features.X[val_idx], y[val_idx], weight=weights[val_idx],
                               reference=train_set)
         booster = lgb.train(params, train_set, num_boost_round=spec.n_estimators,
-                            valid_sets=[val_set], callbacks=[
+                            init_model=init, valid_sets=[val_set], callbacks=[
                                 lgb.early_stopping(spec.early_stopping_rounds, verbose=False)])
         best = int(booster.best_iteration) or booster.num_trees()
         pred = booster.predict(features.X[val_idx], num_iteration=best)
+        best -= base_trees  # rounds added on top of the base model
         best_iterations.append(best)
         fold_metrics.append({
             "fold": number, "train_rows": int(len(train_idx)), "val_rows": int(len(val_idx)),
@@ -225,7 +248,7 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
 
     num_boost_round = max(1, int(round(stats.median(best_iterations))))
     booster = lgb.train(params, lgb.Dataset(features.X, y, weight=weights, feature_name=names),
-                        num_boost_round=num_boost_round)
+                        num_boost_round=num_boost_round, init_model=init)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +261,8 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
         "data_hash": data_hash or frame_hash(frame), "rows": int(len(frame)),
         "problems": int(len(np.unique(features.groups))),
         "kernels": int(len(set(features.kernels))), "cv": cv,
-        "num_boost_round": num_boost_round, "lineage": list(lineage or []),
+        "num_boost_round": num_boost_round, "base_trees": base_trees,
+        "lineage": list(lineage or []),
         "versions": library_versions(), "git_sha": git_sha(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     return TrainResult(out_dir=out_dir, booster=booster, cv=cv, num_boost_round=num_boost_round)
