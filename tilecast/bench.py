@@ -76,13 +76,14 @@ class _Recorder:
             "reps_per_sample": outcome.reps, "median_s": None, "mad_s": None, "tflops": None,
             "gbps": None, "max_error": max_error, "threads": self.protocol.threads,
             "binary_bytes": binary_bytes, "retaken": outcome.retaken,
-            "disturbed": outcome.disturbed,
+            "disturbed_samples_s": outcome.disturbed_samples_s,
         }
         if config is not None:
             for key, value in fam.config_dict(config).items():
                 record.setdefault(key, value)  # problem fields (e.g. dtype) win: they are equal
         if outcome.status == "ok":
-            usable = stats.usable(outcome.samples_s)
+            # undisturbed samples decide; only a measurement with none falls back on the rest
+            usable = stats.usable(outcome.samples_s) or stats.usable(outcome.disturbed_samples_s)
             if usable:
                 median_s = stats.median(usable)
                 record.update(median_s=median_s, mad_s=stats.mad(usable),
@@ -216,8 +217,8 @@ def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
     previous = merged.get(key)
     if previous is None:
         merged[key] = (JobOutcome(outcome.status, outcome.reason, outcome.reps,
-                                  list(outcome.samples_s), outcome.retaken, outcome.disturbed),
-                       error)
+                                  list(outcome.samples_s), outcome.retaken,
+                                  list(outcome.disturbed_samples_s)), error)
         return
     acc, acc_error = previous
     if acc.status != "ok":
@@ -228,7 +229,7 @@ def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
     acc.samples_s.extend(outcome.samples_s)
     acc.reps = min(acc.reps, outcome.reps)
     acc.retaken += outcome.retaken
-    acc.disturbed += outcome.disturbed
+    acc.disturbed_samples_s.extend(outcome.disturbed_samples_s)
     errors = [e for e in (acc_error, error) if e is not None]
     merged[key] = (acc, max(errors) if errors else None)
 

@@ -80,9 +80,14 @@ class JobOutcome:
     status: str
     reason: str = ""
     reps: int = 0
-    samples_s: list[float] = field(default_factory=list)
+    samples_s: list[float] = field(default_factory=list)  # undisturbed samples
     retaken: int = 0    # samples re-taken because another task competed for the CPU
-    disturbed: int = 0  # samples kept although disturbed (the retake allowance ran out)
+    # samples kept although disturbed (the retake allowance ran out); not in samples_s
+    disturbed_samples_s: list[float] = field(default_factory=list)
+
+    @property
+    def disturbed(self) -> int:
+        return len(self.disturbed_samples_s)
 
 
 def _parse_line(line: str) -> tuple[str, JobOutcome] | None:
@@ -98,7 +103,10 @@ def _parse_line(line: str) -> tuple[str, JobOutcome] | None:
             samples = [float(v) for v in values[3:]]
         except ValueError:
             return job_id, JobOutcome("crashed", f"malformed result line {line.strip()!r}")
-        return job_id, JobOutcome("ok", "", reps, samples, retaken, disturbed)
+        if not 0 <= disturbed <= len(samples):
+            return job_id, JobOutcome("crashed", f"malformed result line {line.strip()!r}")
+        clean = len(samples) - disturbed  # the harness prints disturbed samples last
+        return job_id, JobOutcome("ok", "", reps, samples[:clean], retaken, samples[clean:])
     if tag == "UNSUPPORTED":
         return job_id, JobOutcome("unsupported", rest)
     if tag == "ERROR":
@@ -230,8 +238,9 @@ def measure_callable(fn: Callable[[], object], protocol: Protocol,
             break
     reps = min(max(1, math.ceil(protocol.min_sample_ms / 1e3 / max(fastest, 1e-9))), protocol.max_reps)
     times: list[float] = []
-    retaken = disturbed = 0
-    while len(times) < (samples or protocol.samples):
+    disturbed: list[float] = []
+    retaken = 0
+    while len(times) + len(disturbed) < (samples or protocol.samples):
         stall_before = cpu_stall_us()
         t0 = time.perf_counter()
         for _ in range(reps):
@@ -243,6 +252,5 @@ def measure_callable(fn: Callable[[], object], protocol: Protocol,
         if busy and retaken < protocol.retakes:
             retaken += 1
             continue
-        disturbed += busy
-        times.append(seconds / reps)
+        (disturbed if busy else times).append(seconds / reps)
     return JobOutcome("ok", "", reps, times, retaken, disturbed)

@@ -11,7 +11,8 @@
 //   OK <job_id> <reps> <retaken> <disturbed> <s_1> ... <s_N>
 //        seconds per call (%.9e); retaken = samples re-taken because another
 //        task competed for the CPU during them, disturbed = samples still
-//        disturbed when the retake allowance ran out (kept, counted)
+//        disturbed when the retake allowance ran out: kept, and printed last,
+//        so the final <disturbed> samples of the line are the disturbed ones
 //   UNSUPPORTED <job_id> <reason>
 //   ERROR <job_id> <reason>
 #pragma once
@@ -226,7 +227,9 @@ Timing measure(const Protocol& protocol, F&& fn) {
   Timing timing;
   timing.reps = static_cast<int>(std::clamp(wanted, 1.0, double(protocol.max_reps)));
   timing.seconds_per_call.reserve(protocol.samples);
-  while (static_cast<int>(timing.seconds_per_call.size()) < protocol.samples) {
+  std::vector<double> disturbed_seconds;  // kept once the allowance is spent; printed last
+  while (static_cast<int>(timing.seconds_per_call.size() + disturbed_seconds.size()) <
+         protocol.samples) {
     if (protocol.flush) flush_caches();
     const long long stall_before = cpu_stall_us();
     const auto start = clock::now();
@@ -239,9 +242,11 @@ Timing measure(const Protocol& protocol, F&& fn) {
       ++timing.retaken;
       continue;
     }
-    timing.disturbed += disturbed ? 1 : 0;
-    timing.seconds_per_call.push_back(seconds / timing.reps);
+    (disturbed ? disturbed_seconds : timing.seconds_per_call).push_back(seconds / timing.reps);
   }
+  timing.disturbed = static_cast<int>(disturbed_seconds.size());
+  timing.seconds_per_call.insert(timing.seconds_per_call.end(), disturbed_seconds.begin(),
+                                 disturbed_seconds.end());
   return timing;
 }
 
