@@ -52,10 +52,22 @@ def test_unknown_status_and_missing_columns_are_named(tmp_path):
         convert_raw([raw], tmp_path / "out.parquet")
 
 
-def test_final_table_prefers_confirmed_measurements():
+def test_final_table_pools_a_finalists_screen_and_confirm_samples():
     import pandas as pd
 
-    frame = pd.DataFrame([_record(tflops=2.0, median_s=1.0),
-                          _record(phase="confirm", tflops=1.5, median_s=1.3)])
-    final = dataset.final_table(frame)
-    assert len(final) == 1 and final["tflops"].iloc[0] == 1.5
+    # screen [1, 1, 1, 1], confirm [3, 3, 3] (a slow spell): pooled median 1, not 3
+    frame = pd.DataFrame([
+        _record(samples_s=[1.0] * 4, tflops=2.0, gbps=4.0, median_s=1.0),
+        _record(phase="confirm", samples_s=[3.0] * 3, tflops=2.0 / 3, gbps=4.0 / 3, median_s=3.0,
+                time="2026-01-01T00:01:00"),
+        _record(kernel="k2", samples_s=[2.0, 2.0], tflops=1.0, median_s=2.0)])
+    final = dataset.final_table(frame).set_index("kernel")
+    assert len(final) == 2 and final.at["k1", "phase"] == "confirm"
+    assert final.at["k1", "median_s"] == 1.0 and final.at["k1", "tflops"] == pytest.approx(2.0)
+    assert final.at["k1", "gbps"] == pytest.approx(4.0) and final.at["k1", "mad_s"] == 0.0
+    assert final.at["k2", "median_s"] == 2.0  # a kernel measured once keeps its record
+    # a failed confirmation is final: no pooling with the earlier ok samples
+    failed = pd.DataFrame([_record(samples_s=[1.0], tflops=2.0, median_s=1.0),
+                           _record(phase="confirm", status="crashed", samples_s=[], tflops=None,
+                                   median_s=None)])
+    assert dataset.final_table(failed)["status"].tolist() == ["crashed"]
