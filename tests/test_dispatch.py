@@ -174,12 +174,11 @@ def test_equal_predictions_are_broken_by_kernel_name(setup):
 def test_results_are_memoized_per_validated_problem(setup, monkeypatch):
     dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
     calls = []
-    real_predict = dispatcher.booster.predict
-    monkeypatch.setattr(dispatcher.booster, "predict",
-                        lambda features, **options: calls.append(features.shape)
-                        or real_predict(features, **options))
+    real_scores = dispatcher._scorer.raw_scores
+    monkeypatch.setattr(dispatcher._scorer, "raw_scores",
+                        lambda problem, rows: calls.append(problem) or real_scores(problem, rows))
     first = dispatcher.ranking({"m": 256, "n": 128, "k": 64})
-    assert calls == [(18, len(setup["engine"].feature_names()))]
+    assert calls == [GEMM.problem({"m": 256, "n": 128, "k": 64})]
     # the same problem spelled three other ways hits the cache
     assert dispatcher.ranking("m=256,n=128,k=64") is first
     assert dispatcher.ranking({"m": "256", "n": 128, "k": 64, "dtype": "fp32"}) is first
@@ -316,3 +315,14 @@ def test_a_bad_query_is_never_memoized(setup):
             dispatcher.select({"m": "x", "n": 4, "k": 4})
     good = dispatcher.ranking({"m": 8, "n": 4, "k": 4})
     assert dispatcher.ranking({"k": 4, "n": 4, "m": 8}) is good
+
+
+def test_applicability_masks_are_computed_once_per_key(setup, monkeypatch):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    calls = []
+    real = GEMM.applicable
+    monkeypatch.setattr(GEMM, "applicable", lambda cfg, p: calls.append(1) or real(cfg, p))
+    for m in (3, 5, 7):
+        dispatcher.select({"m": m, "n": 9, "k": 11})
+    assert len(calls) == len(dispatcher.kernels)  # one mask for the fp32 key, reused
+    assert GEMM.applicability_key(GEMM.problem({"m": 1, "n": 1, "k": 1, "dtype": "bf16"})) == "bf16"

@@ -1,9 +1,11 @@
 """Run-time dispatch: pick the kernel a published performance model predicts fastest.
 
 Everything that does not depend on the problem (parsing the candidate names, their kernel
-features, the feature-column map) is done once when the Dispatcher is built; a query
-validates the problem, builds one feature matrix, runs the booster once and memoizes the
-ranking, so a repeated shape costs a dictionary lookup.
+features, the feature-column map, the flattened forest) is done once when the Dispatcher is
+built; a query validates the problem, builds one feature matrix, scores it once and memoizes
+the ranking, so a repeated shape costs a dictionary lookup. Features and scores come from the
+native fast paths (tilecast.native) where they are available, and equal the numpy engine's
+and Booster.predict's there; elsewhere from those references.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,6 +24,7 @@ import numpy as np
 from . import registry
 from .families import get_family
 from .families.base import FamilyError
+from .native.scoring import CandidateScorer
 from .registry import RegistryError
 
 logger = logging.getLogger(__name__)
@@ -119,6 +123,7 @@ class Dispatcher:
         self.last_fallback_reason: str | None = None
         self._cache: dict[Any, Ranking] = {}
         self._raw_cache: dict[Any, Ranking] = {}
+        self._masks: dict[Any, tuple[bool, ...]] = {}
         self._cache_size = int(cache_size)
 
         family_name = _field(feature_spec, "family", str, spec_path)
@@ -152,6 +157,14 @@ class Dispatcher:
         self.static_best = _field(candidates, "static_best", str, cand_path)
         self._parse(self.static_best, cand_path)
         self._kernel_matrix = self.engine.kernel_features(self._configs)
+        # Queries work on the candidates in name order, so a stable sort of the predictions
+        # orders equal predictions by name.
+        by_name = sorted(range(len(self.kernels)), key=self.kernels.__getitem__)
+        self._configs_by_name = tuple(self._configs[i] for i in by_name)
+        self._names_by_name = np.array([self.kernels[i] for i in by_name], dtype=object)
+        self._scorer = CandidateScorer(self.engine, self._kernel_matrix[by_name],
+                                       self._configs_by_name, booster, self._columns,
+                                       label=f"model {model!r} version {version}")
 
     # -- construction -------------------------------------------------------------------
 
@@ -260,28 +273,36 @@ class Dispatcher:
         self.last_fallback_reason = found.fallback_reason
         return found
 
+    def _applicable(self, problem) -> tuple[bool, ...]:
+        """Which candidates apply; memoized per family.applicability_key where the family
+        has one (GEMM: the dtype), else computed per query."""
+        key_of = getattr(self.family, "applicability_key", None)
+        key = key_of(problem) if key_of is not None else None
+        applies = self._masks.get(key) if key is not None else None
+        if applies is None:
+            applies = tuple(map(self.family.applicable, self._configs_by_name, repeat(problem)))
+            if key is not None:
+                self._masks[key] = applies
+        return applies
+
     def _rank_uncached(self, problem) -> Ranking:
-        rows = [i for i, cfg in enumerate(self._configs) if self.family.applicable(cfg, problem)]
-        if not rows:
+        applies = self._applicable(problem)
+        if not any(applies):
             reason = (f"no candidate of model {self.model!r} version {self.version} applies to "
                       f"problem {self.family.dims_key(problem)}; falling back to the static "
                       f"best {self.static_best!r}")
             logger.warning(reason)
             return Ranking((self.static_best,), (math.nan,), reason)
-        configs = [self._configs[i] for i in rows]
-        features = self.engine.combine(problem, self.engine.problem_features(problem),
-                                       self._kernel_matrix[rows], configs)
-        if self._columns is not None:
-            features = features[:, self._columns]
-        # one thread: a few dozen rows gain nothing from OpenMP, and a dispatcher must not
-        # compete for cores with the kernels it dispatches
-        raw = self.booster.predict(features, num_threads=1)
-        tflops = self._inverse(np.asarray(raw, dtype=np.float64))
-        names = [self.kernels[i] for i in rows]
-        # best first; equal predictions ordered by kernel name; a non-finite prediction last
-        order = sorted(range(len(rows)), key=lambda j: (not math.isfinite(tflops[j]),
-                                                        -tflops[j], names[j]))
-        return Ranking(tuple(names[j] for j in order), tuple(float(tflops[j]) for j in order))
+        index = None if all(applies) else np.flatnonzero(applies).astype(np.int64, copy=False)
+        tflops = self._scorer.raw_scores(problem, index)
+        self._inverse(tflops, out=tflops)
+        # best first; equal predictions in name order (the rows are, and the sort is stable);
+        # a non-finite prediction last (NaN sorts last already; +inf would sort first)
+        order = np.argsort(np.negative(tflops), kind="stable")
+        if not math.isfinite(tflops[order[0]]):
+            order = np.argsort(np.where(np.isfinite(tflops), -tflops, np.inf), kind="stable")
+        names = self._names_by_name if index is None else self._names_by_name[index]
+        return Ranking(tuple(names[order].tolist()), tuple(tflops[order].tolist()))
 
     def select(self, problem) -> str:
         """The name of the kernel predicted fastest for `problem` (the static best when no

@@ -199,6 +199,11 @@ class GemmFamily:
         """Whether the variant is a candidate for the problem at all (same input dtype)."""
         return cfg.dtype == problem.dtype
 
+    def applicability_key(self, problem: GemmProblem):
+        """What `applicable` reads of a problem: equal keys, equal candidate masks (lets the
+        dispatcher compute a mask once per key instead of once per query)."""
+        return problem.dtype
+
     def unsupported_reason(self, cfg: GemmConfig, problem: GemmProblem) -> str | None:
         if cfg.dtype != problem.dtype:
             return f"kernel dtype {cfg.dtype} != problem dtype {problem.dtype}"
