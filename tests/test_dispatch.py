@@ -326,3 +326,14 @@ def test_applicability_masks_are_computed_once_per_key(setup, monkeypatch):
         dispatcher.select({"m": m, "n": 9, "k": 11})
     assert len(calls) == len(dispatcher.kernels)  # one mask for the fp32 key, reused
     assert GEMM.applicability_key(GEMM.problem({"m": 1, "n": 1, "k": 1, "dtype": "bf16"})) == "bf16"
+
+
+def test_ranking_best_is_the_first_of_the_sorted_order():
+    from tilecast.dispatch import Ranking
+
+    names = np.array(["a", "b", "c", "d"])
+    ranking = Ranking(names, [1.0, np.nan, 3.0, 3.0])
+    assert ranking.best == "c" == ranking.kernels[0]
+    assert ranking.kernels == ("c", "d", "a", "b") and math.isnan(ranking.tflops[-1])
+    assert Ranking(names, [np.inf, np.nan, 0.5, 0.1]).kernels[0] == "c"
+    assert Ranking(names, [np.nan] * 4).best == "a"

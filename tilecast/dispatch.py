@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import math
-from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
 from typing import Any, Mapping
@@ -75,13 +74,43 @@ def _raw_key(problem) -> Any:
     return None
 
 
-@dataclass(frozen=True)
 class Ranking:
     """The applicable candidates for one problem, best first, with predicted TFLOP/s.
-    On fallback, `kernels` is (static best,), `tflops` is (nan,) and `fallback_reason` says why."""
-    kernels: tuple[str, ...]
-    tflops: tuple[float, ...]
-    fallback_reason: str | None = None
+    On fallback, `kernels` is (static best,), `tflops` is (nan,) and `fallback_reason` says why.
+
+    `best` is found when the ranking is made; the full order (`kernels`, `tflops`) is sorted
+    on first use, so `select` never pays for sorting every candidate."""
+    __slots__ = ("best", "fallback_reason", "_names", "_scores", "_sorted")
+
+    def __init__(self, names, scores, fallback_reason: str | None = None):
+        self._names = names        # kernel names in name order (numpy array or tuple)
+        self._scores = np.asarray(scores, dtype=np.float64)
+        self.fallback_reason = fallback_reason
+        self._sorted: tuple[tuple[str, ...], tuple[float, ...]] | None = None
+        finite = np.isfinite(self._scores)
+        # the highest finite prediction (the first name among equals); none finite: the first
+        self.best = str(self._names[int(np.argmax(np.where(finite, self._scores, -np.inf)))
+                                    if finite.any() else 0])
+
+    def _order(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        if self._sorted is None:
+            # best first; equal predictions in name order (stable sort); non-finite ones last
+            keys = np.where(np.isfinite(self._scores), -self._scores, np.inf)
+            order = np.argsort(keys, kind="stable")
+            self._sorted = (tuple(np.asarray(self._names)[order].tolist()),
+                            tuple(self._scores[order].tolist()))
+        return self._sorted
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return self._order()[0]
+
+    @property
+    def tflops(self) -> tuple[float, ...]:
+        return self._order()[1]
+
+    def __repr__(self) -> str:
+        return f"Ranking(best={self.best!r}, candidates={len(self._scores)})"
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -296,18 +325,13 @@ class Dispatcher:
         index = None if all(applies) else np.flatnonzero(applies).astype(np.int64, copy=False)
         tflops = self._scorer.raw_scores(problem, index)
         self._inverse(tflops, out=tflops)
-        # best first; equal predictions in name order (the rows are, and the sort is stable);
-        # a non-finite prediction last (NaN sorts last already; +inf would sort first)
-        order = np.argsort(np.negative(tflops), kind="stable")
-        if not math.isfinite(tflops[order[0]]):
-            order = np.argsort(np.where(np.isfinite(tflops), -tflops, np.inf), kind="stable")
         names = self._names_by_name if index is None else self._names_by_name[index]
-        return Ranking(tuple(names[order].tolist()), tuple(tflops[order].tolist()))
+        return Ranking(names, tflops)
 
     def select(self, problem) -> str:
         """The name of the kernel predicted fastest for `problem` (the static best when no
         candidate applies; see `last_fallback_reason`)."""
-        return self.ranking(problem).kernels[0]
+        return self.ranking(problem).best
 
     def rank(self, problem, k: int = 5) -> list[tuple[str, float]]:
         """The k best (kernel name, predicted TFLOP/s) pairs, best first."""
