@@ -54,6 +54,26 @@ def test_run_then_select_then_rerun(tmp_path):
                check=False)
     assert bad.returncode == 2 and "n='x'" in bad.stderr
 
+    # the published model on a user's own problems: oracle measured, choices scored
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("problems:\n  - list: [{m: 5, n: 40, k: 64}, {m: 70, n: 9, k: 30}]\n"
+                    "  - grid: {m: [12], n: [12, 90], k: [50]}\n")
+    evaluated = _run("evaluate", "--registry", str(registry), "--model", "gemm", "--problems",
+                     str(mine), "--workdir", str(tmp_path / "eval"), "--config", str(TINY))
+    metrics = json.loads(evaluated.stdout)
+    assert metrics["n_problems"] == 4 and metrics["version"] == 1
+    assert 0 < metrics["mean_efficiency"] <= 1 and 0 <= metrics["top1"] <= metrics["top5"] <= 1
+    assert "gemm v1 on 4 problems: mean efficiency" in evaluated.stderr
+    import pandas as pd
+    table = pd.read_parquet(tmp_path / "eval" / "eval" / "gemm" / "per_problem.parquet")
+    row = table.set_index("dims_key").loc["m=5,n=40,k=64,dtype=fp32,layout_a=row,layout_b=row"]
+    assert row["chosen_kernel"] == _run("select", "--registry", str(registry), "--model", "gemm",
+                                        "--problem", "m=5,n=40,k=64").stdout.strip()
+    mine.write_text("problems:\n  - list: [{m: 5, n: 0, k: 64}]\n")
+    bad = _run("evaluate", "--registry", str(registry), "--model", "gemm", "--problems", str(mine),
+               "--workdir", str(tmp_path / "eval"), "--config", str(TINY), check=False)
+    assert bad.returncode == 2 and "problem 0" in bad.stderr and "Traceback" not in bad.stderr
+
     # the nightly's second night: same measurements, training continued from production
     warm_config = tmp_path / "tiny_warm.yaml"
     config = yaml.safe_load(TINY.read_text())

@@ -91,6 +91,16 @@ def _cmd_registry(args) -> int:
     return 0
 
 
+def _cmd_evaluate(args) -> int:
+    from .user_eval import dump, evaluate_published, summary_line
+
+    metrics = evaluate_published(args.registry, args.model, args.problems, args.workdir,
+                                 alias=args.alias, config=args.config)
+    print(dump(metrics))
+    print(summary_line(metrics), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every library subcommand; callers may add more."""
     parser = argparse.ArgumentParser(prog="tilecast", description=__doc__)
@@ -114,6 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--problem-set", default="train", choices=("train", "holdout"),
                          help="problem set of ck-csv rows (default train)")
     convert.set_defaults(func=_cmd_convert)
+
+    evaluate = sub.add_parser("evaluate", help="measure the oracle on your own problems and "
+                                                "score the published model's choices on them")
+    evaluate.add_argument("--registry", default="registry")
+    evaluate.add_argument("--model", required=True)
+    evaluate.add_argument("--alias", default="production", help="alias or version number")
+    evaluate.add_argument("--problems", required=True,
+                          help="YAML/JSON file: 'problems:' + list / grid / random entries")
+    evaluate.add_argument("--workdir", required=True)
+    evaluate.add_argument("--config", default="quick",
+                          help="config whose measurement protocol is used (default quick)")
+    evaluate.set_defaults(func=_cmd_evaluate)
 
     reg = sub.add_parser("registry", help="list, show, promote or roll back model versions")
     reg.add_argument("action", choices=("list", "show", "promote", "rollback"))
