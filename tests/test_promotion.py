@@ -209,3 +209,46 @@ def test_registry_command_line(tmp_path, capsys):
     assert cli.main(["registry", "promote", "m", "7", "--registry", str(tmp_path)]) == 2
     assert "has no version 7" in capsys.readouterr().err
     assert cli.main(["registry", "show", "nope", "--registry", str(tmp_path)]) == 2
+
+
+# --- serving through registry trouble ------------------------------------------------------
+
+
+def test_refresh_keeps_the_last_good_model_and_says_why(tmp_path, published):
+    from tilecast import serving
+
+    root = tmp_path / "reg"
+    registry.publish(root, "gemm", published["files"], metrics=METRICS)
+    service = serving.serve(root, "gemm")
+    assert service.version == 1 and service.last_reload_error is None
+    problem = {"m": 64, "n": 64, "k": 64}
+    chosen = service.select(problem)
+
+    # production moves to a version whose model file is corrupt: version 1 keeps serving
+    registry.publish(root, "gemm", {**published["files"], "model.txt": "garbage"}, metrics=METRICS,
+                     gate=lambda prod, new: (True, "forced"))
+    kept = serving.refresh(service, root, "gemm")
+    assert kept is service and kept.select(problem) == chosen
+    assert "still serving version 1" in kept.last_reload_error and "model.txt" in kept.last_reload_error
+    # an alias file pointing at a version that is gone: same
+    (root / "gemm" / "aliases" / "production").write_text("9\n")
+    assert serving.refresh(service, root, "gemm") is service
+    assert "version 9" in service.last_reload_error
+    # a good version: the service moves to it
+    registry.publish(root, "gemm", published["files"], metrics=METRICS,
+                     gate=lambda prod, new: (True, "forced"))
+    moved = serving.refresh(service, root, "gemm")
+    assert moved.version == 3 and moved.last_reload_error is None
+
+
+def test_unreachable_registry_serves_the_named_static_kernel(tmp_path, published):
+    from tilecast import serving
+
+    kernel = published["names"][0]
+    with pytest.raises(registry.RegistryError):
+        serving.serve(tmp_path / "nowhere", "gemm")
+    static = serving.serve(tmp_path / "nowhere", "gemm", fallback_kernel=kernel)
+    assert static.select({"m": 1, "n": 2, "k": 3}) == kernel
+    answer = static.select_json("m=1,n=2,k=3")
+    assert answer["kernel"] == kernel and answer["predicted_tflops"] is None
+    assert "cannot be loaded" in answer["fallback"] and "nowhere" in answer["fallback"]

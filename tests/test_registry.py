@@ -89,7 +89,7 @@ def test_resolve_accepts_alias_number_and_numeric_string(tmp_path):
 def test_first_publish_is_promoted_to_every_requested_alias(tmp_path):
     result = publish(tmp_path, aliases_if_promoted=("production", "stable"))
     assert result.promoted and result.aliases == ("production", "stable")
-    assert "no production version yet" in result.reason
+    assert "no usable production version" in result.reason
     assert registry.read_alias(tmp_path, MODEL, "production") == 1
     assert registry.read_alias(tmp_path, MODEL, "stable") == 1
     promotion = json.loads((result.path / "promotion.json").read_text())

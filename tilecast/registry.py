@@ -307,7 +307,7 @@ def default_gate(production: dict | None, new: dict) -> tuple[bool, str]:
     new_mean = _metric(new, "mean_efficiency", "new metrics")
     new_p10 = _metric(new, "p10_efficiency", "new metrics")
     if production is None:
-        return True, (f"no production version yet; promoting (mean_efficiency {new_mean:.4f}, "
+        return True, (f"no usable production version; promoting (mean_efficiency {new_mean:.4f}, "
                       f"p10_efficiency {new_p10:.4f})")
     prod_mean = _metric(production, "mean_efficiency", "production metrics")
     prod_p10 = _metric(production, "p10_efficiency", "production metrics")
@@ -357,11 +357,16 @@ def _write_file(target: Path, source) -> None:
 
 
 def _production_baseline(root, model: str) -> tuple[int | None, dict | None]:
-    """(version, metrics) of the current production model, (None, None) when none is set."""
+    """(version, metrics) of the current production model; (None, None) when none is set or
+    it is unusable (an alias pointing at a missing version, unreadable metrics): a publish
+    must still be able to replace a broken production."""
     if not (_aliases_dir(root, model) / PRODUCTION).exists():
         return None, None
-    version = read_alias(root, model, PRODUCTION)
-    return version, read_metrics(root, model, version)
+    try:
+        version = read_alias(root, model, PRODUCTION)
+        return version, read_metrics(root, model, version)
+    except RegistryError:
+        return None, None
 
 
 def _claim(temp_dir: Path, versions_dir: Path, root, model: str) -> int:
