@@ -1,0 +1,240 @@
+"""tilecast's DiscoConvS2 on the CPU against torch-harmonics' DiscreteContinuousConvS2 (the peer).
+
+    python benchmarks/disco.py --scale 0.25                      # all configs, fp32/bf16/fp16
+    python benchmarks/disco.py --configs self_256x360x720 --precisions fp32 --reps 3
+    python benchmarks/disco.py --module-precisions fp32,bf16    # fp16 kernels only (CPU fp16
+                                                                # einsum is very slow)
+
+For each config and precision, batch 1, same weights and threads: forward and forward+backward
+wall time (median of --reps after a warm-up) of both modules, the ratio th/tilecast, GFLOP/s of
+the whole conv, and each module's forward error against a float64 reference
+(tilecast.disco.reference on the same weights; "skipped" where that would take too long or too
+much memory). Then each contraction kernel alone (forward and transpose) against the peer's
+custom ops. The configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes
+by s and divides theta_cutoff by s, so each filter keeps about as many grid points. Figures,
+not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
+
+CONFIGS = {
+    "self_256x360x720": dict(in_channels=256, out_channels=256, in_shape=(360, 720), out_shape=(360, 720),
+                             grid_in="legendre-gauss", grid_out="legendre-gauss", theta_cutoff=0.017,
+                             kernel_shape=(3, 3), basis_type="harmonic", basis_norm_mode="mean"),
+    "self_512x360x720": dict(in_channels=512, out_channels=512, in_shape=(360, 720), out_shape=(360, 720),
+                             grid_in="legendre-gauss", grid_out="legendre-gauss", theta_cutoff=0.017,
+                             kernel_shape=(3, 3), basis_type="harmonic", basis_norm_mode="mean"),
+    "down_73x721x1440": dict(in_channels=80, out_channels=512, in_shape=(721, 1440), out_shape=(360, 720),
+                             grid_in="equiangular", grid_out="legendre-gauss", theta_cutoff=0.017,
+                             kernel_shape=(3, 3), basis_type="harmonic", basis_norm_mode="mean"),
+}
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# the float64 reference rolls the whole input once per output longitude: skip it beyond this
+# many rolled elements (about a minute), or when its expanded tensor passes this many bytes
+REFERENCE_MAX_ELEMENTS = 5e9
+REFERENCE_MAX_BYTES = 4 << 30
+AGREEMENT_CHANNELS = 8
+
+
+def scaled(config: dict, scale: float) -> dict:
+    """config with channels and grid sizes times `scale` (nlon_in stays a multiple of
+    nlon_out) and theta_cutoff divided by it."""
+    if scale == 1.0:
+        return dict(config)
+    (nlat_in, nlon_in), (nlat_out, nlon_out) = config["in_shape"], config["out_shape"]
+    lon_out = max(4, round(nlon_out * scale))
+    return dict(config,
+                in_channels=max(1, round(config["in_channels"] * scale)),
+                out_channels=max(1, round(config["out_channels"] * scale)),
+                in_shape=(max(3, round(nlat_in * scale)), lon_out * (nlon_in // nlon_out)),
+                out_shape=(max(3, round(nlat_out * scale)), lon_out),
+                theta_cutoff=config["theta_cutoff"] / scale)
+
+
+def median_seconds(fn: Callable[[], object], reps: int) -> float:
+    """Median wall time of fn over `reps` calls, after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.double() - expected).norm() / expected.norm())
+
+
+@dataclass
+class Workload:
+    """One config, built once: both modules with the same weights, and the FLOP counts."""
+    name: str
+    config: dict
+    ours: DiscoConvS2
+    peer: torch.nn.Module
+    contraction_flops: float
+    einsum_flops: float
+
+    @classmethod
+    def build(cls, name: str, config: dict) -> "Workload":
+        import torch_harmonics as th
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peer = th.DiscreteContinuousConvS2(**config)
+        ours = DiscoConvS2(**config)
+        with torch.no_grad():
+            peer.bias.normal_()
+            ours.weight.copy_(peer.weight)
+            ours.bias.copy_(peer.bias)
+        (_, nlon_out), nlat_out = config["out_shape"], config["out_shape"][0]
+        contraction = 2.0 * config["in_channels"] * ours.psi.nnz * nlon_out
+        einsum = 2.0 * config["out_channels"] * ours.groupsize * ours.kernel_size * nlat_out * nlon_out
+        return cls(name, config, ours, peer, contraction, einsum)
+
+    def reference_fits(self) -> bool:
+        (nlat_in, nlon_in), (nlat_out, nlon_out) = self.config["in_shape"], self.config["out_shape"]
+        rolled = self.config["in_channels"] * nlat_in * nlon_in * nlon_out
+        expanded_bytes = 8 * self.config["in_channels"] * self.ours.kernel_size * nlat_out * nlon_out
+        return rolled <= REFERENCE_MAX_ELEMENTS and expanded_bytes <= REFERENCE_MAX_BYTES
+
+    def reference_output(self, x: torch.Tensor) -> torch.Tensor:
+        return reference.disco_conv(x.double(), self.ours.psi, self.ours.weight.detach().double(),
+                                    self.config["out_shape"][1], groups=self.ours.groups,
+                                    bias=self.ours.bias.detach().double())
+
+
+def time_module(module: torch.nn.Module, x: torch.Tensor, reps: int) -> tuple[float, float, torch.Tensor]:
+    """(forward s, forward+backward s, forward output)."""
+    with torch.no_grad():
+        out = module(x)
+        forward = median_seconds(lambda: module(x), reps)
+    x_grad = x.detach().clone().requires_grad_()
+    grad = torch.randn_like(out)
+
+    def forward_backward():
+        module.zero_grad(set_to_none=True)
+        x_grad.grad = None
+        module(x_grad).backward(grad)
+
+    return forward, median_seconds(forward_backward, reps), out
+
+
+def peer_kernels(peer: torch.nn.Module, config: dict):
+    """The peer's contraction and transpose contraction ops, bound to its psi."""
+    from torch_harmonics.disco.optimized.disco_optimized import (
+        _disco_s2_contraction_optimized, _disco_s2_transpose_contraction_optimized)
+    psi = (peer.psi_roff_idx, peer.psi_ker_idx, peer.psi_row_idx, peer.psi_col_idx, peer.psi_vals.float())
+    (nlat_in, nlon_in), (nlat_out, nlon_out) = config["in_shape"], config["out_shape"]
+    return (lambda x: _disco_s2_contraction_optimized(x, *psi, peer.kernel_size, nlat_out, nlon_out),
+            lambda y: _disco_s2_transpose_contraction_optimized(y, *psi, peer.kernel_size, nlat_in, nlon_in))
+
+
+def bench_precision(work: Workload, x32: torch.Tensor, precision: str, reps: int, reference_out,
+                    modules: bool) -> None:
+    x = x32.to(PRECISIONS[precision])
+    if modules:
+        bench_modules(work, x, precision, reps, reference_out)
+    bench_kernels(work, x, precision, reps)
+
+
+def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, reference_out) -> None:
+    """Both modules, forward and forward+backward, with their errors against float64."""
+    rows = {}
+    for label, module in (("tilecast", work.ours), ("th", work.peer)):
+        # a copy, so that the fp32 weights survive the cast
+        forward, both, out = time_module(copy.deepcopy(module).to(x.dtype), x, reps)
+        error = "skipped" if reference_out is None else f"{rel_error(out, reference_out):.2e}"
+        rows[label] = (forward, both, error)
+        del out
+    conv_flops = work.contraction_flops + work.einsum_flops
+    train_flops = 2 * work.contraction_flops + 3 * work.einsum_flops
+    for label, (forward, both, error) in rows.items():
+        print(f"  {precision:5s} {label:9s} fwd {forward * 1e3:9.1f} ms ({conv_flops / forward / 1e9:6.1f} GFLOP/s)"
+              f"  fwd+bwd {both * 1e3:9.1f} ms ({train_flops / both / 1e9:6.1f} GFLOP/s)  err vs fp64 {error}")
+    print(f"  {precision:5s} ratio th/tilecast: fwd {rows['th'][0] / rows['tilecast'][0]:.2f}x, "
+          f"fwd+bwd {rows['th'][1] / rows['tilecast'][1]:.2f}x")
+
+
+def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) -> None:
+    """Each contraction kernel alone, tilecast against the peer, GFLOP/s of the contraction."""
+    config, ours = work.config, work.ours
+    psi = ours._psi_tensors()
+    ours_fwd = lambda inp: ops.disco_contraction(inp, *psi, ours.kernel_size, *config["out_shape"])  # noqa: E731
+    ours_bwd = lambda y: ops.disco_transpose_contraction(y, *psi, *config["in_shape"])  # noqa: E731
+    peer_fwd, peer_bwd = peer_kernels(work.peer, config)
+    with torch.no_grad():
+        y = ours_fwd(x)
+        times = {"tilecast": (median_seconds(lambda: ours_fwd(x), reps), median_seconds(lambda: ours_bwd(y), reps)),
+                 "th": (median_seconds(lambda: peer_fwd(x), reps), median_seconds(lambda: peer_bwd(y), reps))}
+        # on a few channels: at full scale a float64 copy of the whole output would not fit
+        few = x[:, :AGREEMENT_CHANNELS]
+        agreement = rel_error(peer_fwd(few), ours_fwd(few).double())
+        del y
+    flops = work.contraction_flops
+    for label, (forward, transpose) in times.items():
+        print(f"  {precision:5s} {label:9s} contraction {forward * 1e3:8.1f} ms ({flops / forward / 1e9:6.1f} GFLOP/s)"
+              f"  transpose {transpose * 1e3:8.1f} ms ({flops / transpose / 1e9:6.1f} GFLOP/s)")
+    print(f"  {precision:5s} kernel ratio th/tilecast: contraction {times['th'][0] / times['tilecast'][0]:.2f}x, "
+          f"transpose {times['th'][1] / times['tilecast'][1]:.2f}x; outputs differ by {agreement:.1e} "
+          f"(first {min(AGREEMENT_CHANNELS, x.shape[1])} channels)")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names")
+    parser.add_argument("--precisions", default="fp32,bf16,fp16")
+    parser.add_argument("--module-precisions", default=None,
+                        help="precisions to time the modules in (default: --precisions); the "
+                             "kernels are timed in all of --precisions")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    names, precisions = args.configs.split(","), args.precisions.split(",")
+    module_precisions = precisions if args.module_precisions is None else args.module_precisions.split(",")
+    for value, valid, what in ((names, CONFIGS, "config"), (precisions, PRECISIONS, "precision"),
+                               (module_precisions, precisions, "module precision (not in --precisions)")):
+        unknown = [v for v in value if v not in valid]
+        if unknown:
+            parser.error(f"unknown {what} {unknown}; valid: {', '.join(valid)}")
+    if not args.scale > 0:
+        parser.error(f"--scale must be positive, got {args.scale}")
+
+    torch.set_num_threads(args.threads)
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}  {' '.join(sys.argv)}")
+    print(f"torch {torch.__version__}, {args.threads} threads, forward tile "
+          f"{native.forward_tile_width(720)} longitudes at nlon_out 720")
+    for name in names:
+        config = scaled(CONFIGS[name], args.scale)
+        start = time.perf_counter()
+        work = Workload.build(name, config)
+        print(f"\n{name} scale {args.scale:g}: C_in {config['in_channels']} C_out {config['out_channels']} "
+              f"in {config['in_shape']} out {config['out_shape']} K {work.ours.kernel_size} "
+              f"theta_cutoff {config['theta_cutoff']:.4g} nnz {work.ours.psi.nnz} "
+              f"(setup {time.perf_counter() - start:.1f} s)")
+        x32 = torch.randn(1, config["in_channels"], *config["in_shape"],
+                          generator=torch.Generator().manual_seed(0))
+        reference_out = work.reference_output(x32) if work.reference_fits() else None
+        for precision in precisions:
+            bench_precision(work, x32, precision, args.reps, reference_out, precision in module_precisions)
+        del work, reference_out
+
+
+if __name__ == "__main__":
+    main()

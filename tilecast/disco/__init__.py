@@ -1,0 +1,23 @@
+"""DISCO convolutions on the sphere: the filter tensor psi, pure-torch reference convolutions,
+and the fast CPU path (custom ops over compiled kernels, and the DiscoConvS2 modules).
+
+compute_psi builds the sparse filter tensor that fast contraction kernels consume; the functions
+of `reference` are the slow, obviously correct convolutions those kernels are tested against.
+Importing registers the tilecast:: ops; the kernels compile on first use (native.py).
+"""
+from __future__ import annotations
+
+from .basis import BASES, FilterBasis, HarmonicBasis, PiecewiseLinearBasis, get_basis
+from .conv import DiscoConvS2, DiscoConvTransposeS2
+from .csr import DiscoCSR, csr_from_psi
+from .grids import GRIDS, default_theta_cutoff, latitudes, longitudes
+from .psi import CUTOFF_WIDENING, NORM_MODES, Psi, compute_psi
+from .reference import disco_contraction, disco_conv, disco_transpose_contraction, disco_transpose_conv
+
+__all__ = [
+    "BASES", "CUTOFF_WIDENING", "DiscoCSR", "DiscoConvS2", "DiscoConvTransposeS2", "FilterBasis",
+    "GRIDS", "HarmonicBasis", "NORM_MODES", "PiecewiseLinearBasis", "Psi", "compute_psi",
+    "csr_from_psi", "default_theta_cutoff", "disco_contraction",
+    "disco_conv", "disco_transpose_contraction", "disco_transpose_conv", "get_basis", "latitudes",
+    "longitudes",
+]
