@@ -5,8 +5,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "gemm_simd.hpp"
 
@@ -71,13 +73,16 @@ TC_INLINE reg load_float(const float* p) { return Vec::load(p); }
 TC_INLINE void store_float(float* p, reg value) { Vec::store(p, value); }
 
 #ifdef __AVX512F__
-TC_INLINE reg load_float(const BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+TC_INLINE reg widen(__m256i bits, const BFloat16*) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
+TC_INLINE reg widen(__m256i bits, const Float16*) { return _mm512_cvtph_ps(bits); }
 
+TC_INLINE reg load_float(const BFloat16* p) {
+  return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), p);
+}
 TC_INLINE reg load_float(const Float16* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), p);
 }
 
 TC_INLINE void store_float(BFloat16* p, reg value) {
@@ -126,6 +131,49 @@ TC_INLINE void store_float(Float16* p, reg value) {
                    _mm256_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #endif
+
+// ------------------------------------------------------------------ loads across the wrap
+
+/// Lanes of a vector starting at row[first] that lie before the row's end at wo.
+TC_INLINE index_t lanes_in_row(index_t first, index_t wo) {
+  return std::min<index_t>(std::max<index_t>(wo - first, 0), kLanes);
+}
+
+/// The kLanes values row[(start + lane0 + i) mod wo], i < kLanes, as floats, for start < wo
+/// and a slice that wraps at most once: lanes before the row's end load from start, the
+/// others from the row's beginning. Masked-off lanes touch no memory.
+TC_INLINE reg load_wrapped(const float* row, index_t start, index_t wo, int lane0) {
+  const index_t first = start + lane0, in_row = lanes_in_row(first, wo);
+#ifdef __AVX512F__
+  const __mmask16 head = static_cast<__mmask16>((1u << in_row) - 1u);
+  const reg front = _mm512_maskz_loadu_ps(head, row + first);
+  return _mm512_mask_loadu_ps(front, static_cast<__mmask16>(~head), row + first - wo);
+#else
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i head = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(in_row)), lanes);
+  const reg front = _mm256_maskload_ps(row + first, head);
+  const reg back = _mm256_maskload_ps(row + first - wo, _mm256_xor_si256(head, _mm256_set1_epi32(-1)));
+  return _mm256_add_ps(front, back);
+#endif
+}
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+/// load_wrapped for 16-bit storage: masked 16-bit loads, then widened.
+template <typename Elem>
+TC_INLINE reg load_wrapped(const Elem* row, index_t start, index_t wo, int lane0) {
+  const index_t first = start + lane0, in_row = lanes_in_row(first, wo);
+  const __mmask16 head = static_cast<__mmask16>((1u << in_row) - 1u);
+  const __m256i front = _mm256_maskz_loadu_epi16(head, row + first);
+  return widen(_mm256_mask_loadu_epi16(front, static_cast<__mmask16>(~head), row + first - wo), row);
+}
+constexpr bool kWrappedLoads16 = true;
+#else
+constexpr bool kWrappedLoads16 = false;  // 16-bit storage wraps through a copy instead
+#endif
+
+/// Whether load_wrapped serves storage type Elem.
+template <typename Elem>
+constexpr bool kWrappedLoads = std::is_same_v<Elem, float> || kWrappedLoads16;
 
 /// dst[0:n] = src[0:n] converted to T; kLanes at a time, the rest one by one.
 template <typename T>

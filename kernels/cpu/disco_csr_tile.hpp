@@ -8,8 +8,8 @@
 //
 // Each entry is one broadcast and NV (BT * NV) load + FMA pairs over contiguous memory, so
 // the accumulators never leave registers. The forward's caller makes every slice contiguous
-// (a padded float32 band); the transpose reads gy in its storage type Elem, and a slice crossing
-// longitude 0 with masked loads (float32) or through a converted copy (16-bit types).
+// (a padded float32 band); the transpose reads gy in its storage type Elem, and a slice
+// crossing longitude 0 with masked loads.
 #pragma once
 
 #include <algorithm>
@@ -48,35 +48,16 @@ TC_INLINE void row_tile(const SliceEntry* __restrict entries, index_t count, con
   for (int u = 0; u < NV; ++u) Vec::store(out + u * kLanes, acc[u]);
 }
 
-/// The kLanes floats row[(start + lane0 + i) mod wo], i < kLanes, for start < wo <= start +
-/// lane0 + kLanes + wo (at most one wrap): lanes before the row's end load from start,
-/// the others from the row's beginning. Masked-off lanes touch no memory.
-TC_INLINE reg load_wrapped(const float* row, index_t start, index_t wo, int lane0) {
-  const index_t first = start + lane0;
-  const index_t in_row = std::min<index_t>(std::max<index_t>(wo - first, 0), kLanes);
-#ifdef __AVX512F__
-  const __mmask16 head = static_cast<__mmask16>((1u << in_row) - 1u);
-  const reg front = _mm512_maskz_loadu_ps(head, row + first);
-  return _mm512_mask_loadu_ps(front, static_cast<__mmask16>(~head), row + first - wo);
-#else
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i head = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(in_row)), lanes);
-  const reg front = _mm256_maskload_ps(row + first, head);
-  const reg back = _mm256_maskload_ps(row + first - wo, _mm256_xor_si256(head, _mm256_set1_epi32(-1)));
-  return _mm256_add_ps(front, back);
-#endif
-}
-
 /// out[c][0:T] = sum_e val_e * gy[c * plane + off_e + ((j0 - q_e) mod wo) + t] for the BT
 /// channels c, T = NV * kLanes, gy stored as Elem. A slice that runs past the row's end wraps
-/// to its start: with masked loads when it wraps once and gy is float32, else through a
-/// float32 copy in `wrap` (BT * T floats).
+/// to its start: with masked loads when it wraps once (load_wrapped), else (the row is
+/// shorter than the tile, or no masked loads for Elem) through a float32 copy in `wrap`
+/// (BT * T floats).
 template <int BT, int NV, typename Elem>
 TC_INLINE void channel_tile(const SliceEntry* __restrict entries, index_t count, const Elem* gy,
                             const index_t (&channel_off)[BT], index_t j0, index_t wo,
                             float* __restrict wrap, float* __restrict out) {
   constexpr int T = NV * kLanes;
-  constexpr bool kMaskedWrap = std::is_same_v<Elem, float>;
   reg acc[BT][NV];
 #pragma GCC unroll 16
   for (int c = 0; c < BT; ++c)
@@ -93,8 +74,8 @@ TC_INLINE void channel_tile(const SliceEntry* __restrict entries, index_t count,
 #pragma GCC unroll 16
         for (int u = 0; u < NV; ++u)
           acc[c][u] = Vec::fma(val, load_float(row + channel_off[c] + start + u * kLanes), acc[c][u]);
-    } else if (kMaskedWrap && wo >= T) {
-      if constexpr (kMaskedWrap) {
+    } else if (kWrappedLoads<Elem> && wo >= T) {
+      if constexpr (kWrappedLoads<Elem>) {
 #pragma GCC unroll 16
         for (int c = 0; c < BT; ++c)
 #pragma GCC unroll 16
