@@ -22,7 +22,9 @@ def prefect_env(workdir: Path) -> None:
 
 
 def _cmd_run(args) -> int:
-    workdir = Path(args.workdir)
+    from tilecast.pipeline import expand_workdir
+
+    workdir = Path(expand_workdir(args.workdir))
     if args.plain:
         from tilecast import pipeline
 
@@ -34,9 +36,13 @@ def _cmd_run(args) -> int:
 
         load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
         from flows.nightly import nightly
+        from tasks import orchestration
 
-        summary = nightly(config=args.config, workdir=args.workdir, registry=args.registry,
-                          run_id=args.run_id)
+        runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
+                                           address=args.dask_address)
+        summary = nightly.with_options(task_runner=runner)(
+            config=args.config, workdir=args.workdir, registry=args.registry,
+            run_id=args.run_id, device=args.device)
     print(json.dumps(summary, indent=2, default=str))
     return 0
 
@@ -52,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
                      help="resume this run id (Prefect task cache); default: a new id")
     run.add_argument("--plain", action="store_true",
                      help="call the stages as plain library functions, without Prefect")
+    run.add_argument("--task-runner", choices=("threads", "dask"), default="threads",
+                     help="where the flow's tasks run: a thread pool (default) or Dask")
+    run.add_argument("--dask-workers", type=int, default=None,
+                     help="worker processes of the local Dask cluster (default 2)")
+    run.add_argument("--dask-address", default=None,
+                     help="an existing Dask scheduler (tcp://host:port) instead of a local cluster")
+    run.add_argument("--device", default=None,
+                     help="the benchmark device's name; its tag `device:NAME` allows one "
+                          "benchmark at a time (default: cpu@<this host>)")
     run.set_defaults(func=_cmd_run)
     return cli.main(argv, parser)
 

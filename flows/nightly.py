@@ -1,29 +1,55 @@
 """The DAG: build -> benchmark -> convert -> train -> evaluate -> (report, publish), per family,
-all as tasks of one flow (each extra flow or subflow costs about a second)."""
+all as tasks of one flow (each extra flow or subflow costs about a second).
+
+Scheduling on the benchmark device: the builds of every family fan out first (compiling
+while measuring would disturb the samples); the benchmarks then run one at a time on the
+device (chained here, and across flow runs by the device tag's concurrency limit); converts,
+trainings and evaluations fan out once the device's benchmarks are done."""
 from __future__ import annotations
 
 from prefect import flow
 
-from tasks import stages
+from tasks import orchestration, stages
 from tilecast import pipeline
+from tilecast.device import default_device
 
 
 @flow(name="tilecast-nightly", log_prints=True)
 def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: str = "registry",
-            run_id: str | None = None) -> dict:
-    """Run every stage for every family of `config`; returns the report's summary."""
+            run_id: str | None = None, device: str | None = None) -> dict:
+    """Run every stage for every family of `config`; returns the report's summary.
+    `run_id` resumes a run (its finished tasks are cached); `device` names the benchmark
+    device (default: this host's CPU)."""
     ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id)
+    device = device or default_device()
+    orchestration.ensure_device_limit(device)
     args = (str(ctx.config.path), str(ctx.workdir), str(ctx.registry), ctx.run_id)
-    summaries, evaluations, published = {}, {}, {}
-    for family in ctx.config.families:
-        built = stages.build_kernels(*args, family)
-        bench = stages.benchmark_candidates(*args, family, built)
-        data = stages.convert_to_parquet(*args, family, bench)
-        model = stages.train_model(*args, family, data)
-        evaluations[family] = stages.evaluate_holdout(*args, family, model)
-        summaries[family] = {"build": built, "bench": bench, "convert": data, "train": model,
-                             "evaluate": evaluations[family]}
-    report = stages.write_report(*args, evaluations)
-    for family, evaluation in evaluations.items():
-        published[family] = stages.publish_registry(*args, family, evaluation)
-    return {"run_id": ctx.run_id, "stages": summaries, "report": report, "published": published}
+    families = list(ctx.config.families)
+
+    builds = {f: stages.build_kernels.submit(*args, f) for f in families}
+    bench_task = stages.benchmark_candidates.with_options(
+        tags=["bench", orchestration.device_tag(device)])
+    benches, previous = {}, list(builds.values())
+    for f in families:
+        benches[f] = bench_task.submit(*args, f, builds[f], device, wait_for=previous)
+        previous = [benches[f]]
+    converts = {f: stages.convert_to_parquet.submit(*args, f, benches[f], wait_for=previous)
+                for f in families}
+    trains = {f: stages.train_model.submit(*args, f, converts[f], wait_for=previous)
+              for f in families}
+    evaluations = {f: stages.evaluate_holdout.submit(*args, f, trains[f]) for f in families}
+    report = stages.write_report.submit(*args, {f: evaluations[f] for f in families})
+    publishes = {f: stages.publish_registry.submit(*args, f, evaluations[f], wait_for=[report])
+                 for f in families}
+
+    summaries = {f: {"build": builds[f].result(), "bench": benches[f].result(),
+                     "convert": converts[f].result(), "train": trains[f].result(),
+                     "evaluate": evaluations[f].result()} for f in families}
+    published = {f: publishes[f].result() for f in families}
+    report = report.result()
+    try:
+        orchestration.publish_artifacts(ctx.run_id, report["report_dir"], published)
+    except Exception as err:  # the run's results are on disk and published; say what is missing
+        print(f"WARNING: could not create the run's Prefect artifacts: {err!r}")
+    return {"run_id": ctx.run_id, "device": device, "stages": summaries, "report": report,
+            "published": published}

@@ -4,9 +4,9 @@ inputs + source, tags (the benchmark's device tag for concurrency limits) and lo
 from __future__ import annotations
 
 from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
-from tilecast import pipeline
+from tilecast import pipeline, rebench
 
 CACHE = INPUTS + TASK_SOURCE
 
@@ -24,9 +24,10 @@ def build_kernels(config: str, workdir: str, registry: str, run_id: str, family:
 @task(name="benchmark-candidates", cache_policy=CACHE, tags=["bench", "device:cpu0"],
       retries=2, retry_delay_seconds=[5, 30])
 def benchmark_candidates(config: str, workdir: str, registry: str, run_id: str, family: str,
-                         build: dict) -> dict:
-    """Measure every built candidate on the problem sets (resumes from the raw file)."""
-    return pipeline.bench_stage(_ctx(config, workdir, registry, run_id), family)
+                         build: dict, device: str | None = None) -> dict:
+    """Measure every built candidate on the problem sets (resumes from the raw file), holding
+    the device (its tag's concurrency limit here, the host's device lock in the stage)."""
+    return pipeline.bench_stage(_ctx(config, workdir, registry, run_id), family, device)
 
 
 @task(name="convert-to-parquet", cache_policy=CACHE, tags=["convert"])
@@ -62,3 +63,11 @@ def publish_registry(config: str, workdir: str, registry: str, run_id: str, fami
                      evaluation: dict) -> dict:
     """A new registry version; the production alias moves only if the gate passes."""
     return pipeline.publish_stage(_ctx(config, workdir, registry, run_id), family)
+
+
+@task(name="rebench-family", cache_policy=NO_CACHE, tags=["bench"], retries=1,
+      retry_delay_seconds=[10])
+def rebench_family(plan, family: str, device: str | None = None):
+    """Build, re-measure and compare one family's sentinel problems (a re-try resumes the
+    measurement from its raw log)."""
+    return rebench.run_family(plan, family, device)

@@ -12,6 +12,7 @@ from tilecast.families.base import KERNELS_DIR
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = Path(__file__).parent / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +33,23 @@ def faulty_binary(tmp_path_factory) -> Path:
     subprocess.run(["g++", *DEFAULT_FLAGS, f"-I{KERNELS_DIR / 'cpu'}",
                     str(FIXTURES / "faulty_gemm.cpp"), "-o", str(out)], check=True)
     return out
+
+
+@pytest.fixture
+def slower_gemm_commit(tmp_path) -> tuple[Path, str]:
+    """A clone of this repository whose GEMM binary does the whole multiply eight times per
+    timed call: a real kernel, eight times the work."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True)
+    source = clone / "kernels" / "cpu" / "gemm.cpp"
+    text = source.read_text()
+    timed = "measure(protocol, [&] { gemm(problem, workspace); })"
+    assert timed in text, f"{source}: the timed call changed; update this test's edit"
+    source.write_text(text.replace(timed, "measure(protocol, [&] {\n"
+                                          "    for (int repeat = 0; repeat < 8; ++repeat) "
+                                          "gemm(problem, workspace);\n  })"))
+    git = ["git", "-C", str(clone), "-c", "user.name=rebench test", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "commit", "-q", "-am", "gemm: eight multiplies per call"], check=True)
+    sha = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    return clone, sha

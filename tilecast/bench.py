@@ -66,7 +66,8 @@ class _Recorder:
         self.protocol, self.summary = protocol, summary
 
     def write(self, problem_set: str, problem, kernel: str, config, role: str, phase: str,
-              outcome: JobOutcome, binary_bytes: int = 0, max_error: float | None = None) -> dict:
+              outcome: JobOutcome, binary_bytes: int = 0, max_error: float | None = None,
+              round_medians: list[float] | None = None) -> dict:
         fam = self.family
         record = {
             "schema_version": SCHEMA_VERSION, "time": _now(), **self.run_info,
@@ -77,6 +78,7 @@ class _Recorder:
             "gbps": None, "max_error": max_error, "threads": self.protocol.threads,
             "binary_bytes": binary_bytes, "retaken": outcome.retaken,
             "disturbed_samples_s": outcome.disturbed_samples_s,
+            "round_medians_s": list(round_medians or []),
         }
         if config is not None:
             for key, value in fam.config_dict(config).items():
@@ -212,6 +214,14 @@ def _split(total: int, rounds: int) -> list[int]:
     return [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
 
 
+def _round_median(round_medians: dict, key, outcome: JobOutcome) -> None:
+    """One round's median: each round is a process of its own, so the spread of these is the
+    run-to-run noise a comparison of two runs must beat (tilecast.regression)."""
+    usable = stats.usable(outcome.samples_s) or stats.usable(outcome.disturbed_samples_s)
+    if outcome.status == "ok" and usable:
+        round_medians[key].append(stats.median(usable))
+
+
 def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
     """Fold one round's outcome in: samples add up; the first failure is final."""
     previous = merged.get(key)
@@ -243,6 +253,7 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
         return
     rounds = max(1, settings.rounds)
     merged: dict[tuple[str, str], tuple[JobOutcome, float | None]] = {}
+    round_medians: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in range(rounds):
         shift = r * max(1, len(tasks) // rounds) if tasks else 0
         for task in tasks[shift:] + tasks[:shift]:
@@ -257,23 +268,28 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
             for (job_id, _), key in zip(jobs, todo):
                 outcome, error = _validate(family, prepare(key), outcomes[job_id])
                 _merge(merged, (task.built.kernel, key), outcome, error)
+                _round_median(round_medians, (task.built.kernel, key), outcome)
         for key in peers:
             count = _split(settings.protocol.samples, rounds)[r]
             if count:
                 name, fn = family.peer(prepare(key), settings.protocol.threads)
-                _merge(merged, ("peer", key), measure_callable(fn, settings.protocol, samples=count), None)
+                outcome = measure_callable(fn, settings.protocol, samples=count)
+                _merge(merged, ("peer", key), outcome, None)
+                _round_median(round_medians, ("peer", key), outcome)
     for task in tasks:
         b = task.built
         for key in task.keys:
             ps, problem = keys[key]
             outcome, error = merged[b.kernel, key]
             done[key, b.kernel, phase] = rec.write(ps, problem, b.kernel, b.config, "candidate",
-                                                   phase, outcome, b.event.binary_bytes, error)
+                                                   phase, outcome, b.event.binary_bytes, error,
+                                                   round_medians[b.kernel, key])
     for key in peers:
         ps, problem = keys[key]
         name, _ = family.peer(prepare(key), settings.protocol.threads)
         done[key, "peer", phase] = rec.write(ps, problem, name, None, "peer", phase,
-                                             merged["peer", key][0])
+                                             merged["peer", key][0],
+                                             round_medians=round_medians["peer", key])
 
 
 def _confirm(family, builts, keys, prepare, rec, done, settings) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .families.base import KERNELS_DIR, BuildSpec
 from .tune import BuildEvent
 
 log = logging.getLogger("tilecast.build")
@@ -84,10 +85,32 @@ def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str) 
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
+def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
+    """`spec` with its source and include directories moved from the project's kernels/ to
+    `kernels_dir`, another copy of that tree (e.g. a git revision's, see tilecast.rebench).
+    The cache key hashes file contents, so a rebased source with other contents gets its own
+    binary and an identical one shares the project's."""
+    def moved(path: Path) -> Path:
+        try:
+            return Path(kernels_dir) / Path(path).resolve().relative_to(KERNELS_DIR.resolve())
+        except ValueError:
+            raise ValueError(f"build source {path} is not under {KERNELS_DIR}: it cannot be "
+                             f"taken from another kernels tree ({kernels_dir})") from None
+
+    source = moved(spec.source)
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist: the kernels tree {kernels_dir} has no "
+                                f"{Path(spec.source).name}")
+    return BuildSpec(source=source, defines=spec.defines,
+                     include_dirs=tuple(moved(d) for d in spec.include_dirs))
+
+
 def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str],
-             timeout_s: float) -> Built:
+             timeout_s: float, kernels_dir: Path | None = None) -> Built:
     name = family.kernel_name(config)
     spec = family.build_spec(config)
+    if kernels_dir is not None:
+        spec = rebase_spec(spec, kernels_dir)
     key = cache_key(spec.source, spec.defines, flags, compiler)
     binary = cache_dir / f"{name}-{key}"
     failure = binary.with_suffix(".failed")
@@ -117,15 +140,18 @@ def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str
 def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 2,
                      compiler: str = "g++", flags: Sequence[str] = DEFAULT_FLAGS,
                      timeout_s: float = 300.0,
-                     progress: Callable[[int, int, Built], None] | None = None) -> list[Built]:
+                     progress: Callable[[int, int, Built], None] | None = None,
+                     kernels_dir: Path | None = None) -> list[Built]:
     """Compile every config in parallel (`jobs` compilers at once); one Built per config,
-    in the order given. Cached binaries are reused; failures are events, never exceptions."""
+    in the order given. Cached binaries are reused; failures are events, never exceptions.
+    `kernels_dir` compiles from another copy of the kernels/ tree (see `rebase_spec`)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     compiler_version(compiler)  # fail early, with a clear message, if there is no compiler
     results: list[Built] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(_compile, family, cfg, cache_dir, compiler, tuple(flags), timeout_s)
+        futures = [pool.submit(_compile, family, cfg, cache_dir, compiler, tuple(flags), timeout_s,
+                               kernels_dir)
                    for cfg in configs]
         for index, future in enumerate(futures, 1):
             built = future.result()

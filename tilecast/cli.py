@@ -50,8 +50,8 @@ def _version_summary(root, model: str, version: int) -> dict:
                        ("train_manifest.json", ("created", "git_sha", "data_hash", "rows",
                                                 "lineage"))):
         try:
-            document = json.loads((path / name).read_text())
-        except (OSError, ValueError) as err:
+            document = json.loads(registry.read_version_file(root, model, version, name))
+        except (registry.RegistryError, ValueError) as err:
             summary[name] = f"unreadable: {err}"
             continue
         summary.update({k: document[k] for k in keys if k in document})
@@ -74,7 +74,7 @@ def _cmd_registry(args) -> int:
     if not args.model:
         raise CliError(f"registry {args.action} needs MODEL")
     if args.action == "show":
-        number = int(registry.resolve(root, args.model, args.version or args.alias).name)
+        number = registry.resolve_version(root, args.model, args.version or args.alias)
         aliases = [a for a, v in registry.list_aliases(root, args.model).items() if v == number]
         print(json.dumps({"model": args.model, "aliases": aliases,
                           **_version_summary(root, args.model, number)}, indent=2))
@@ -101,6 +101,39 @@ def _cmd_evaluate(args) -> int:
     return 0
 
 
+def _cmd_rebench(args) -> int:
+    from .rebench import rebench
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
+    if args.families is not None and not families:
+        raise CliError(f"--families {args.families!r} names no family; e.g. --families gemm")
+    result = rebench(args.config, args.workdir, args.history, families=families,
+                     problems=args.problems, git_ref=args.git_ref, repo=args.repo,
+                     alpha=args.alpha, min_effect=args.min_effect, samples=args.samples)
+    print(result.markdown)
+    for family, path in result.reports.items():
+        print(f"rebench {family}: report {path}", file=sys.stderr)
+    return result.exit_status
+
+
+REBENCH_EPILOG = """\
+exit status:
+  0  nothing regressed (also a first run, which has no baseline yet)
+  1  regression(s) found: a kernel slower on its problems, or broken where it worked
+  2  usage error or bad input (unknown family or problem, bad git ref, unreadable history)
+  3  not comparable: the hardware differs from the baseline's, or no pair was measured
+     validly in both runs (1 wins when another family regressed)
+
+A verdict needs a significant test (Mann-Whitney U per kernel and problem, Wilcoxon
+signed-rank per kernel across problems, Benjamini-Hochberg q <= ALPHA) and a practical
+effect (a time ratio of at least 1 + MIN_EFFECT, or at most 1 / (1 + MIN_EFFECT)).
+"""
+
+
+REGISTRY_HELP = ("a directory (default ./registry) or an fsspec URL such as s3://bucket/prefix; "
+                 "S3 credentials and endpoint come from the environment (AWS_*)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every library subcommand; callers may add more."""
     parser = argparse.ArgumentParser(prog="tilecast", description=__doc__)
@@ -108,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     select = sub.add_parser("select", help="print the kernel the published model chooses")
-    select.add_argument("--registry", default="registry")
+    select.add_argument("--registry", default="registry", help=REGISTRY_HELP)
     select.add_argument("--model", required=True)
     select.add_argument("--alias", default="production")
     select.add_argument("--problem", required=True, help="e.g. 'm=512,n=512,k=512'")
@@ -127,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("evaluate", help="measure the oracle on your own problems and "
                                                 "score the published model's choices on them")
-    evaluate.add_argument("--registry", default="registry")
+    evaluate.add_argument("--registry", default="registry", help=REGISTRY_HELP)
     evaluate.add_argument("--model", required=True)
     evaluate.add_argument("--alias", default="production", help="alias or version number")
     evaluate.add_argument("--problems", required=True,
@@ -141,10 +174,39 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("action", choices=("list", "show", "promote", "rollback"))
     reg.add_argument("model", nargs="?", help="model name (all models for list)")
     reg.add_argument("version", nargs="?", help="version number (show, promote)")
-    reg.add_argument("--registry", default="registry")
+    reg.add_argument("--registry", default="registry", help=REGISTRY_HELP)
     reg.add_argument("--alias", default="production",
                      help="alias to show, move or roll back (default production)")
     reg.set_defaults(func=_cmd_registry)
+
+    rebench = sub.add_parser(
+        "rebench", help="re-measure the sentinel problems with every kernel and report "
+                        "regressions against the previous rebenchmark",
+        description="Build every candidate kernel of the config, measure it on each family's "
+                    "sentinel problems, store the run in the history and compare it with the "
+                    "previous run there. Writes WORKDIR/report/rebench_<family>.json and "
+                    "WORKDIR/report/rebench.md; prints the markdown.",
+        epilog=REBENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rebench.add_argument("--config", default="quick", help="a YAML path or a name in configs/")
+    rebench.add_argument("--workdir", required=True)
+    rebench.add_argument("--history", required=True,
+                         help="directory of past rebenchmarks (<family>/<run_id>.jsonl, latest.json)")
+    rebench.add_argument("--families", default=None,
+                         help="comma-separated families (default: every family of the config)")
+    rebench.add_argument("--problems", nargs="+", default=None, metavar="P",
+                         help="only these sentinel problems: dims keys or 'm=40,n=70,k=90'")
+    rebench.add_argument("--git-ref", default=None,
+                         help="build the kernels from this commit instead of the working tree")
+    rebench.add_argument("--repo", default=None,
+                         help="repository of --git-ref (default: this project's)")
+    rebench.add_argument("--alpha", type=float, default=0.01,
+                         help="false discovery rate of the tests (default 0.01)")
+    rebench.add_argument("--min-effect", type=float, default=0.05,
+                         help="smallest change that counts, as a fraction (default 0.05 = 5%%)")
+    rebench.add_argument("--samples", type=int, default=None,
+                         help="samples per kernel and problem (default: the protocol's, raised "
+                              "to what the tests need)")
+    rebench.set_defaults(func=_cmd_rebench)
     return parser
 
 
@@ -155,8 +217,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from .families.base import FamilyError
     from .train import ModelArtifactError
 
+    from .rebench import RebenchError
+
     errors: list[type[BaseException]] = [CliError, ConfigError, DatasetError, FamilyError,
-                                         FileNotFoundError, ModelArtifactError]
+                                         FileNotFoundError, ModelArtifactError, RebenchError]
     try:
         from .registry import RegistryError
         errors.append(RegistryError)

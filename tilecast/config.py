@@ -34,6 +34,8 @@ class FamilyConfig:
     model: dict = field(default_factory=dict)
     # continue training from this registry version (an alias or a number); None: from scratch
     warm_start: str | None = None
+    # the rebenchmark's problems (`tilecast rebench`); the config's holdout set when absent
+    sentinel: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -120,15 +122,23 @@ def _random_problems(where: str, body: Mapping) -> list[dict]:
 
 def _family_config(where: str, name: str, values: Mapping) -> FamilyConfig:
     _check_keys(where, values, {"candidates", "problems"},
-                {"budget", "seed", "model", "warm_start"})
+                {"budget", "seed", "model", "warm_start", "sentinel"})
     problems = values["problems"]
     _check_keys(f"{where}.problems", problems, set(PROBLEM_SETS), set())
     expanded = {ps: expand_problems(f"{where}.problems.{ps}", problems[ps]) for ps in PROBLEM_SETS}
+    if values.get("sentinel") is None:
+        sentinel = list(expanded["holdout"])
+    else:
+        sentinel = expand_problems(f"{where}.sentinel", values["sentinel"])
+        if not sentinel:
+            raise ConfigError(f"{where}.sentinel: the entries expand to no problem; give at "
+                              "least one, or drop the key to rebenchmark the holdout set")
     return FamilyConfig(name=name, candidates=dict(values["candidates"] or {}),
                         budget=int(values.get("budget", 10**9)), seed=int(values.get("seed", 0)),
                         problems=expanded, model=dict(values.get("model") or {}),
                         warm_start=None if values.get("warm_start") is None
-                        else str(values["warm_start"]))
+                        else str(values["warm_start"]),
+                        sentinel=sentinel)
 
 
 def resolve_path(path: str | Path) -> Path:

@@ -215,12 +215,22 @@ class Dispatcher:
                    source=path, **options)
 
     @classmethod
-    def from_registry(cls, root, model: str, alias: str | int = "production",
-                      **options) -> "Dispatcher":
+    def from_registry(cls, root, model: str, alias: str | int = "production", *,
+                      cache_dir=None, **options) -> "Dispatcher":
         """The dispatcher for the version `alias` (an alias name or a version number) of
-        `model` in the registry at `root`."""
-        path = registry.resolve(root, model, alias)
-        return cls.from_directory(path, model=model, version=int(path.name), **options)
+        `model` in the registry at `root`, a local path or an fsspec URL. A remote version
+        is loaded from a local copy downloaded once (tilecast.registry_cache; `cache_dir`
+        overrides where)."""
+        version = registry.resolve_version(root, model, alias)
+        path = registry.local_copy(root, model, version, cache_dir=cache_dir)
+        try:
+            return cls.from_directory(path, model=model, version=version, **options)
+        except RegistryError as err:
+            if not registry.is_remote(root):
+                raise
+            # the message names the cache copy; say where it came from
+            raise RegistryError(f"{err} [version {version} of model {model!r} from "
+                                f"{registry.version_path(root, model, version)}]") from None
 
     def _parse(self, name, cand_path: Path):
         if not isinstance(name, str):

@@ -31,12 +31,19 @@ from .tune import BuildEvent
 log = logging.getLogger("tilecast.pipeline")
 
 
+def expand_workdir(workdir: str | Path, now: datetime | None = None) -> str:
+    """`{date}` in a workdir becomes today's UTC date: one fresh workdir per night from a
+    deployment's fixed parameter, shared by a re-run on the same day, which then resumes."""
+    now = now or datetime.now(timezone.utc)
+    return str(workdir).replace("{date}", now.strftime("%Y-%m-%d"))
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Everything a stage needs: the config, where to read and write, who is running."""
     config: RunConfig
     workdir: Path
-    registry: Path
+    registry: Path | str     # a local path, or an fsspec URL (tilecast.registry)
     run_id: str
     hardware: dict
     git_sha: str
@@ -44,12 +51,14 @@ class RunContext:
     @classmethod
     def create(cls, config: str | Path, workdir: str | Path, registry: str | Path,
                run_id: str | None = None) -> "RunContext":
+        from .registry import normalize_root
         from .train import git_sha
 
         cfg = load_config(config)
-        run_id = run_id or (datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-                            + "-" + uuid.uuid4().hex[:6])
-        return cls(config=cfg, workdir=Path(workdir).resolve(), registry=Path(registry).resolve(),
+        now = datetime.now(timezone.utc)
+        run_id = run_id or now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+        workdir = expand_workdir(workdir, now)
+        return cls(config=cfg, workdir=Path(workdir).resolve(), registry=normalize_root(registry),
                    run_id=run_id, hardware=hardware.profile(cfg.protocol.threads),
                    git_sha=git_sha())
 
@@ -131,8 +140,10 @@ def problems(ctx: RunContext, name: str) -> list[tuple[str, object]]:
     return unique
 
 
-def bench_stage(ctx: RunContext, name: str) -> dict:
-    """Measure every built candidate on every problem; appends to W/bench/<family>.jsonl."""
+def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
+    """Measure every built candidate on every problem; appends to W/bench/<family>.jsonl.
+    Holds `device` (default: this host's CPU) exclusively while it measures."""
+    from .device import default_device, exclusive
     family, fc = _family(ctx, name)
     builts = load_builds(ctx, name)
     cfg = ctx.config
@@ -144,8 +155,9 @@ def bench_stage(ctx: RunContext, name: str) -> dict:
                 "hardware": ctx.hardware["fingerprint"]}
     pairs = problems(ctx, name)
     log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
-    summary = benchmark(family, builts, pairs, ctx.path("bench", f"{name}.jsonl"),
-                        ctx.path("scratch", name), run_info, settings)
+    with exclusive(device or default_device()):
+        summary = benchmark(family, builts, pairs, ctx.path("bench", f"{name}.jsonl"),
+                            ctx.path("scratch", name), run_info, settings)
     return {"family": name, "new_records": summary.measured,
             "already_measured": summary.skipped_existing, "statuses": dict(summary.statuses),
             "seconds": round(summary.seconds, 1)}
@@ -175,7 +187,7 @@ def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[P
     if fc.warm_start is None:
         return None, {}
     try:
-        base_dir = registry.resolve(ctx.registry, name, fc.warm_start)
+        base_dir = registry.local_copy(ctx.registry, name, fc.warm_start)
     except registry.RegistryError as err:
         log.warning("train %s: warm start from %r impossible (%s); training from scratch",
                     name, fc.warm_start, err)

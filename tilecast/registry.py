@@ -1,26 +1,26 @@
-"""The model registry: immutable numbered versions and small alias pointer files.
+"""The model registry: immutable numbered versions, alias pointers and their history.
 
-Layout (DESIGN.md, Data contracts):
+Layout (DESIGN.md, Data contracts), the same under a local path and under a URL:
 
     <root>/<model>/versions/<N>/...     N = 1, 2, ...; created exclusively, never rewritten
-    <root>/<model>/aliases/<alias>      text file holding one version number
-    <root>/<model>/history.jsonl        one line per alias move (what `rollback` undoes)
+    <root>/<model>/aliases/<alias>      one version number as text
+    history of alias moves              what `rollback` replays
 
-A version is assembled in a temp directory inside `versions/` and claimed with one
-`os.rename` onto `versions/<N>`; a name already taken makes the rename fail and the next
-number is tried, so concurrent publishers never overwrite each other. Aliases are replaced
-through a temp file in the same directory and `os.replace`. Readers therefore only ever see
-complete versions and whole alias files.
+`root` is a local path (the default, tilecast.registry_local: a version is claimed by one
+`os.rename` of a complete temp directory, history is `history.jsonl`), or an fsspec URL such
+as `s3://bucket/prefix` or `memory://name` (tilecast.registry_remote: a version is claimed
+with a create-if-absent object and becomes visible when its `.complete` marker is written;
+each history entry is its own numbered object). `file://` URLs are local paths. Everything
+above storage (names, the gate, promotion, rollback) is here and shared by both, so the
+semantics are the same: readers only see complete versions and whole alias values, and two
+concurrent publishers never get the same number.
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -32,7 +32,11 @@ CANDIDATE = "candidate"
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.jsonl"
 PROMOTION_FILE = "promotion.json"
-RESERVED_FILES = (METRICS_FILE, PROMOTION_FILE)  # written by publish itself
+CLAIM_FILE = ".claim"          # remote registries: who claimed a version number
+COMPLETE_FILE = ".complete"    # remote registries: written last; a version without it is invisible
+# written by publish itself (the markers only on remote registries, reserved everywhere so a
+# version can be copied between the two)
+RESERVED_FILES = (METRICS_FILE, PROMOTION_FILE, CLAIM_FILE, COMPLETE_FILE)
 TEMP_PREFIX = ".tmp-"
 
 # Default promotion gate: the new model may lose at most this much against production.
@@ -51,33 +55,57 @@ class RegistryError(Exception):
 
 @dataclass(frozen=True)
 class PublishResult:
-    """What publish() did: the version claimed, whether the gate promoted it and why."""
+    """What publish() did: the version claimed, whether the gate promoted it and why.
+    `path` is the version's directory (a Path) or, on a remote registry, its URL."""
     version: int
     promoted: bool
     reason: str
-    path: Path
+    path: Path | str
     aliases: tuple[str, ...] = ()
 
 
-# -- names and paths ----------------------------------------------------------------------
+# -- roots ----------------------------------------------------------------------------------
+
+
+def is_url(root) -> bool:
+    """True for a 'scheme://...' string (or fsspec chain 'a::b://...'); Paths are local."""
+    return isinstance(root, str) and "://" in root
+
+
+def normalize_root(root) -> Path | str:
+    """A registry root as callers should keep it: a resolved Path for a local path or a
+    file:// URL, the URL itself (trailing '/' removed) for any other fsspec URL."""
+    store = _store(root)
+    return store.location if store.remote else store.root.resolve()
+
+
+def is_remote(root) -> bool:
+    """Whether `root` is an object store (a URL that is not file://)."""
+    return _store(root).remote
+
+
+def _store(root):
+    """The storage backend of `root`: LocalStore for paths and file:// URLs, ObjectStore for
+    other fsspec URLs (RegistryError naming the URL when its scheme has no implementation)."""
+    if is_url(root):
+        from .registry_remote import open_store
+
+        return open_store(root)
+    if not isinstance(root, (str, os.PathLike)):
+        raise RegistryError(f"registry root must be a path or a URL, got "
+                            f"{type(root).__name__} {root!r}")
+    from .registry_local import LocalStore
+
+    return LocalStore(Path(root))
+
+
+# -- names ----------------------------------------------------------------------------------
 
 
 def _check_name(value: str, what: str) -> str:
     if not isinstance(value, str) or not NAME_RE.match(value) or value in (".", ".."):
         raise RegistryError(f"invalid {what} name {value!r}: use letters, digits, '_', '.', '-'")
     return value
-
-
-def _model_dir(root, model: str) -> Path:
-    return Path(root) / _check_name(model, "model")
-
-
-def _versions_dir(root, model: str) -> Path:
-    return _model_dir(root, model) / "versions"
-
-
-def _aliases_dir(root, model: str) -> Path:
-    return _model_dir(root, model) / "aliases"
 
 
 def _version_number(version) -> int:
@@ -95,99 +123,140 @@ def _version_number(version) -> int:
     return number
 
 
+def _is_number(alias_or_version) -> bool:
+    return isinstance(alias_or_version, int) or (
+        isinstance(alias_or_version, str) and alias_or_version.strip().isdigit())
+
+
+def relative_name(name: str) -> PurePosixPath:
+    """An artifact file name as a relative POSIX path; RegistryError for an absolute path,
+    '..', empty parts or backslashes."""
+    rel = PurePosixPath(name)
+    if (not name or rel.is_absolute() or any(part in ("", ".", "..") for part in rel.parts)
+            or "\\" in name):
+        raise RegistryError(f"invalid artifact file name {name!r}: use a relative path "
+                            "without '..'")
+    return rel
+
+
 # -- reading --------------------------------------------------------------------------------
 
 
 def list_models(root) -> list[str]:
     """Names of the models under `root` (those with a versions/ directory), sorted."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir()
-                  if NAME_RE.match(p.name) and (p / "versions").is_dir())
+    return _store(root).model_names()
 
 
 def list_versions(root, model: str) -> list[int]:
-    """The claimed version numbers of `model`, ascending; [] when it has none."""
-    versions_dir = _versions_dir(root, model)
-    if not versions_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in versions_dir.iterdir()
-                  if p.name.isdigit() and not p.name.startswith("0") and p.is_dir())
+    """The complete version numbers of `model`, ascending; [] when it has none."""
+    return _store(root).version_numbers(_check_name(model, "model"))
 
 
-def version_path(root, model: str, version) -> Path:
-    """The directory of an existing version; RegistryError naming it when absent."""
+def _require_version(store, root, model: str, version) -> int:
     number = _version_number(version)
-    path = _versions_dir(root, model) / str(number)
-    if not path.is_dir():
+    if not store.has_version(model, number):
         known = list_versions(root, model)
-        raise RegistryError(f"model {model!r} has no version {number} (no directory {path}); "
-                            f"existing versions: {known or 'none'}")
-    return path
+        raise RegistryError(f"model {model!r} has no version {number} (no "
+                            f"{store.version_ref(model, number)}); existing versions: "
+                            f"{known or 'none'}")
+    return number
+
+
+def version_path(root, model: str, version) -> Path | str:
+    """The directory (a Path; on a remote registry, the URL) of an existing version;
+    RegistryError naming it when absent."""
+    store = _store(root)
+    number = _require_version(store, root, _check_name(model, "model"), version)
+    return store.version_location(model, number)
 
 
 def list_aliases(root, model: str) -> dict[str, int | None]:
-    """Every alias of `model` and the version it holds (None when the file is unreadable)."""
-    aliases_dir = _aliases_dir(root, model)
-    if not aliases_dir.is_dir():
-        return {}
-    found: dict[str, int | None] = {}
-    for path in sorted(aliases_dir.iterdir()):
-        if path.name.startswith(TEMP_PREFIX) or not NAME_RE.match(path.name):
-            continue
-        try:
-            found[path.name] = _version_number(path.read_text().strip())
-        except (OSError, RegistryError):
-            found[path.name] = None
-    return found
+    """Every alias of `model` and the version it holds (None when the value is unreadable)."""
+    store = _store(root)
+    return {alias: _alias_value(store, _check_name(model, "model"), alias)
+            for alias in store.alias_names(model)}
+
+
+def _alias_value(store, model: str, alias: str) -> int | None:
+    """The number an alias holds; None when it is missing or unreadable."""
+    try:
+        return _version_number(store.read_alias_text(model, alias).strip())
+    except (OSError, RegistryError):
+        return None
 
 
 def read_alias(root, model: str, alias: str) -> int:
     """The version `alias` points at; RegistryError when the alias is missing, corrupt or
     points at a version that does not exist (the message names both)."""
+    store = _store(root)
+    _check_name(model, "model")
     _check_name(alias, "alias")
-    path = _aliases_dir(root, model) / alias
+    where = store.alias_ref(model, alias)
     try:
-        text = path.read_text()
+        text = store.read_alias_text(model, alias)
     except FileNotFoundError:
         known = sorted(list_aliases(root, model))
-        raise RegistryError(f"model {model!r} has no alias {alias!r} (no file {path}); "
+        raise RegistryError(f"model {model!r} has no alias {alias!r} (no file {where}); "
                             f"existing aliases: {known or 'none'}") from None
     except OSError as err:
-        raise RegistryError(f"cannot read alias file {path}: {err}") from None
+        raise RegistryError(f"cannot read alias file {where}: {err}") from None
     try:
         number = _version_number(text.strip())
     except RegistryError:
-        raise RegistryError(f"alias file {path} holds {text.strip()!r}, "
+        raise RegistryError(f"alias file {where} holds {text.strip()!r}, "
                             f"not a version number") from None
-    if not (_versions_dir(root, model) / str(number)).is_dir():
+    if not store.has_version(model, number):
         raise RegistryError(f"alias {alias!r} of model {model!r} points at version {number}, "
-                            f"which does not exist (no directory "
-                            f"{_versions_dir(root, model) / str(number)})")
+                            f"which does not exist (no {store.version_ref(model, number)})")
     return number
 
 
-def resolve(root, model: str, alias_or_version: str | int = PRODUCTION) -> Path:
-    """The directory of a version given as an alias ("production") or a number (3, "3")."""
-    if isinstance(alias_or_version, int) or (
-            isinstance(alias_or_version, str) and alias_or_version.strip().isdigit()):
-        return version_path(root, model, alias_or_version)
-    return version_path(root, model, read_alias(root, model, alias_or_version))
+def resolve_version(root, model: str, alias_or_version: str | int = PRODUCTION) -> int:
+    """The number of an existing version given as an alias ("production") or a number."""
+    if _is_number(alias_or_version):
+        return _require_version(_store(root), root, _check_name(model, "model"),
+                                alias_or_version)
+    return read_alias(root, model, alias_or_version)
+
+
+def resolve(root, model: str, alias_or_version: str | int = PRODUCTION) -> Path | str:
+    """The directory (on a remote registry, the URL) of a version given as an alias
+    ("production") or a number (3, "3")."""
+    return version_path(root, model, resolve_version(root, model, alias_or_version))
+
+
+def local_copy(root, model: str, alias_or_version: str | int = PRODUCTION, *,
+               cache_dir=None) -> Path:
+    """A local directory holding the version's files, named after its number: the version
+    itself in a local registry; on a remote registry, a copy downloaded once into the cache
+    (tilecast.registry_cache; `cache_dir` overrides where)."""
+    number = resolve_version(root, model, alias_or_version)
+    return _store(root).local_copy(model, number, cache_dir)
+
+
+def read_version_file(root, model: str, version, name: str) -> bytes:
+    """The bytes of one file of a version; RegistryError naming it when missing."""
+    store = _store(root)
+    number = _require_version(store, root, _check_name(model, "model"), version)
+    try:
+        return store.read_file(model, number, str(relative_name(name)))
+    except FileNotFoundError:
+        raise RegistryError(f"version {number} of model {model!r} has no {name} "
+                            f"(no file {store.file_ref(model, number, name)})") from None
+    except OSError as err:
+        raise RegistryError(f"cannot read {store.file_ref(model, number, name)}: {err}") from None
 
 
 def read_metrics(root, model: str, version) -> dict:
     """metrics.json of one version; RegistryError naming the file when missing or corrupt."""
-    path = version_path(root, model, version) / METRICS_FILE
+    text = read_version_file(root, model, version, METRICS_FILE)
+    where = _store(root).file_ref(model, _version_number(version), METRICS_FILE)
     try:
-        metrics = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RegistryError(f"version {version} of model {model!r} has no {METRICS_FILE} "
-                            f"(no file {path})") from None
-    except (OSError, ValueError) as err:
-        raise RegistryError(f"cannot read {path}: {err}") from None
+        metrics = json.loads(text)
+    except ValueError as err:
+        raise RegistryError(f"cannot read {where}: {err}") from None
     if not isinstance(metrics, dict):
-        raise RegistryError(f"{path} holds a {type(metrics).__name__}, expected an object")
+        raise RegistryError(f"{where} holds a {type(metrics).__name__}, expected an object")
     return metrics
 
 
@@ -195,56 +264,33 @@ def read_metrics(root, model: str, version) -> dict:
 
 
 def set_alias(root, model: str, alias: str, version, *, why: str = "") -> int | None:
-    """Point `alias` at an existing version, atomically (temp file + os.replace), and log
-    the move in history.jsonl. Returns the version the alias held before (None if new)."""
+    """Point `alias` at an existing version, atomically (a local temp file + os.replace, or
+    one object PUT), and log the move in the history. Returns the version the alias held
+    before (None if new)."""
+    store = _store(root)
+    _check_name(model, "model")
     _check_name(alias, "alias")
-    number = _version_number(version)
-    version_path(root, model, number)
-    aliases_dir = _aliases_dir(root, model)
-    aliases_dir.mkdir(parents=True, exist_ok=True)
-    previous = list_aliases(root, model).get(alias)
-    fd, temp_name = tempfile.mkstemp(prefix=TEMP_PREFIX + alias + "-", dir=aliases_dir)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{number}\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, aliases_dir / alias)
-    except BaseException:
-        try:
-            os.unlink(temp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _log_move(root, model, {"alias": alias, "version": number, "previous": previous,
-                            "why": why})
+    number = _require_version(store, root, model, version)
+    previous = _alias_value(store, model, alias)
+    store.write_alias(model, alias, number)
+    _log_move(store, model, {"alias": alias, "version": number, "previous": previous,
+                             "why": why})
     return previous
 
 
-def _log_move(root, model: str, entry: dict) -> None:
-    """Append one JSON line; a single O_APPEND write, so concurrent writers never interleave."""
-    entry = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **entry}
-    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-    fd = os.open(_model_dir(root, model) / HISTORY_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+def _log_move(store, model: str, entry: dict) -> None:
+    """Record one alias move; never interleaved with a concurrent writer's (see the stores)."""
+    store.append_move(model, {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              **entry})
 
 
 def alias_history(root, model: str, alias: str | None = None) -> list[dict]:
-    """The alias moves of `model`, oldest first (only `alias`'s when given); a torn last line
-    (a writer killed mid-write) is skipped."""
-    path = _model_dir(root, model) / HISTORY_FILE
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
+    """The alias moves of `model`, oldest first (only `alias`'s when given); a torn or
+    unreadable entry (a writer killed mid-write) is skipped."""
     moves = []
-    for line in lines:
+    for text in _store(root).history_texts(_check_name(model, "model"), alias):
         try:
-            entry = json.loads(line)
+            entry = json.loads(text)
         except ValueError:
             continue
         if isinstance(entry, dict) and (alias is None or entry.get("alias") == alias):
@@ -327,63 +373,15 @@ def default_gate(production: dict | None, new: dict) -> tuple[bool, str]:
     return False, "not promoted: " + "; ".join(failed)
 
 
-def _relative_name(name: str) -> PurePosixPath:
-    rel = PurePosixPath(name)
-    if (not name or rel.is_absolute() or any(part in ("", ".", "..") for part in rel.parts)
-            or "\\" in name):
-        raise RegistryError(f"invalid artifact file name {name!r}: use a relative path "
-                            "without '..'")
-    return rel
-
-
-def _write_file(target: Path, source) -> None:
-    """Copy a Path (file or directory), or write bytes / str (UTF-8 text) into `target`."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        target.write_bytes(bytes(source))
-    elif isinstance(source, str):
-        target.write_text(source, encoding="utf-8")
-    elif isinstance(source, os.PathLike):
-        path = Path(source)
-        if path.is_dir():
-            shutil.copytree(path, target)
-        elif path.is_file():
-            shutil.copyfile(path, target)
-        else:
-            raise RegistryError(f"artifact source {path} for {target.name!r} does not exist")
-    else:
-        raise RegistryError(f"artifact {target.name!r}: expected a Path, bytes or str, "
-                            f"got {type(source).__name__}")
-
-
 def _production_baseline(root, model: str) -> tuple[int | None, dict | None]:
     """(version, metrics) of the current production model; (None, None) when none is set or
     it is unusable (an alias pointing at a missing version, unreadable metrics): a publish
     must still be able to replace a broken production."""
-    if not (_aliases_dir(root, model) / PRODUCTION).exists():
-        return None, None
     try:
         version = read_alias(root, model, PRODUCTION)
         return version, read_metrics(root, model, version)
     except RegistryError:
         return None, None
-
-
-def _claim(temp_dir: Path, versions_dir: Path, root, model: str) -> int:
-    """Rename temp_dir onto the next free versions/<N>; a taken N makes rename fail
-    (the directory is never empty), and N + 1 is tried."""
-    number = max(list_versions(root, model), default=0) + 1
-    for _ in range(MAX_CLAIM_ATTEMPTS):
-        try:
-            os.rename(temp_dir, versions_dir / str(number))
-            return number
-        except OSError as err:
-            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY) and not isinstance(
-                    err, FileExistsError):
-                raise
-        number += 1
-    raise RegistryError(f"could not claim a version number for model {model!r} in "
-                        f"{versions_dir} after {MAX_CLAIM_ATTEMPTS} attempts")
 
 
 def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
@@ -397,10 +395,13 @@ def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
     production alias exists yet) and its decision is written into promotion.json before
     the version is claimed. A promoted version gets every alias in `aliases_if_promoted`,
     one that is not gets the alias "candidate". On any failure before the claim, nothing
-    is left behind."""
+    is left behind; on a remote registry, a failure after it leaves an invisible version
+    (no .complete marker) whose number is not reused."""
     gate = gate or default_gate
+    store = _store(root)
+    _check_name(model, "model")
     aliases = tuple(_check_name(a, "alias") for a in aliases_if_promoted)
-    names = {name: _relative_name(name) for name in files}
+    names = {name: relative_name(name) for name in files}
     reserved = sorted(set(RESERVED_FILES) & {str(rel) for rel in names.values()})
     if reserved:
         raise RegistryError(f"artifact file(s) {reserved} are written by publish itself "
@@ -413,25 +414,25 @@ def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
     promoted = bool(promoted)
     new_aliases = aliases if promoted else (CANDIDATE,)
 
-    versions_dir = _versions_dir(root, model)
-    versions_dir.mkdir(parents=True, exist_ok=True)
-    temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=versions_dir))
+    stage = store.stage(model)
     try:
         for name, source in files.items():
-            _write_file(temp_dir / names[name], source)
-        (temp_dir / METRICS_FILE).write_text(json.dumps(dict(metrics), indent=2, sort_keys=True))
+            stage.add(names[name], source)
+        stage.add(PurePosixPath(METRICS_FILE),
+                  json.dumps(dict(metrics), indent=2, sort_keys=True))
         promotion = {
             "promoted": promoted, "reason": reason, "aliases": list(new_aliases),
             "baseline_alias": PRODUCTION, "baseline_version": baseline_version,
             "published_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        (temp_dir / PROMOTION_FILE).write_text(json.dumps(promotion, indent=2))
-        version = _claim(temp_dir, versions_dir, root, model)
-    except BaseException:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        raise
+        stage.add(PurePosixPath(PROMOTION_FILE), json.dumps(promotion, indent=2))
+        # The first number to try comes from a listing that may be stale by the time of the
+        # claim; the claim itself is what guarantees a number is never taken twice.
+        version = stage.commit(max(list_versions(root, model), default=0) + 1)
+    finally:
+        stage.discard()
 
-    path = versions_dir / str(version)
+    path = store.version_location(model, version)
     for alias in new_aliases:
         try:
             set_alias(root, model, alias, version,

@@ -51,8 +51,10 @@ class StaticDispatcher:
 
 def serve(root, model: str, alias: str = "production", *, fallback_kernel: str | None = None,
           **options):
-    """The alias's Dispatcher; a StaticDispatcher on `fallback_kernel` (logged) when it
-    cannot be loaded and a fallback is given, else the loading error."""
+    """The alias's Dispatcher from the registry at `root` (a path or an fsspec URL; options
+    such as `cache_dir` go to Dispatcher.from_registry); a StaticDispatcher on
+    `fallback_kernel` (logged) when it cannot be loaded and a fallback is given, else the
+    loading error."""
     try:
         dispatcher = Dispatcher.from_registry(root, model, alias, **options)
     except LOAD_ERRORS as err:
