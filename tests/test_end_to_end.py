@@ -117,3 +117,16 @@ def test_grouped_conv_forward_runs_through_the_whole_pipeline(tmp_path):
     chosen = _run("select", "--registry", str(registry), "--model", "grouped_conv_forward",
                   "--problem", "C=8,K=8,Hi=10,Wi=10,Y=3,X=3,pad_h=1,pad_w=1").stdout.strip()
     assert chosen.startswith("grouped_conv_forward_fp32_2d_")
+
+
+@pytest.mark.slow
+def test_the_flow_runs_on_a_dask_local_cluster(tmp_path):
+    """Scale-out: the same flow with its tasks on a Dask LocalCluster (worker processes)."""
+    work, registry = tmp_path / "work", tmp_path / "registry"
+    proc = _run("run", "--config", str(TINY), "--workdir", str(work), "--registry", str(registry),
+                "--task-runner", "dask", "--dask-workers", "2")
+    summary = json.loads(proc.stdout)
+    assert "Creating a new Dask cluster" in proc.stderr
+    assert summary["published"]["gemm"]["version"] == 1
+    assert summary["stages"]["gemm"]["bench"]["new_records"] > 0
+    assert (work / "report" / "evaluation.json").exists()
