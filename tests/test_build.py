@@ -2,11 +2,12 @@
 recorded as events."""
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 
-from tilecast.build import build_candidates, cache_key
+from tilecast.build import SHARED_FLAGS, build_candidates, cache_key, rebase_spec
 from tilecast.families import get_family
-from tilecast.families.base import BuildSpec
+from tilecast.families.base import KERNELS_DIR, BuildSpec
 from tilecast.families.gemm import GemmConfig
 
 GEMM = get_family("gemm")
@@ -68,3 +69,16 @@ def test_cache_key_covers_included_headers_only(tmp_path):
     assert cache_key(source, {}, ["-O3"], "g++") == base
     (tmp_path / "nested.hpp").write_text("int nested = 2;\n")
     assert cache_key(source, {}, ["-O3"], "g++") != base
+
+
+def test_shared_mode_keys_differ_and_an_older_tree_builds_executables_only(tmp_path):
+    spec = GEMM.build_spec(CFG)
+    assert spec.library_source.name == "gemm_lib.cpp"
+    executable = cache_key(spec.source, spec.defines, ["-O3"], "g++")
+    assert executable != cache_key(spec.library_source, spec.defines, ["-O3", *SHARED_FLAGS], "g++")
+    tree = tmp_path / "kernels"
+    shutil.copytree(KERNELS_DIR / "cpu", tree / "cpu")
+    assert rebase_spec(spec, tree).library_source == tree / "cpu" / "gemm_lib.cpp"
+    (tree / "cpu" / "gemm_lib.cpp").unlink()  # a revision before the in-process entry
+    rebased = rebase_spec(spec, tree)
+    assert rebased.library_source is None and rebased.source == tree / "cpu" / "gemm.cpp"

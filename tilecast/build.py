@@ -5,6 +5,10 @@ includes (transitively), the compiler's version, the flags and the variant's -D 
 binary is written to a temp file and moved into place, so an interrupted build never leaves
 a half-written binary.
 A compile error is a recorded `failed` event (cached too, so re-runs do not retry it).
+
+Shared mode compiles a variant's in-process entry (its BuildSpec's `library_source`: the same
+kernel code and defines, a C entry instead of the job runner) into `<name>-<key>.so` in the
+same cache, with the same key rules; tilecast.kernel_library loads it for tilecast.ops.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import logging
 import os
 import re
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +32,21 @@ from .tune import BuildEvent
 log = logging.getLogger("tilecast.build")
 
 DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG")
+SHARED_FLAGS = ("-shared", "-fPIC")   # appended in shared mode
+CACHE_ENV = "TILECAST_CACHE"
+BUILD_CACHE_ENV = "TILECAST_BUILD_CACHE"
+
+
+def cache_root() -> Path:
+    """tilecast's cache directory: $TILECAST_CACHE, else ~/.cache/tilecast."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "tilecast"
+
+
+def default_cache_dir() -> Path:
+    """The build cache outside a workdir: $TILECAST_BUILD_CACHE, else `build/` in
+    cache_root()."""
+    return Path(os.environ.get(BUILD_CACHE_ENV) or cache_root() / "build")
 
 
 @dataclass(frozen=True)
@@ -101,27 +121,36 @@ def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist: the kernels tree {kernels_dir} has no "
                                 f"{Path(spec.source).name}")
+    # an older tree may predate the in-process entry: it then builds executables only
+    library = moved(spec.library_source) if spec.library_source is not None else None
     return BuildSpec(source=source, defines=spec.defines,
-                     include_dirs=tuple(moved(d) for d in spec.include_dirs))
+                     include_dirs=tuple(moved(d) for d in spec.include_dirs),
+                     library_source=library if library is not None and library.exists() else None)
 
 
 def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str],
-             timeout_s: float, kernels_dir: Path | None = None) -> Built:
+             timeout_s: float, kernels_dir: Path | None = None, shared: bool = False) -> Built:
     name = family.kernel_name(config)
     spec = family.build_spec(config)
     if kernels_dir is not None:
         spec = rebase_spec(spec, kernels_dir)
-    key = cache_key(spec.source, spec.defines, flags, compiler)
-    binary = cache_dir / f"{name}-{key}"
-    failure = binary.with_suffix(".failed")
+    source = spec.source
+    if shared:
+        if spec.library_source is None:
+            raise ValueError(f"kernel {name!r} has no in-process entry (its build spec has no "
+                             f"library_source); only the benchmark executable can be built")
+        source, flags = spec.library_source, (*flags, *SHARED_FLAGS)
+    key = cache_key(source, spec.defines, flags, compiler)
+    binary = cache_dir / (f"{name}-{key}" + (".so" if shared else ""))
+    failure = cache_dir / f"{name}-{key}.failed"
     if binary.exists():
         return Built(name, config, BuildEvent(name, "ok", "", 0.0, binary.stat().st_size), binary, key, True)
     if failure.exists():
         reason = failure.read_text()
         return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, key, True)
-    tmp = binary.with_name(f".{binary.name}.{os.getpid()}.tmp")
+    tmp = binary.with_name(f".{binary.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     cmd = [compiler, *flags, *(f"-D{k}={v}" for k, v in spec.defines.items()),
-           *(f"-I{d}" for d in spec.include_dirs), str(spec.source), "-o", str(tmp)]
+           *(f"-I{d}" for d in spec.include_dirs), str(source), "-o", str(tmp)]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -141,17 +170,18 @@ def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 
                      compiler: str = "g++", flags: Sequence[str] = DEFAULT_FLAGS,
                      timeout_s: float = 300.0,
                      progress: Callable[[int, int, Built], None] | None = None,
-                     kernels_dir: Path | None = None) -> list[Built]:
+                     kernels_dir: Path | None = None, shared: bool = False) -> list[Built]:
     """Compile every config in parallel (`jobs` compilers at once); one Built per config,
     in the order given. Cached binaries are reused; failures are events, never exceptions.
-    `kernels_dir` compiles from another copy of the kernels/ tree (see `rebase_spec`)."""
+    `kernels_dir` compiles from another copy of the kernels/ tree (see `rebase_spec`);
+    `shared` builds the in-process shared libraries instead of the benchmark executables."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     compiler_version(compiler)  # fail early, with a clear message, if there is no compiler
     results: list[Built] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(_compile, family, cfg, cache_dir, compiler, tuple(flags), timeout_s,
-                               kernels_dir)
+                               kernels_dir, shared)
                    for cfg in configs]
         for index, future in enumerate(futures, 1):
             built = future.result()
@@ -159,6 +189,17 @@ def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 
             if progress:
                 progress(index, len(futures), built)
     return results
+
+
+def build_library(family, config, cache_dir: Path | None = None, *, compiler: str = "g++",
+                  flags: Sequence[str] = DEFAULT_FLAGS, timeout_s: float = 300.0) -> Built:
+    """One variant's in-process shared library (shared mode), compiled unless cached in
+    `cache_dir` (default: default_cache_dir()). A compile error is a `failed` event, as in
+    build_candidates; a family without an in-process entry is a ValueError."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    compiler_version(compiler)
+    return _compile(family, config, cache_dir, compiler, tuple(flags), timeout_s, shared=True)
 
 
 def log_progress(index: int, total: int, built: Built) -> None:

@@ -12,11 +12,8 @@
 #include <vector>
 
 #include "grouped_conv_config.hpp"
-#include "grouped_conv_dw.hpp"
-#include "grouped_conv_gather.hpp"
-#include "grouped_conv_parallel.hpp"
+#include "grouped_conv_kernel.hpp"
 #include "grouped_conv_shape.hpp"
-#include "grouped_conv_wgrad.hpp"
 #include "harness.hpp"
 
 namespace tc::gconv {
@@ -41,32 +38,12 @@ FloatBuffer load(const std::string& path, index_t count) {
   return buffer;
 }
 
-/// Builds the compiled direction/pipeline's kernel and times it. A template
-/// so that the branches of the other directions are never instantiated.
+/// Times the compiled direction/pipeline's kernel (grouped_conv_kernel.hpp builds it).
 template <int Dir>
 Timing time_conv(const ConvShape& shape, const Protocol& protocol, const float* in1,
                  const float* in2, float* out) {
-  const int threads = omp_get_max_threads();
-  const FloatBuffer zeros(std::max({shape.c, shape.k, shape.g}) + 2 * kNR);
-  if constexpr (kPipeline == kDw) {
-    if constexpr (Dir == kBwdWeight) {
-      const DepthwiseWeightGrad kernel(shape, in1, in2);
-      return measure(protocol, [&] { kernel.run(out, threads); });
-    } else {
-      FloatBuffer packed(DepthwiseGather<Dir>::packed_weight_elems(shape));
-      const DepthwiseGather<Dir> kernel(shape, in1, in2, packed.get(), zeros.get());
-      return measure(protocol, [&] { kernel.run(out, threads); });
-    }
-  } else if constexpr (Dir == kBwdWeight) {
-    const WeightGradPolicy policy(shape, in1, in2);
-    const Workspace workspace(threads, policy.rows(), policy.depth(), policy.out_elems(), true);
-    return measure(protocol, [&] { run_conv(policy, out, workspace); });
-  } else {
-    FloatBuffer packed(GatherPolicy<Dir>::packed_weight_elems(shape));
-    const GatherPolicy<Dir> policy(shape, in1, in2, packed.get(), zeros.get());
-    const Workspace workspace(threads, policy.rows(), policy.depth(), policy.out_elems(), false);
-    return measure(protocol, [&] { run_conv(policy, out, workspace); });
-  }
+  return with_kernel<Dir>(shape, in1, in2, out, omp_get_max_threads(),
+                          [&](auto&& run) { return measure(protocol, run); });
 }
 
 /// Handles one job line: read the two inputs, time the kernel, write the result.

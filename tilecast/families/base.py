@@ -16,10 +16,13 @@ class FamilyError(ValueError):
 
 @dataclass(frozen=True)
 class BuildSpec:
-    """What the builder compiles for one candidate: a source file and its -D defines."""
+    """What the builder compiles for one candidate: a source file and its -D defines.
+    `library_source`, where the family has one, is the in-process entry over the same kernel
+    code, compiled with the same defines into a shared library (tilecast.build, shared mode)."""
     source: Path
     defines: Mapping[str, int]
     include_dirs: tuple[Path, ...] = ()
+    library_source: Path | None = None
 
 
 @dataclass(frozen=True)

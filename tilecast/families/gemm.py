@@ -96,6 +96,7 @@ class GemmFamily:
     problem_fields = tuple(f.name for f in fields(GemmProblem))
     config_fields = tuple(f.name for f in fields(GemmConfig))
     source = KERNELS_DIR / "cpu" / "gemm.cpp"
+    library_source = KERNELS_DIR / "cpu" / "gemm_lib.cpp"
 
     # -- names --------------------------------------------------------------------------
     def kernel_name(self, cfg: GemmConfig) -> str:
@@ -159,7 +160,7 @@ class GemmFamily:
 
     def build_spec(self, cfg: GemmConfig) -> BuildSpec:
         validate_config(cfg)
-        return BuildSpec(source=self.source, defines={
+        return BuildSpec(source=self.source, library_source=self.library_source, defines={
             "TC_DTYPE": DTYPES[cfg.dtype], "TC_ISA": ISAS[cfg.isa], "TC_MR": cfg.mr,
             "TC_NR": cfg.nr, "TC_MC": cfg.mc, "TC_NC": cfg.nc, "TC_KC": cfg.kc,
             "TC_PACK_A": int(cfg.pack_a), "TC_PAR": PARALLEL[cfg.parallel],

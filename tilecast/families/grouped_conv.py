@@ -343,6 +343,7 @@ class GroupedConvFamily:
     problem_fields = tuple(f.name for f in fields(GroupedConvProblem))
     config_fields = tuple(f.name for f in fields(GroupedConvConfig))
     source = KERNELS_DIR / "cpu" / "grouped_conv.cpp"
+    library_source = KERNELS_DIR / "cpu" / "grouped_conv_lib.cpp"
 
     def __init__(self, direction: str):
         self.direction = _choice(direction, DIRECTIONS, "direction", "GroupedConvFamily")
@@ -406,7 +407,7 @@ class GroupedConvFamily:
             raise FamilyError(f"{kernel_name(cfg)} is a tile-engine kernel; tilecast builds "
                               "only its own grouped-conv variants")
         validate_config(cfg)
-        return BuildSpec(source=self.source, defines={
+        return BuildSpec(source=self.source, library_source=self.library_source, defines={
             "TC_DIR": DIRECTIONS[cfg.direction], "TC_NDIM": cfg.ndim_spatial, "TC_BM": cfg.bm,
             "TC_BN": cfg.bn, "TC_BK": cfg.bk, "TC_PIPELINE": PIPELINES[cfg.pipeline],
             "TC_WAVE": WAVE_MODES[cfg.wave_mode], "TC_DSB": int(cfg.has_dsb),

@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import build
 
 NATIVE_DIR = Path(__file__).resolve().parent
-CACHE_ENV = "TILECAST_CACHE"
+CACHE_ENV = build.CACHE_ENV
 COMPILER_ENV = "TILECAST_CXX"
 DEFAULT_COMPILER = "g++"
 # -ffp-contract=off: a fused multiply-add rounds once where numpy rounds twice, and the
@@ -41,8 +41,7 @@ _lock = threading.Lock()
 
 def cache_dir() -> Path:
     """Where compiled libraries live: $TILECAST_CACHE/native, else ~/.cache/tilecast/native."""
-    root = os.environ.get(CACHE_ENV)
-    return (Path(root) if root else Path.home() / ".cache" / "tilecast") / "native"
+    return build.cache_root() / "native"
 
 
 def compiler() -> str:

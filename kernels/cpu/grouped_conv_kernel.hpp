@@ -1,0 +1,47 @@
+// The compiled direction and pipeline's kernel over caller-owned tensors: the one place that
+// picks it, shared by the benchmark binary (grouped_conv.cpp, which times it) and the
+// in-process library (grouped_conv_lib.cpp, which runs it once).
+#pragma once
+
+#include <algorithm>
+
+#include "grouped_conv_config.hpp"
+#include "grouped_conv_dw.hpp"
+#include "grouped_conv_gather.hpp"
+#include "grouped_conv_parallel.hpp"
+#include "grouped_conv_shape.hpp"
+#include "grouped_conv_wgrad.hpp"
+
+namespace tc::gconv {
+
+/// Builds the compiled kernel over (in1, in2) -> out with its scratch, then returns
+/// body(run), where run() computes `out` once on `threads` threads. The scratch is
+/// allocated before body runs and lives until it returns, so a timed body times the kernel
+/// alone. A template on Dir so that the branches of the other directions are never
+/// instantiated.
+template <int Dir, class Body>
+decltype(auto) with_kernel(const ConvShape& shape, const float* in1, const float* in2, float* out,
+                           int threads, Body&& body) {
+  const FloatBuffer zeros(std::max({shape.c, shape.k, shape.g}) + 2 * kNR);
+  if constexpr (kPipeline == kDw) {
+    if constexpr (Dir == kBwdWeight) {
+      const DepthwiseWeightGrad kernel(shape, in1, in2);
+      return body([&] { kernel.run(out, threads); });
+    } else {
+      FloatBuffer packed(DepthwiseGather<Dir>::packed_weight_elems(shape));
+      const DepthwiseGather<Dir> kernel(shape, in1, in2, packed.get(), zeros.get());
+      return body([&] { kernel.run(out, threads); });
+    }
+  } else if constexpr (Dir == kBwdWeight) {
+    const WeightGradPolicy policy(shape, in1, in2);
+    const Workspace workspace(threads, policy.rows(), policy.depth(), policy.out_elems(), true);
+    return body([&] { run_conv(policy, out, workspace); });
+  } else {
+    FloatBuffer packed(GatherPolicy<Dir>::packed_weight_elems(shape));
+    const GatherPolicy<Dir> policy(shape, in1, in2, packed.get(), zeros.get());
+    const Workspace workspace(threads, policy.rows(), policy.depth(), policy.out_elems(), false);
+    return body([&] { run_conv(policy, out, workspace); });
+  }
+}
+
+}  // namespace tc::gconv

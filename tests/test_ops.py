@@ -1,0 +1,383 @@
+"""tilecast.ops: real GEMM and grouped-conv variants, compiled as shared libraries and run in
+process, against torch: outputs (norm-relative, the benchmark's tolerances), gradients,
+opcheck of the custom ops, transposed operands, bad inputs, and one real tiny registry."""
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import threading
+from dataclasses import replace
+
+import lightgbm
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilecast import build, kernel_library, ops, registry
+from tilecast.dispatch import Dispatcher
+from tilecast.families import get_family
+from tilecast.families.base import FamilyError
+from tilecast.families.gemm import GemmConfig
+from tilecast.families.grouped_conv import GroupedConvConfig
+
+GEMM = get_family("gemm")
+# small cache blocks, so that the shapes below cross several MC, NC and KC blocks
+GEMM_VARIANTS = [GemmConfig("fp32", "avx512", 14, 32, 28, 64, 48, "m", True, True),
+                 GemmConfig("fp32", "avx512", 6, 48, 12, 96, 32, "k", False, False),
+                 GemmConfig("fp32", "avx2", 6, 16, 12, 32, 40, "n", False, True),
+                 GemmConfig("bf16", "avx512", 14, 32, 28, 64, 48, "n", True, False)]
+FP32_KERNEL = GEMM.kernel_name(GEMM_VARIANTS[0])
+BF16_KERNEL = GEMM.kernel_name(GEMM_VARIANTS[3])
+GEMM_SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 100), (64, 130, 97)]
+
+CONV_VARIANTS = {
+    "forward_2d": GroupedConvConfig("forward", "fp32", 2, 16, 16, 16, "im2col", "interwave", True, True),
+    "forward_3d": GroupedConvConfig("forward", "fp32", 3, 32, 16, 8, "direct", "intrawave", False, False),
+    "forward_dw": GroupedConvConfig("forward", "fp32", 2, 16, 32, 16, "dw", "interwave", False, False),
+    "bwd_data_2d": GroupedConvConfig("bwd_data", "fp32", 2, 32, 16, 16, "direct", "interwave", False, True),
+    "bwd_weight_2d": GroupedConvConfig("bwd_weight", "fp32", 2, 16, 16, 8, "im2col", "intrawave", False, False),
+}
+CONV_KERNELS = {key: get_family(f"grouped_conv_{cfg.direction}").kernel_name(cfg)
+                for key, cfg in CONV_VARIANTS.items()}
+CONV_2D = {"forward": CONV_KERNELS["forward_2d"], "bwd_data": CONV_KERNELS["bwd_data_2d"],
+           "bwd_weight": CONV_KERNELS["bwd_weight_2d"]}
+
+
+def rel_error(output: torch.Tensor, reference: torch.Tensor) -> float:
+    """||output - reference|| / ||reference|| in float64, as the benchmark validates."""
+    output, reference = output.detach().double(), reference.detach().double()
+    return float((output - reference).norm() / reference.norm())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libraries(build_cache, hw):
+    """Every variant of this file compiled in shared mode (two compilers at once) into the
+    session's build cache, which tilecast.ops then loads from."""
+    if "avx512f" not in hw["flags"]:
+        pytest.skip("the variants here need AVX-512F, which this CPU lacks")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(build.BUILD_CACHE_ENV, str(build_cache))
+        # one grouped-conv family builds every direction's variant (the config names it)
+        built = [*build.build_candidates(GEMM, GEMM_VARIANTS, build_cache, jobs=2, shared=True),
+                 *build.build_candidates(get_family("grouped_conv_forward"),
+                                         list(CONV_VARIANTS.values()), build_cache, jobs=2,
+                                         shared=True)]
+        failed = [(b.kernel, b.event.reason[-300:]) for b in built if b.event.status != "ok"]
+        assert not failed
+        assert all(b.binary.suffix == ".so" for b in built)
+        yield {b.kernel: b for b in built}
+
+
+# -- GEMM ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("config", GEMM_VARIANTS, ids=GEMM.kernel_name)
+def test_gemm_variants_match_torch_in_every_layout(config):
+    name = GEMM.kernel_name(config)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[config.dtype]
+    gen = torch.Generator().manual_seed(0)
+    for m, n, k in GEMM_SHAPES:
+        a = torch.randn(m, k, generator=gen).to(dtype)
+        b = torch.randn(k, n, generator=gen).to(dtype)
+        reference = a.double() @ b.double()
+        tolerance = GEMM.tolerance(GEMM.problem({"m": m, "n": n, "k": k, "dtype": config.dtype}))
+        # row-major, column-major (transposed views), and a row-major a with a wider
+        # leading dimension (a slice of a wider matrix), all read in place
+        wide = torch.zeros(m, k + 3, dtype=dtype)
+        wide[:, :k] = a
+        for left, right in ((a, b), (a.t().contiguous().t(), b), (a, b.t().contiguous().t()),
+                            (a.t().contiguous().t(), b.t().contiguous().t()), (wide[:, :k], b)):
+            c = ops.gemm(left, right, kernel=name)
+            assert c.dtype == torch.float32 and c.shape == (m, n)
+            assert rel_error(c, reference) < tolerance, (name, m, n, k, left.stride(), right.stride())
+
+
+def test_other_strides_are_copied_and_empty_products_need_no_kernel():
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(20, 60, generator=gen)[:, ::2]            # column stride 2: not row/col-major
+    b = torch.randn(1, 9, generator=gen).expand(30, 9)        # row stride 0
+    assert rel_error(ops.gemm(a, b, kernel=FP32_KERNEL), a.double() @ b.double()) < 1e-4
+    assert ops.gemm(torch.empty(4, 0), torch.empty(0, 3), kernel=FP32_KERNEL).eq(0).all()
+    assert ops.gemm(torch.empty(0, 5), torch.empty(5, 3), kernel=FP32_KERNEL).shape == (0, 3)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gemm_gradients_match_torch(transposed):
+    gen = torch.Generator().manual_seed(2)
+    a0, b0 = torch.randn(37, 50, generator=gen), torch.randn(50, 29, generator=gen)
+    if transposed:  # leaves stored transposed: the op reads column-major views
+        a0, b0 = a0.t().contiguous().t(), b0.t().contiguous().t()
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    weight = torch.randn(37, 29, generator=gen)
+    (ops.gemm(a, b, kernel=FP32_KERNEL) * weight).sum().backward()
+    a_ref, b_ref = a0.double().requires_grad_(), b0.double().requires_grad_()
+    ((a_ref @ b_ref) * weight.double()).sum().backward()
+    assert rel_error(a.grad, a_ref.grad) < 1e-4 and rel_error(b.grad, b_ref.grad) < 1e-4
+
+
+def test_bf16_gradients_have_the_inputs_dtype():
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(16, 24, generator=gen).bfloat16().requires_grad_()
+    b = torch.randn(24, 8, generator=gen).bfloat16().requires_grad_()
+    ops.gemm(a, b, kernel=BF16_KERNEL).sum().backward()
+    assert a.grad.dtype == b.grad.dtype == torch.bfloat16
+    ones = torch.ones(16, 8, dtype=torch.float64)
+    assert rel_error(a.grad, ones @ b.detach().double().t()) < 1e-2
+    assert rel_error(b.grad, a.detach().double().t() @ ones) < 1e-2
+
+
+def test_opcheck_gemm():
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(9, 17, generator=gen, requires_grad=True)
+    b = torch.randn(17, 5, generator=gen, requires_grad=True)
+    torch.library.opcheck(ops.gemm_op, (a, b, FP32_KERNEL, FP32_KERNEL, FP32_KERNEL))
+    torch.library.opcheck(ops.gemm_op, (b.detach().t(), a.detach().t(), FP32_KERNEL, "", ""))
+
+
+class RecordingDispatcher:
+    """The Dispatcher query interface: records every problem, answers one kernel."""
+
+    def __init__(self, kernel: str, family=GEMM):
+        self.kernel, self.family, self.model, self.problems = kernel, family, "recording", []
+
+    def select(self, problem) -> str:
+        self.problems.append(problem)
+        return self.kernel
+
+
+def test_dispatcher_sees_transposed_views_as_column_major_and_the_gradient_problems():
+    dispatcher = RecordingDispatcher(FP32_KERNEL)
+    a = torch.randn(40, 30).t().requires_grad_()              # (30, 40), column-major
+    b = torch.randn(40, 20, requires_grad=True)
+    ops.gemm(a, b, dispatcher=dispatcher).sum().backward()
+    forward, grad_a, grad_b = ((p.m, p.n, p.k, p.layout_a, p.layout_b) for p in dispatcher.problems)
+    assert forward == (30, 20, 40, "col", "row")
+    assert grad_a == (30, 40, 20, "row", "col")               # grad @ b^T
+    assert grad_b == (40, 20, 30, "row", "row")               # a^T @ grad: a^T is row-major
+    with torch.no_grad():
+        ops.gemm(a, b, dispatcher=dispatcher)
+    assert len(dispatcher.problems) == 4                      # no gradient problems without grad
+
+
+@pytest.mark.parametrize("call, error, fragment", [
+    (lambda: ops.gemm(torch.randn(3, 4).double(), torch.randn(4, 2).double(), kernel=FP32_KERNEL),
+     ValueError, "has dtype torch.float64"),
+    (lambda: ops.gemm(torch.randn(3, 4), torch.randn(5, 2), kernel=FP32_KERNEL),
+     ValueError, "do not multiply: a has 4 columns, b has 5 rows"),
+    (lambda: ops.gemm(torch.randn(3, 4), torch.randn(4, 2).bfloat16(), kernel=FP32_KERNEL),
+     ValueError, "one dtype"),
+    (lambda: ops.gemm(torch.randn(3), torch.randn(3, 2), kernel=FP32_KERNEL),
+     ValueError, "must be a 2D matrix"),
+    (lambda: ops.gemm(torch.randn(3, 4), torch.randn(4, 2), kernel="gemm_fp32_sse_4x4"),
+     FamilyError, "not a GEMM kernel name"),
+    (lambda: ops.gemm(torch.randn(3, 4), torch.randn(4, 2), kernel=BF16_KERNEL),
+     ValueError, "kernel dtype bf16 != problem dtype fp32"),
+    (lambda: ops.gemm(torch.randn(3, 4), torch.randn(4, 2)), ValueError, "pass kernel="),
+    (lambda: ops.gemm(torch.randn(3, 4), torch.randn(4, 2),
+                      dispatcher=RecordingDispatcher(CONV_2D["forward"],
+                                                     get_family("grouped_conv_forward"))),
+     ValueError, "picks grouped_conv_forward kernels"),
+])
+def test_bad_gemm_calls_are_clear_errors(call, error, fragment):
+    with pytest.raises(error, match=fragment):
+        call()
+
+
+def test_libraries_are_built_once_loaded_once_and_report_their_parameters(libraries, monkeypatch,
+                                                                         build_cache):
+    built = libraries[FP32_KERNEL]
+    again = build.build_library(GEMM, GEMM_VARIANTS[0], build_cache)
+    assert again.cached and again.binary == built.binary and again.binary.name.endswith(".so")
+    # four threads load a kernel not yet loaded in this process: one build call, one object
+    key = (GEMM.name, FP32_KERNEL, str(build_cache), kernel_library.compiler())
+    monkeypatch.delitem(kernel_library._loaded, key, raising=False)
+    calls = []
+    real = build.build_library
+    monkeypatch.setattr(build, "build_library", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    loaded = [None] * 4
+
+    def load(index):
+        loaded[index] = kernel_library.load(GEMM, FP32_KERNEL)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and all(k is loaded[0] for k in loaded)
+    cfg = GEMM_VARIANTS[0]
+    assert (loaded[0].param("MR"), loaded[0].param("NR"), loaded[0].param("KC")) == (cfg.mr, cfg.nr, cfg.kc)
+    assert loaded[0].param("NO_SUCH") is None
+
+
+class _UnbuildableGemm:
+    """The GEMM family, but every variant compiled with a micro-tile too large for the
+    registers, which the kernel's compile-time checks refuse."""
+    name = "gemm"
+
+    def parse_name(self, name):
+        return GEMM.parse_name(name)
+
+    def kernel_name(self, config):
+        return GEMM.kernel_name(config)
+
+    def build_spec(self, config):
+        return replace(GEMM.build_spec(config), defines={**GEMM.build_spec(config).defines,
+                                                         "TC_MR": 31})
+
+
+def test_a_kernel_that_does_not_compile_is_a_build_error(tmp_path):
+    with pytest.raises(kernel_library.KernelBuildError, match="micro-tile too large"):
+        kernel_library.load(_UnbuildableGemm(), FP32_KERNEL, cache_dir=tmp_path)
+
+
+def _guarded(rows: int, cols: int, values: torch.Tensor) -> torch.Tensor:
+    """A (rows, cols) copy of `values` whose last byte is followed by an unreadable page."""
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    nbytes = rows * cols * values.element_size()
+    pages = -(-nbytes // mmap.PAGESIZE) + 1
+    memory = mmap.mmap(-1, pages * mmap.PAGESIZE)
+    last_page = ctypes.addressof(ctypes.c_char.from_buffer(memory)) + (pages - 1) * mmap.PAGESIZE
+    assert libc.mprotect(last_page, mmap.PAGESIZE, 0) == 0  # PROT_NONE
+    start = (pages - 1) * mmap.PAGESIZE - nbytes
+    tensor = torch.frombuffer(memory, dtype=torch.uint8)[start:start + nbytes]
+    return tensor.view(values.dtype).view(rows, cols).copy_(values)
+
+
+@pytest.mark.parametrize("config", GEMM_VARIANTS, ids=GEMM.kernel_name)
+def test_gemm_kernels_read_nothing_past_their_operands(config):
+    """The kernels read torch's memory in place: a read past an operand's end would fault."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[config.dtype]
+    gen = torch.Generator().manual_seed(9)
+    for m, n, k in [(7, 13, 5), (17, 3, 129)]:
+        a, b = torch.randn(m, k, generator=gen).to(dtype), torch.randn(k, n, generator=gen).to(dtype)
+        row_major = (_guarded(m, k, a), _guarded(k, n, b))
+        col_major = (_guarded(k, m, a.t()).t(), _guarded(n, k, b.t()).t())
+        for left, right in ((row_major[0], col_major[1]), (col_major[0], row_major[1])):
+            c = ops.gemm(left, right, kernel=GEMM.kernel_name(config))
+            assert rel_error(c, a.double() @ b.double()) < GEMM.tolerance(
+                GEMM.problem({"m": m, "n": n, "k": k, "dtype": config.dtype}))
+
+
+# -- grouped convolution -------------------------------------------------------------------
+
+CONV_CASES = [  # (x shape, w shape, stride, padding, dilation, groups)
+    ((2, 6, 9, 11), (8, 3, 3, 2), (2, 1), (1, 1), (1, 2), 2),
+    ((1, 19, 7, 6), (33, 19, 1, 1), 1, 0, 1, 1),
+    ((2, 12, 10, 7), (12, 1, 3, 3), (1, 2), 1, 1, 12),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_grouped_conv_forward_and_gradients_match_torch(case):
+    x_shape, w_shape, stride, padding, dilation, groups = case
+    gen = torch.Generator().manual_seed(5)
+    x0, w0 = torch.randn(x_shape, generator=gen), torch.randn(w_shape, generator=gen)
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    y = ops.grouped_conv(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                         kernel=CONV_2D)
+    x_ref, w_ref = x0.double().requires_grad_(), w0.double().requires_grad_()
+    y_ref = F.conv2d(x_ref, w_ref, None, stride, padding, dilation, groups)
+    assert y.shape == y_ref.shape and rel_error(y, y_ref) < 1e-4
+    grad = torch.randn(y.shape, generator=gen)
+    y.backward(grad)
+    y_ref.backward(grad.double())
+    assert rel_error(x.grad, x_ref.grad) < 1e-4 and rel_error(w.grad, w_ref.grad) < 1e-4
+
+
+def test_grouped_conv_3d_and_depthwise_kernels():
+    gen = torch.Generator().manual_seed(6)
+    x, w = torch.randn(1, 6, 5, 6, 5, generator=gen), torch.randn(8, 3, 3, 2, 3, generator=gen)
+    y = ops.grouped_conv(x, w, stride=(2, 1, 1), padding=(1, 0, 1), dilation=(1, 2, 1), groups=2,
+                         kernel=CONV_KERNELS["forward_3d"])
+    reference = F.conv3d(x.double(), w.double(), None, (2, 1, 1), (1, 0, 1), (1, 2, 1), 2)
+    assert rel_error(y, reference) < 1e-4
+    x, w = torch.randn(2, 12, 10, 7, generator=gen), torch.randn(12, 1, 3, 3, generator=gen)
+    y = ops.grouped_conv(x, w, padding=1, groups=12, kernel=CONV_KERNELS["forward_dw"])
+    assert rel_error(y, F.conv2d(x.double(), w.double(), None, 1, 1, 1, 12)) < 1e-4
+
+
+def test_grouped_conv_dispatchers_per_direction():
+    dispatchers = {direction: RecordingDispatcher(name, get_family(f"grouped_conv_{direction}"))
+                   for direction, name in CONV_2D.items()}
+    x = torch.randn(1, 4, 6, 6, requires_grad=True)
+    w = torch.randn(4, 2, 3, 3)
+    ops.grouped_conv(x, w, padding=1, groups=2, dispatcher=dispatchers).sum().backward()
+    asked = {d: [p.direction for p in r.problems] for d, r in dispatchers.items()}
+    assert asked == {"forward": ["forward"], "bwd_data": ["bwd_data"], "bwd_weight": []}
+    x_ref = x.detach().double().requires_grad_()
+    F.conv2d(x_ref, w.double(), None, 1, 1, 1, 2).sum().backward()
+    assert rel_error(x.grad, x_ref.grad) < 1e-4
+
+
+def test_opcheck_grouped_conv_ops():
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 6, 9, 8, generator=gen, requires_grad=True)
+    w = torch.randn(8, 3, 3, 2, generator=gen, requires_grad=True)
+    geometry = ([2, 1], [1, 1], [1, 2], 2)
+    torch.library.opcheck(ops.grouped_conv_op, (x, w, *geometry, *CONV_2D.values()))
+    dy = torch.randn(2, 8, 5, 8, generator=gen)
+    torch.library.opcheck(ops.grouped_conv_bwd_data_op,
+                          (dy, w.detach(), [2, 6, 9, 8], *geometry, CONV_2D["bwd_data"]))
+    torch.library.opcheck(ops.grouped_conv_bwd_weight_op,
+                          (x.detach(), dy, [8, 3, 3, 2], *geometry, CONV_2D["bwd_weight"]))
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(x=torch.randn(1, 4, 5, 5).double()), "the grouped-conv kernels take torch.float32"),
+    (dict(groups=3), "do not fit groups=3"),
+    (dict(w=torch.randn(4, 2, 3)), "2D convolutions take 4D tensors"),
+    (dict(stride=(1, 1, 1)), "stride must be an int or 2 ints"),
+    (dict(padding=4), "pad_h=4 exceeds the filter extent 3"),
+    (dict(kernel=CONV_KERNELS["forward_3d"]), "kernel ndim 3 != problem ndim 2"),
+    (dict(kernel=CONV_KERNELS["forward_dw"]), "the dw pipeline needs a depthwise problem"),
+    (dict(kernel={"forward": CONV_2D["forward"], "backward": "x"}), "unknown direction"),
+    (dict(kernel=CONV_2D["bwd_data"]), "is a bwd_data kernel"),
+    (dict(x=torch.randn(1, 4, 5, 5, requires_grad=True)), r"no bwd_data kernel \(x requires grad\)"),
+    (dict(kernel=None), "no forward kernel"),
+])
+def test_bad_grouped_conv_calls_are_clear_errors(kwargs, fragment):
+    args = {"x": torch.randn(1, 4, 5, 5), "w": torch.randn(4, 2, 3, 3), "groups": 2,
+            "kernel": CONV_2D["forward"], **kwargs}
+    with pytest.raises(ValueError, match=fragment):
+        ops.grouped_conv(args.pop("x"), args.pop("w"), **args)
+
+
+# -- one real tiny registry ----------------------------------------------------------------
+
+METRICS = {"mean_efficiency": 0.9, "median_efficiency": 0.9, "p10_efficiency": 0.8,
+           "min_efficiency": 0.7, "static_best": {"kernel": "?", "mean_efficiency": 0.8}}
+
+
+def test_gemm_through_a_published_registry(tmp_path, hw):
+    """A LightGBM model trained on a synthetic target over the fp32 variants built here,
+    published, loaded with Dispatcher.from_registry, and used by ops.gemm."""
+    configs = [c for c in GEMM_VARIANTS if c.dtype == "fp32"]
+    names = [GEMM.kernel_name(c) for c in configs]
+    engine = GEMM.feature_engine(hw)
+    rows, target = [], []
+    for m, n, k in [(m, n, k) for m in (8, 64, 512) for n in (16, 128, 1024) for k in (32, 256)]:
+        features = engine.matrix(GEMM.problem({"m": m, "n": n, "k": k}), configs)
+        rows.append(features)
+        target.append(np.log1p(1.0 + features[:, engine.feature_names().index("mr")]
+                               * np.log2(m * n * k) / 100))
+    booster = lightgbm.train({"objective": "regression", "min_data_in_leaf": 2, "verbose": -1,
+                              "num_threads": 1, "seed": 0},
+                             lightgbm.Dataset(np.vstack(rows), np.concatenate(target)),
+                             num_boost_round=10)
+    spec = {"family": "gemm", "feature_names": engine.feature_names(), "engine": engine.name,
+            "engine_version": engine.version, "target_transform": "log1p_tflops", "hardware": hw}
+    registry.publish(tmp_path, "gemm", {
+        "model.txt": booster.model_to_string(), "feature_spec.json": json.dumps(spec),
+        "candidates.json": json.dumps({"family": "gemm", "kernels": names, "static_best": names[0]}),
+        "train_manifest.json": "{}"}, metrics=METRICS)
+    dispatcher = Dispatcher.from_registry(tmp_path, "gemm")
+
+    gen = torch.Generator().manual_seed(8)
+    a, b = torch.randn(70, 90, generator=gen), torch.randn(90, 33, generator=gen)
+    c = ops.gemm(a, b, dispatcher=dispatcher)
+    chosen = dispatcher.select({"m": 70, "n": 33, "k": 90})
+    assert chosen in names and rel_error(c, a.double() @ b.double()) < 1e-4
+    assert torch.equal(c, ops.gemm(a, b, kernel=chosen))
