@@ -1,9 +1,10 @@
 """DISCO convolutions on the sphere: the filter tensor psi, pure-torch reference convolutions,
-and the fast CPU path (custom ops over compiled kernels, and the DiscoConvS2 modules).
+and the fast path (custom ops over compiled CPU and CUDA kernels, and the DiscoConvS2 modules).
 
 compute_psi builds the sparse filter tensor that fast contraction kernels consume; the functions
 of `reference` are the slow, obviously correct convolutions those kernels are tested against.
-Importing registers the tilecast:: ops; the kernels compile on first use (native.py).
+Importing registers the tilecast:: ops; the kernels compile on first use (native.py, and
+cuda.py with nvcc on the first call with CUDA tensors).
 """
 from __future__ import annotations
 

@@ -3,10 +3,10 @@ for torch-harmonics' DiscreteContinuousConvS2 / DiscreteContinuousConvTransposeS
 
 The constructor arguments they share mean the same (defaults included), the weight has the
 same shape (out_channels, in_channels / groups, kernel_size) and initialisation, and the
-forward is the same computation: the contraction with psi (tilecast's CPU kernels, ops.py),
-then a per-group channel/basis mix and the bias, as in reference.disco_conv. psi is built
-once, in __init__. float64 input runs the pure-torch reference instead (the kernels compute
-in float32).
+forward is the same computation: the contraction with psi (tilecast's CPU or CUDA kernels,
+ops.py), then a per-group channel/basis mix and the bias, as in reference.disco_conv. psi is
+built once, in __init__, into buffers that move with the module. float64 input runs the
+pure-torch reference instead (the kernels compute in float32).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ nlon_out. Both are built once, when a convolution is constructed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -21,8 +21,9 @@ from .psi import Psi
 class DiscoCSR:
     """The forward CSR (roff, col, vals) and transpose CSR (troff, tcol, tvals) of one psi.
 
-    Offsets and columns are int64, values float32, all contiguous on the CPU. in_shape and
-    out_shape are psi's (nlat, nlon); kernel_size its number of basis functions.
+    Offsets and columns are int64, values float32, all contiguous, on the CPU as built (`to`
+    moves them). in_shape and out_shape are psi's (nlat, nlon); kernel_size its number of
+    basis functions.
     """
     roff: torch.Tensor
     col: torch.Tensor
@@ -37,6 +38,11 @@ class DiscoCSR:
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """(roff, col, vals, troff, tcol, tvals): the order the tilecast ops take them in."""
         return self.roff, self.col, self.vals, self.troff, self.tcol, self.tvals
+
+    def to(self, device: torch.device | str) -> "DiscoCSR":
+        """This psi with its tensors on `device` (the ops read psi where the activations are)."""
+        names = ("roff", "col", "vals", "troff", "tcol", "tvals")
+        return replace(self, **{name: getattr(self, name).to(device) for name in names})
 
 
 def csr_from_psi(psi: Psi) -> DiscoCSR:

@@ -63,13 +63,16 @@ def compiler() -> str:
 
 
 def compile_library(source: Path = SOURCE, cxx: str | None = None,
-                    directory: Path | None = None, flags: tuple[str, ...] = FLAGS) -> Path:
+                    directory: Path | None = None, flags: tuple[str, ...] = FLAGS,
+                    toolchain: str = "") -> Path:
     """Path of the shared library built from `source`, compiling it unless cached.
+    `toolchain` joins the cache key: what else changes the binary that the first line of
+    `cxx --version` does not name (nvcc's names no release; tilecast/disco/cuda.py passes it).
     DiscoBuildError names the compiler and quotes the first lines of its error output."""
     cxx = cxx or compiler()
     directory = Path(directory) if directory is not None else cache_dir()
     try:
-        key = build.cache_key(source, {}, flags, cxx)
+        key = build.cache_key(source, {"toolchain": toolchain} if toolchain else {}, flags, cxx)
     except RuntimeError as err:  # compiler_version: no such compiler
         raise DiscoBuildError(str(err)) from None
     target = directory / f"{source.stem}-{key}.so"

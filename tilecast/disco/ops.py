@@ -1,13 +1,17 @@
-"""The DISCO contractions as torch custom ops (namespace `tilecast`), backed by the CPU kernels.
+"""The DISCO contractions as torch custom ops (namespace `tilecast`), backed by the CPU kernels
+(native.py) and, for CUDA tensors, the CUDA kernels (cuda.py).
 
     tilecast::disco_contraction(x, roff, col, vals, troff, tcol, tvals,
                                 kernel_size, nlat_out, nlon_out)      x (B, C, Hi, Wi) -> (B, C, K, Ho, Wo)
     tilecast::disco_transpose_contraction(y, roff, col, vals, troff, tcol, tvals,
                                           nlat_in, nlon_in)           y (B, C, K, Ho, Wo) -> (B, C, Hi, Wi)
 
-The psi arguments are the six tensors of a DiscoCSR (csr.py), in its `tensors()` order. Each
-op has a fake (shape) implementation, autograd (the gradient of one is the other) and a CPU
-autocast implementation that runs it in float32.
+The psi arguments are the six tensors of a DiscoCSR (csr.py), in its `tensors()` order, on
+x's device (DiscoCSR.to, or the module's buffers moved with it). Each op has one
+implementation for both devices (dispatched through BACKENDS), a fake (shape)
+implementation, autograd (the gradient of one is the other), a CPU autocast implementation
+that runs it in float32 and a CUDA one that runs it in the autocast dtype (the seed's
+AutocastCUDA pattern: the 16-bit kernels halve the memory traffic of a memory-bound op).
 
 The kernels compute in float32: float32, bfloat16 and float16 inputs are accepted, the
 16-bit ones converted to float32 in registers as they are read, the result rounded to the
@@ -19,10 +23,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import native
+from . import cuda, native
 
 #: the dtypes the kernels read and write (all computed in float32)
 SUPPORTED_DTYPES = tuple(native.STORAGE)
+#: device type -> the module whose contraction / transpose_contraction serve it
+BACKENDS = {"cpu": native, "cuda": cuda}
 
 
 def _check_dtype(name: str, tensor: Tensor) -> None:
@@ -42,6 +48,15 @@ def _check_psi(roff: Tensor, col: Tensor, vals: Tensor, troff: Tensor, tcol: Ten
     lengths = [col.numel(), vals.numel(), tcol.numel(), tvals.numel()]
     if any(length != lengths[0] for length in lengths[1:]):
         raise ValueError(f"psi's col, vals, tcol and tvals must have one length, got {lengths}")
+
+
+def _check_device(name: str, tensor: Tensor, psi: tuple[Tensor, ...]) -> None:
+    """The kernels read psi where they read the activations."""
+    elsewhere = sorted({str(t.device) for t in psi if t.device != tensor.device})
+    if elsewhere:
+        raise ValueError(f"psi's tensors are on {', '.join(elsewhere)} but {name} is on "
+                         f"{tensor.device}: move psi there too (DiscoCSR.to(device), or move "
+                         "the module, whose buffers hold psi)")
 
 
 def _contraction_shape(x: Tensor, psi: tuple[Tensor, ...], kernel_size: int, nlat_out: int,
@@ -78,7 +93,8 @@ def _values(tensor: Tensor) -> Tensor:
     return tensor.to(torch.float32).contiguous()
 
 
-@torch.library.custom_op("tilecast::disco_contraction", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("tilecast::disco_contraction", mutates_args=(),
+                         device_types=tuple(BACKENDS))
 def disco_contraction(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, troff: Tensor,
                       tcol: Tensor, tvals: Tensor, kernel_size: int, nlat_out: int,
                       nlon_out: int) -> Tensor:
@@ -87,14 +103,15 @@ def disco_contraction(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, troff:
     psi = (roff, col, vals, troff, tcol, tvals)
     shape = _contraction_shape(x, psi, kernel_size, nlat_out, nlon_out)
     _check_dtype("x", x)
+    _check_device("x", x, psi)
     if x.numel() == 0:
         return x.new_zeros(shape)
-    return native.contraction(x.contiguous(), _index(roff), _index(col), _values(vals),
-                              kernel_size, nlat_out, nlon_out)
+    return BACKENDS[x.device.type].contraction(x.contiguous(), _index(roff), _index(col),
+                                               _values(vals), kernel_size, nlat_out, nlon_out)
 
 
 @torch.library.custom_op("tilecast::disco_transpose_contraction", mutates_args=(),
-                         device_types="cpu")
+                         device_types=tuple(BACKENDS))
 def disco_transpose_contraction(y: Tensor, roff: Tensor, col: Tensor, vals: Tensor,
                                 troff: Tensor, tcol: Tensor, tvals: Tensor, nlat_in: int,
                                 nlon_in: int) -> Tensor:
@@ -103,10 +120,12 @@ def disco_transpose_contraction(y: Tensor, roff: Tensor, col: Tensor, vals: Tens
     psi = (roff, col, vals, troff, tcol, tvals)
     shape = _transpose_shape(y, psi, nlat_in, nlon_in)
     _check_dtype("y", y)
+    _check_device("y", y, psi)
     if y.numel() == 0:
         return y.new_zeros(shape)
-    return native.transpose_contraction(y.contiguous(), _index(troff), _index(tcol),
-                                        _values(tvals), nlat_in, nlon_in)
+    return BACKENDS[y.device.type].transpose_contraction(y.contiguous(), _index(troff),
+                                                         _index(tcol), _values(tvals), nlat_in,
+                                                         nlon_in)
 
 
 @disco_contraction.register_fake
@@ -156,3 +175,23 @@ def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in):
     with torch.amp.autocast("cpu", enabled=False):
         return disco_transpose_contraction(y.float(), roff, col, vals.float(), troff, tcol,
                                            tvals.float(), nlat_in, nlon_in)
+
+
+def _autocast_cuda(tensor: Tensor) -> Tensor:
+    """tensor in CUDA autocast's dtype; float64 stays (autocast leaves it, and the kernels
+    refuse it with a pointer to the reference)."""
+    return tensor if tensor.dtype == torch.float64 else tensor.to(torch.get_autocast_dtype("cuda"))
+
+
+@torch.library.impl("tilecast::disco_contraction", "AutocastCUDA")
+def _(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out):
+    with torch.amp.autocast("cuda", enabled=False):
+        return disco_contraction(_autocast_cuda(x), roff, col, vals.float(), troff, tcol,
+                                 tvals.float(), kernel_size, nlat_out, nlon_out)
+
+
+@torch.library.impl("tilecast::disco_transpose_contraction", "AutocastCUDA")
+def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in):
+    with torch.amp.autocast("cuda", enabled=False):
+        return disco_transpose_contraction(_autocast_cuda(y), roff, col, vals.float(), troff,
+                                           tcol, tvals.float(), nlat_in, nlon_in)
