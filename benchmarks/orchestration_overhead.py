@@ -24,22 +24,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(mode: str, config: str, workdir: Path) -> float:
+def run(mode: str, config: str, workdir: Path, build_cache: str | None = None) -> float:
     """Wall seconds of one `tilecast run` (mode "prefect" or "plain") in `workdir`."""
     command = [sys.executable, "-m", "flows.cli", "run", "--config", config,
                "--workdir", str(workdir), "--registry", str(workdir / "registry")]
     if mode == "plain":
         command.append("--plain")
     env = {**os.environ, "PYTHONPATH": str(REPO),
-           "TILECAST_BUILD_CACHE": str(workdir / "build-cache")}
+           "TILECAST_BUILD_CACHE": build_cache or str(workdir / "build-cache")}
     started = time.perf_counter()
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"{mode} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     summary = json.loads(proc.stdout)
-    bench = {f: s["bench"]["new_records"] for f, s in summary["stages"].items()}
-    print(f"  {mode:7s} {seconds:7.1f} s   new benchmark records {bench}", flush=True)
+    records = sum(s["bench"]["new_records"] for s in summary["stages"].values())
+    bench_s = sum(s["bench"]["seconds"] for s in summary["stages"].values())
+    retaken = sum(r.get("retaken") or 0 for raw in (workdir / "bench").glob("*.jsonl")
+                  for r in map(json.loads, raw.read_text().splitlines()))
+    print(f"  {mode:7s} {seconds:7.1f} s wall; benchmark stages {bench_s:6.1f} s, "
+          f"{records} new records, {retaken} samples re-taken in the raw logs", flush=True)
     return seconds
 
 
@@ -48,6 +52,8 @@ def main() -> None:
     parser.add_argument("--config", default="quick")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the workdirs")
+    parser.add_argument("--build-cache", default=None,
+                        help="one build cache for every run (e.g. a warm one: leaves compiling out)")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="tilecast-overhead-"))
@@ -57,10 +63,10 @@ def main() -> None:
             order = ["plain", "prefect"] if r % 2 == 0 else ["prefect", "plain"]
             print(f"round {r + 1}: cold runs ({' then '.join(order)})", flush=True)
             for mode in order:
-                cold[mode].append(run(mode, args.config, root / f"{mode}{r}"))
+                cold[mode].append(run(mode, args.config, root / f"{mode}{r}", args.build_cache))
             print(f"round {r + 1}: warm re-runs", flush=True)
             for mode in reversed(order):
-                warm[mode].append(run(mode, args.config, root / f"{mode}{r}"))
+                warm[mode].append(run(mode, args.config, root / f"{mode}{r}", args.build_cache))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -9,10 +9,55 @@ from pathlib import Path
 from tilecast import cli
 
 
+def _template_database() -> Path | None:
+    """A migrated, empty Prefect database for this Prefect version, made once per machine in
+    tilecast's cache: a new workdir starts from a copy instead of migrating a new database
+    (about 7 s of every cold run on 2 cores). None when it cannot be made (then Prefect
+    migrates as usual)."""
+    import sqlite3
+    import subprocess
+    from importlib.metadata import version
+
+    from tilecast.io_utils import atomic_write_bytes
+
+    base = Path(os.environ.get("TILECAST_CACHE") or Path.home() / ".cache" / "tilecast")
+    directory = base / "prefect-db" / version("prefect")
+    template = directory / "prefect.db"
+    if template.exists():
+        return template
+    scratch = directory / f"home-{os.getpid()}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PREFECT_HOME": str(scratch), "DO_NOT_TRACK": "1",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"],
+                          env=env, capture_output=True, text=True)
+    made = scratch / "prefect.db"
+    if proc.returncode != 0 or not made.exists():
+        return None
+    with sqlite3.connect(made) as db:  # everything in the main file, no -wal beside it
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode=DELETE")
+    atomic_write_bytes(template, made.read_bytes())
+    import shutil
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    return template
+
+
 def prefect_env(workdir: Path) -> None:
-    """Offline Prefect: state inside the workdir, no telemetry; set before prefect is imported."""
+    """Offline Prefect: state inside the workdir, no telemetry; set before prefect is imported.
+    A new workdir's database starts as a copy of the migrated template (_template_database)."""
     home = (workdir / ".prefect").resolve()
     home.mkdir(parents=True, exist_ok=True)
+    if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ \
+            and not (home / "prefect.db").exists():
+        template = _template_database()
+        if template is not None:
+            from tilecast.io_utils import atomic_write_bytes
+
+            atomic_write_bytes(home / "prefect.db", template.read_bytes())
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

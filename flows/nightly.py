@@ -33,10 +33,10 @@ def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: st
     for f in families:
         benches[f] = bench_task.submit(*args, f, builds[f], device, wait_for=previous)
         previous = [benches[f]]
-    converts = {f: stages.convert_to_parquet.submit(*args, f, benches[f], wait_for=previous)
-                for f in families}
-    trains = {f: stages.train_model.submit(*args, f, converts[f], wait_for=previous)
-              for f in families}
+    for future in benches.values():  # nothing else in flight while the device measures
+        future.wait()
+    converts = {f: stages.convert_to_parquet.submit(*args, f, benches[f]) for f in families}
+    trains = {f: stages.train_model.submit(*args, f, converts[f]) for f in families}
     evaluations = {f: stages.evaluate_holdout.submit(*args, f, trains[f]) for f in families}
     report = stages.write_report.submit(*args, {f: evaluations[f] for f in families})
     publishes = {f: stages.publish_registry.submit(*args, f, evaluations[f], wait_for=[report])

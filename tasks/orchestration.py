@@ -97,3 +97,4 @@ def rebench_artifact(run_id: str, markdown: str) -> None:
 
     create_markdown_artifact(key="tilecast-rebench", markdown=markdown,
                              description=f"rebenchmark {run_id}: regressions and improvements")
+

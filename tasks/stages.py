@@ -3,12 +3,25 @@
 inputs + source, tags (the benchmark's device tag for concurrency limits) and logging."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
 from tilecast import pipeline, rebench
 
 CACHE = INPUTS + TASK_SOURCE
+
+# The stages that compute in this process (torch peers while benchmarking, LightGBM, the
+# native scorer) run on one thread: an OpenMP runtime runs ~3x slower once a second thread
+# starts parallel regions (seen here: a LightGBM fit 0.56 s on the first thread, 1.7 s on
+# any other), and the task runner gives every task a thread of its own. Builds (compiler
+# processes) and converts keep fanning out on the runner's threads.
+_COMPUTE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tilecast-compute")
+
+
+def _compute(fn, *args):
+    return _COMPUTE.submit(fn, *args).result()
 
 
 def _ctx(config: str, workdir: str, registry: str, run_id: str) -> pipeline.RunContext:
@@ -27,7 +40,7 @@ def benchmark_candidates(config: str, workdir: str, registry: str, run_id: str, 
                          build: dict, device: str | None = None) -> dict:
     """Measure every built candidate on the problem sets (resumes from the raw file), holding
     the device (its tag's concurrency limit here, the host's device lock in the stage)."""
-    return pipeline.bench_stage(_ctx(config, workdir, registry, run_id), family, device)
+    return _compute(pipeline.bench_stage, _ctx(config, workdir, registry, run_id), family, device)
 
 
 @task(name="convert-to-parquet", cache_policy=CACHE, tags=["convert"])
@@ -41,28 +54,28 @@ def convert_to_parquet(config: str, workdir: str, registry: str, run_id: str, fa
 def train_model(config: str, workdir: str, registry: str, run_id: str, family: str,
                 convert: dict) -> dict:
     """LightGBM on the training problems, GroupKFold on dims_key."""
-    return pipeline.train_stage(_ctx(config, workdir, registry, run_id), family)
+    return _compute(pipeline.train_stage, _ctx(config, workdir, registry, run_id), family)
 
 
 @task(name="evaluate-holdout", cache_policy=CACHE, tags=["evaluate"])
 def evaluate_holdout(config: str, workdir: str, registry: str, run_id: str, family: str,
                      train: dict) -> dict:
     """Model vs the measured oracle and the static best on held-out problems."""
-    return pipeline.evaluate_stage(_ctx(config, workdir, registry, run_id), family)
+    return _compute(pipeline.evaluate_stage, _ctx(config, workdir, registry, run_id), family)
 
 
 @task(name="write-report", cache_policy=CACHE, tags=["report"])
 def write_report(config: str, workdir: str, registry: str, run_id: str,
                  evaluations: dict) -> dict:
     """evaluation.json, report.md and plots for every family."""
-    return pipeline.report_stage(_ctx(config, workdir, registry, run_id))
+    return _compute(pipeline.report_stage, _ctx(config, workdir, registry, run_id))
 
 
 @task(name="publish-registry", cache_policy=CACHE, tags=["publish"])
 def publish_registry(config: str, workdir: str, registry: str, run_id: str, family: str,
                      evaluation: dict) -> dict:
     """A new registry version; the production alias moves only if the gate passes."""
-    return pipeline.publish_stage(_ctx(config, workdir, registry, run_id), family)
+    return _compute(pipeline.publish_stage, _ctx(config, workdir, registry, run_id), family)
 
 
 @task(name="rebench-family", cache_policy=NO_CACHE, tags=["bench"], retries=1,
@@ -70,4 +83,4 @@ def publish_registry(config: str, workdir: str, registry: str, run_id: str, fami
 def rebench_family(plan, family: str, device: str | None = None):
     """Build, re-measure and compare one family's sentinel problems (a re-try resumes the
     measurement from its raw log)."""
-    return rebench.run_family(plan, family, device)
+    return _compute(rebench.run_family, plan, family, device)
