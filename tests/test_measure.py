@@ -70,7 +70,7 @@ def _stop(procs) -> None:
         proc.wait()
 
 
-@pytest.mark.skipif(cpu_stall_us() is None, reason="the kernel has neither schedstat nor PSI")
+@pytest.mark.skipif(cpu_stall_us() is None, reason="the kernel has no /proc/pressure/cpu")
 def test_contended_samples_are_retaken_and_counted(tmp_path, faulty_binary):
     """With more busy processes than cores, samples are disturbed: the harness re-takes them
     up to the allowance, then keeps and counts the rest; the peer path does the same."""

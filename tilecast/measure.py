@@ -207,24 +207,8 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
 
 
 def cpu_stall_us() -> int | None:
-    """Cumulative microseconds this process's threads spent runnable but waiting for a CPU
-    (run-queue wait, /proc/self/task/*/schedstat), as the harness reads it: only our own
-    threads' waiting disturbs a sample. Falls back to the machine-wide "some total" of
-    /proc/pressure/cpu; None where the kernel provides neither."""
-    waited, any_thread = 0, False
-    try:
-        threads = os.listdir("/proc/self/task")
-    except OSError:
-        threads = []
-    for tid in threads:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                waited += int(f.read().split()[1])
-                any_thread = True
-        except (OSError, IndexError, ValueError):
-            continue  # the thread ended meanwhile
-    if any_thread:
-        return waited // 1000
+    """Cumulative microseconds some task waited for a CPU (Linux pressure stall information,
+    /proc/pressure/cpu "some total"); None where the kernel does not provide it."""
     try:
         with open("/proc/pressure/cpu") as f:
             first = f.readline()

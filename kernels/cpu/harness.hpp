@@ -24,7 +24,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <exception>
 #include <fstream>
 #include <sstream>
@@ -181,46 +180,20 @@ inline void flush_caches() {
   sink = sink + total;
 }
 
-/// Cumulative time (microseconds) this process's threads spent runnable but waiting
-/// for a CPU: the sum over /proc/self/task/*/schedstat of the run-queue wait. Only a
-/// wait of our own threads disturbs a sample; another task that waits while our
-/// threads run (a scheduler's idle tick, a server's log flush) does not. Falls back
-/// to the machine-wide "some total" of /proc/pressure/cpu, then -1.
-inline long long read_first_number_after(const char* path, const char* key) {
-  std::FILE* file = std::fopen(path, "r");
+/// Cumulative time (microseconds) during which some task on this machine was
+/// runnable but waiting for a CPU: the "some total" of Linux's pressure stall
+/// information. -1 where the kernel does not provide it.
+inline long long cpu_stall_us() {
+  std::FILE* file = std::fopen("/proc/pressure/cpu", "r");
   if (file == nullptr) return -1;
   char line[256];
-  long long value = -1;
+  long long total = -1;
   if (std::fgets(line, sizeof line, file) != nullptr) {
-    const char* field = key ? std::strstr(line, key) : line;
-    if (field != nullptr) value = std::atoll(field + (key ? std::strlen(key) : 0));
+    const char* field = std::strstr(line, "total=");
+    if (field != nullptr) total = std::atoll(field + 6);
   }
   std::fclose(file);
-  return value;
-}
-
-inline long long cpu_stall_us() {
-  DIR* tasks = opendir("/proc/self/task");
-  if (tasks != nullptr) {
-    long long wait_ns = 0;
-    bool any = false;
-    while (const dirent* entry = readdir(tasks)) {
-      if (entry->d_name[0] == '.') continue;
-      char path[64];
-      std::snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", entry->d_name);
-      std::FILE* file = std::fopen(path, "r");
-      if (file == nullptr) continue;  // the thread ended meanwhile
-      long long on_cpu = 0, waited = 0;
-      if (std::fscanf(file, "%lld %lld", &on_cpu, &waited) == 2) {
-        wait_ns += waited;
-        any = true;
-      }
-      std::fclose(file);
-    }
-    closedir(tasks);
-    if (any) return wait_ns / 1000;
-  }
-  return read_first_number_after("/proc/pressure/cpu", "total=");
+  return total;
 }
 
 /// Times `fn` under `protocol`: warm up for warmup_ms (at least one call),
@@ -228,7 +201,7 @@ inline long long cpu_stall_us() {
 /// samples of `reps` back-to-back calls, flushing caches before each sample
 /// when asked. Returns seconds per call for each sample.
 ///
-/// Contention guard: a sample during which our threads waited for a CPU for more than
+/// Contention guard: a sample during which tasks waited for a CPU for more than
 /// stall_limit of its duration shared the cores with someone else (on 2 cores an
 /// OpenMP kernel then runs 2x to 50x slower, as its barriers wait for a preempted
 /// thread); it is re-taken, at most `retakes` times per job, then kept and counted.
