@@ -32,18 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
 
-CONFIGS = {
-    "self_256x360x720": dict(in_channels=256, out_channels=256, in_shape=(360, 720), out_shape=(360, 720),
-                             grid_in="legendre-gauss", grid_out="legendre-gauss", theta_cutoff=0.017,
-                             kernel_shape=(3, 3), basis_type="harmonic", basis_norm_mode="mean"),
-    "self_512x360x720": dict(in_channels=512, out_channels=512, in_shape=(360, 720), out_shape=(360, 720),
-                             grid_in="legendre-gauss", grid_out="legendre-gauss", theta_cutoff=0.017,
-                             kernel_shape=(3, 3), basis_type="harmonic", basis_norm_mode="mean"),
-    "down_73x721x1440": dict(in_channels=80, out_channels=512, in_shape=(721, 1440), out_shape=(360, 720),
-                             grid_in="equiangular", grid_out="legendre-gauss", theta_cutoff=0.017,
-                             kernel_shape=(3, 3), basis_type="harmonic", basis_norm_mode="mean"),
-}
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402
 # the float64 reference rolls the whole input once per output longitude: skip it beyond this
 # many rolled elements (about a minute), or when its expanded tensor passes this many bytes
 REFERENCE_MAX_ELEMENTS = 5e9
