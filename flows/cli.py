@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
 from tilecast import cli
+from tilecast.io_utils import atomic_write_bytes
 
 
 def _template_database() -> Path | None:
@@ -14,14 +18,11 @@ def _template_database() -> Path | None:
     tilecast's cache: a new workdir starts from a copy instead of migrating a new database
     (about 7 s of every cold run on 2 cores). None when it cannot be made (then Prefect
     migrates as usual)."""
-    import sqlite3
-    import subprocess
     from importlib.metadata import version
 
-    from tilecast.io_utils import atomic_write_bytes
+    from tilecast.build import cache_root
 
-    base = Path(os.environ.get("TILECAST_CACHE") or Path.home() / ".cache" / "tilecast")
-    directory = base / "prefect-db" / version("prefect")
+    directory = cache_root() / "prefect-db" / version("prefect")
     template = directory / "prefect.db"
     if template.exists():
         return template
@@ -31,19 +32,19 @@ def _template_database() -> Path | None:
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     env.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"],
-                          env=env, capture_output=True, text=True)
-    made = scratch / "prefect.db"
-    if proc.returncode != 0 or not made.exists():
-        return None
-    with sqlite3.connect(made) as db:  # everything in the main file, no -wal beside it
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        db.execute("PRAGMA journal_mode=DELETE")
-    atomic_write_bytes(template, made.read_bytes())
-    import shutil
-
-    shutil.rmtree(scratch, ignore_errors=True)
-    return template
+    try:
+        proc = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade",
+                               "-y"], env=env, capture_output=True, text=True)
+        made = scratch / "prefect.db"
+        if proc.returncode != 0 or not made.exists():
+            return None
+        with sqlite3.connect(made) as db:  # everything in the main file, no -wal beside it
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.execute("PRAGMA journal_mode=DELETE")
+        atomic_write_bytes(template, made.read_bytes())
+        return template
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def prefect_env(workdir: Path) -> None:
@@ -55,8 +56,6 @@ def prefect_env(workdir: Path) -> None:
             and not (home / "prefect.db").exists():
         template = _template_database()
         if template is not None:
-            from tilecast.io_utils import atomic_write_bytes
-
             atomic_write_bytes(home / "prefect.db", template.read_bytes())
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .build import cache_root
+
 log = logging.getLogger("tilecast.device")
 
 
@@ -31,8 +33,7 @@ def lock_dir() -> Path:
     """$TILECAST_LOCKS, else `devices/` in tilecast's cache ($TILECAST_CACHE or ~/.cache/tilecast)."""
     if os.environ.get("TILECAST_LOCKS"):
         return Path(os.environ["TILECAST_LOCKS"])
-    base = os.environ.get("TILECAST_CACHE") or Path.home() / ".cache" / "tilecast"
-    return Path(base) / "devices"
+    return cache_root() / "devices"
 
 
 @contextmanager
