@@ -6,11 +6,12 @@
                                                                 # einsum is very slow)
 
 For each config and precision, batch 1, same weights and threads: forward and forward+backward
-wall time (median of --reps after a warm-up) of both modules, the ratio th/tilecast, GFLOP/s of
-the whole conv, and each module's forward error against a float64 reference
-(tilecast.disco.reference on the same weights; "skipped" where that would take too long or too
-much memory). Then each contraction kernel alone (forward and transpose) against the peer's
-custom ops. The configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes
+wall time (median of --reps after a warm-up) of torch-harmonics' module and of DiscoConvS2 on
+each of its paths (--paths: csr, kpacked, fused, fused+kpacked; the kpacked ones where psi has
+the layout), the ratio th/tilecast, GFLOP/s of the whole conv, and each module's forward error
+against a float64 reference (tilecast.disco.reference on the same weights; "skipped" where that
+would take too long or too much memory). Then each contraction kernel alone (the CSR and
+kpacked forward, the transpose) against the peer's custom ops. The configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes
 by s and divides theta_cutoff by s, so each filter keeps about as many grid points. Figures,
 not a test.
 """
@@ -135,17 +136,39 @@ def peer_kernels(peer: torch.nn.Module, config: dict):
 
 
 def bench_precision(work: Workload, x32: torch.Tensor, precision: str, reps: int, reference_out,
-                    modules: bool) -> None:
+                    modules: bool, paths: list[str]) -> None:
     x = x32.to(PRECISIONS[precision])
     if modules:
-        bench_modules(work, x, precision, reps, reference_out)
+        bench_modules(work, x, precision, reps, reference_out, paths)
     bench_kernels(work, x, precision, reps)
 
 
-def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, reference_out) -> None:
-    """Both modules, forward and forward+backward, with their errors against float64."""
+#: DiscoConvS2's paths: (fused, kpacked)
+PATHS = {"csr": (False, False), "kpacked": (False, True), "fused": (True, False),
+         "fused+kpacked": (True, True)}
+
+
+def on_path(module: DiscoConvS2, path: str) -> DiscoConvS2 | None:
+    """A copy of `module` set to take `path`; None if psi has no kpacked layout for it."""
+    fused, kpacked = PATHS[path]
+    if kpacked and module.psi_kpacked_K_pad is None:
+        return None
+    copied = copy.deepcopy(module)
+    copied.fused = fused
+    if not kpacked and copied.psi_kpacked_K_pad is not None:
+        copied.psi_kpacked_K_pad = 24   # ineligible: the CSR fallback
+    return copied
+
+
+def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, reference_out,
+                  paths: list[str]) -> None:
+    """torch-harmonics and each of our paths, forward and forward+backward, with their errors
+    against float64."""
+    candidates = [(f"tc:{path}", on_path(work.ours, path)) for path in paths] + [("th", work.peer)]
     rows = {}
-    for label, module in (("tilecast", work.ours), ("th", work.peer)):
+    for label, module in candidates:
+        if module is None:
+            continue
         # a copy, so that the fp32 weights survive the cast
         forward, both, out = time_module(copy.deepcopy(module).to(x.dtype), x, reps)
         error = "skipped" if reference_out is None else f"{rel_error(out, reference_out):.2e}"
@@ -154,23 +177,32 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
     conv_flops = work.contraction_flops + work.einsum_flops
     train_flops = 2 * work.contraction_flops + 3 * work.einsum_flops
     for label, (forward, both, error) in rows.items():
-        print(f"  {precision:5s} {label:9s} fwd {forward * 1e3:9.1f} ms ({conv_flops / forward / 1e9:6.1f} GFLOP/s)"
+        print(f"  {precision:5s} {label:16s} fwd {forward * 1e3:9.1f} ms ({conv_flops / forward / 1e9:6.1f} GFLOP/s)"
               f"  fwd+bwd {both * 1e3:9.1f} ms ({train_flops / both / 1e9:6.1f} GFLOP/s)  err vs fp64 {error}")
-    print(f"  {precision:5s} ratio th/tilecast: fwd {rows['th'][0] / rows['tilecast'][0]:.2f}x, "
-          f"fwd+bwd {rows['th'][1] / rows['tilecast'][1]:.2f}x")
+    peer = rows["th"]
+    for label, (forward, both, _) in rows.items():
+        if label != "th":
+            print(f"  {precision:5s} ratio th/{label}: fwd {peer[0] / forward:.2f}x, fwd+bwd {peer[1] / both:.2f}x")
 
 
 def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) -> None:
     """Each contraction kernel alone, tilecast against the peer, GFLOP/s of the contraction."""
     config, ours = work.config, work.ours
     psi = ours._psi_tensors()
+    (nlat_out, nlon_out) = config["out_shape"]
     ours_fwd = lambda inp: ops.disco_contraction(inp, *psi, ours.kernel_size, *config["out_shape"])  # noqa: E731
     ours_bwd = lambda y: ops.disco_transpose_contraction(y, *psi, *config["in_shape"])  # noqa: E731
     peer_fwd, peer_bwd = peer_kernels(work.peer, config)
+    packed = ours._kpacked()
     with torch.no_grad():
         y = ours_fwd(x)
         times = {"tilecast": (median_seconds(lambda: ours_fwd(x), reps), median_seconds(lambda: ours_bwd(y), reps)),
                  "th": (median_seconds(lambda: peer_fwd(x), reps), median_seconds(lambda: peer_bwd(y), reps))}
+        if packed is not None:
+            kp_fwd = lambda inp: ops.disco_kpacked_contraction(  # noqa: E731
+                inp, *packed.tensors(), ours.kernel_size, nlat_out, nlon_out, 0, nlat_out)
+            kp_time = median_seconds(lambda: kp_fwd(x), reps)
+            kp_error = rel_error(kp_fwd(x[:, :AGREEMENT_CHANNELS]), ours_fwd(x[:, :AGREEMENT_CHANNELS]).double())
         # on a few channels: at full scale a float64 copy of the whole output would not fit
         few = x[:, :AGREEMENT_CHANNELS]
         agreement = rel_error(peer_fwd(few), ours_fwd(few).double())
@@ -179,8 +211,12 @@ def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) ->
     for label, (forward, transpose) in times.items():
         print(f"  {precision:5s} {label:9s} contraction {forward * 1e3:8.1f} ms ({flops / forward / 1e9:6.1f} GFLOP/s)"
               f"  transpose {transpose * 1e3:8.1f} ms ({flops / transpose / 1e9:6.1f} GFLOP/s)")
-    print(f"  {precision:5s} kernel ratio th/tilecast: contraction {times['th'][0] / times['tilecast'][0]:.2f}x, "
-          f"transpose {times['th'][1] / times['tilecast'][1]:.2f}x; outputs differ by {agreement:.1e} "
+    if packed is not None:
+        print(f"  {precision:5s} tc:kpacked contraction {kp_time * 1e3:8.1f} ms ({flops / kp_time / 1e9:6.1f} GFLOP/s)"
+              f", differs from the CSR kernel by {kp_error:.1e}")
+    print(f"  {precision:5s} kernel ratio th/tilecast: contraction {times['th'][0] / times['tilecast'][0]:.2f}x"
+          + (f" (kpacked {times['th'][0] / kp_time:.2f}x)" if packed is not None else "")
+          + f", transpose {times['th'][1] / times['tilecast'][1]:.2f}x; outputs differ by {agreement:.1e} "
           f"(first {min(AGREEMENT_CHANNELS, x.shape[1])} channels)")
 
 
@@ -194,10 +230,14 @@ def main(argv=None) -> None:
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"DiscoConvS2 paths to time (default all: {', '.join(PATHS)})")
     args = parser.parse_args(argv)
+    paths = args.paths.split(",")
     names, precisions = args.configs.split(","), args.precisions.split(",")
     module_precisions = precisions if args.module_precisions is None else args.module_precisions.split(",")
     for value, valid, what in ((names, CONFIGS, "config"), (precisions, PRECISIONS, "precision"),
+                               (paths, PATHS, "path"),
                                (module_precisions, precisions, "module precision (not in --precisions)")):
         unknown = [v for v in value if v not in valid]
         if unknown:
@@ -221,7 +261,8 @@ def main(argv=None) -> None:
                           generator=torch.Generator().manual_seed(0))
         reference_out = work.reference_output(x32) if work.reference_fits() else None
         for precision in precisions:
-            bench_precision(work, x32, precision, args.reps, reference_out, precision in module_precisions)
+            bench_precision(work, x32, precision, args.reps, reference_out, precision in module_precisions,
+                            paths)
         del work, reference_out
 
 

@@ -47,9 +47,18 @@ def _template_database() -> Path | None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+#: server services an embedded server (one run, one process, gone after it) never needs:
+#: schedules, late and paused runs, worker health, cancellations, automations, the debug event
+#: logger. Left running they wake every few seconds on the cores the benchmarks measure on.
+#: The event persister and the task-run recorder stay: task runs and states need them.
+EPHEMERAL_IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "CANCELLATION_CLEANUP",
+                           "PAUSE_EXPIRATIONS", "TRIGGERS", "EVENT_LOGGER")
+
+
 def prefect_env(workdir: Path) -> None:
     """Offline Prefect: state inside the workdir, no telemetry; set before prefect is imported.
-    A new workdir's database starts as a copy of the migrated template (_template_database)."""
+    A new workdir's database starts as a copy of the migrated template (_template_database);
+    an embedded server runs without the services it never needs (EPHEMERAL_IDLE_SERVICES)."""
     home = (workdir / ".prefect").resolve()
     home.mkdir(parents=True, exist_ok=True)
     if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ \
@@ -63,6 +72,9 @@ def prefect_env(workdir: Path) -> None:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tilecast")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
+    if "PREFECT_API_URL" not in os.environ:
+        for service in EPHEMERAL_IDLE_SERVICES:
+            os.environ.setdefault(f"PREFECT_SERVER_SERVICES_{service}_ENABLED", "false")
 
 
 def _cmd_run(args) -> int:

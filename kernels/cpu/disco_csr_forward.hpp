@@ -1,6 +1,6 @@
 // The forward contraction's loops around row_tile: y[bc, k, ho, :] for a work item of
-// (channel, kForwardBlock output latitudes), from a float32 band of the input latitudes the
-// item's psi rows read.
+// (channel, lat_block output latitudes; kForwardBlock by default), from a float32 band of the
+// input latitudes the item's psi rows read.
 #pragma once
 
 #include <omp.h>
@@ -15,7 +15,7 @@
 
 namespace tc::disco {
 
-constexpr index_t kForwardBlock = 8;  // output latitudes per forward work item
+constexpr index_t kForwardBlock = 8;  // default output latitudes per forward work item
 
 /// Copies input latitudes [hi_lo, hi_hi] of one channel into float32 phase lines of `rowlen`
 /// floats: line (h, p) holds x[h, p + s*j] for j < Wo, then its own first T values again.
@@ -41,13 +41,16 @@ void fill_band(const Elem* plane, const Dims& d, index_t hi_lo, index_t hi_hi, i
   }
 }
 
+/// The forward with `lat_block` output latitudes per work item (> 0): more items balance the
+/// threads better, fewer share each band of input latitudes across more output rows.
 template <int NV, typename Elem>
-void forward(const Elem* x, Elem* y, const Dims& d, const std::int64_t* roff,
-             const std::int32_t* line, const std::int32_t* quot, const float* vals, int threads) {
+void forward_blocked(const Elem* x, Elem* y, const Dims& d, const std::int64_t* roff,
+                     const std::int32_t* line, const std::int32_t* quot, const float* vals,
+                     int threads, index_t lat_block) {
   constexpr index_t T = NV * kLanes;
   const index_t s = d.stride();
   const index_t rowlen = ceil_div(d.wo + T, kLanes) * kLanes;
-  const index_t blocks = ceil_div(d.ho, kForwardBlock);
+  const index_t blocks = ceil_div(d.ho, lat_block);
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> band;
@@ -57,7 +60,7 @@ void forward(const Elem* x, Elem* y, const Dims& d, const std::int64_t* roff,
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (index_t bc = 0; bc < d.bc; ++bc) {
       for (index_t blk = 0; blk < blocks; ++blk) {
-        const index_t ho0 = blk * kForwardBlock, ho1 = std::min(d.ho, ho0 + kForwardBlock);
+        const index_t ho0 = blk * lat_block, ho1 = std::min(d.ho, ho0 + lat_block);
         // a row's entries are sorted by column, so its first and last bound its latitudes
         index_t hi_lo = d.hi, hi_hi = -1;
         for (index_t k = 0; k < d.k; ++k) {
@@ -101,6 +104,13 @@ void forward(const Elem* x, Elem* y, const Dims& d, const std::int64_t* roff,
       }
     }
   }
+}
+
+/// The forward with the default latitude block.
+template <int NV, typename Elem>
+void forward(const Elem* x, Elem* y, const Dims& d, const std::int64_t* roff,
+             const std::int32_t* line, const std::int32_t* quot, const float* vals, int threads) {
+  forward_blocked<NV, Elem>(x, y, d, roff, line, quot, vals, threads, kForwardBlock);
 }
 
 }  // namespace tc::disco

@@ -1,5 +1,6 @@
 // The transpose contraction's loops around channel_tile: gx[bc0:bc0+BT, hi, :] for a work
-// item of (BT channels, kTransposeBlock input latitudes), reading gy in place.
+// item of (BT channels, lat_block input latitudes; kTransposeBlock by default), reading gy in
+// place.
 #pragma once
 
 #include <omp.h>
@@ -12,16 +13,17 @@
 
 namespace tc::disco {
 
-constexpr index_t kTransposeBlock = 4;  // input latitudes per transpose work item
+constexpr index_t kTransposeBlock = 4;  // default input latitudes per transpose work item
 
+/// The transpose with `lat_block` input latitudes per work item (> 0).
 template <int BT, int NV, typename Elem>
-void transpose(const Elem* gy, Elem* gx, const Dims& d, const std::int64_t* troff,
-               const std::int64_t* tcol, const std::int32_t* quot, const float* tvals,
-               int threads) {
+void transpose_blocked(const Elem* gy, Elem* gx, const Dims& d, const std::int64_t* troff,
+                       const std::int64_t* tcol, const std::int32_t* quot, const float* tvals,
+                       int threads, index_t lat_block) {
   constexpr index_t T = NV * kLanes;
   const index_t s = d.stride();
   const index_t plane = d.k * d.ho * d.wo;
-  const index_t channel_tiles = ceil_div(d.bc, BT), blocks = ceil_div(d.hi, kTransposeBlock);
+  const index_t channel_tiles = ceil_div(d.bc, BT), blocks = ceil_div(d.hi, lat_block);
 #pragma omp parallel num_threads(threads)
   {
     std::vector<SliceEntry> entries;
@@ -35,8 +37,8 @@ void transpose(const Elem* gy, Elem* gx, const Dims& d, const std::int64_t* trof
         // slots past the last channel re-read the last valid one; their sums are dropped
         index_t channel_off[BT];
         for (int c = 0; c < BT; ++c) channel_off[c] = std::min<index_t>(c, valid - 1) * plane;
-        const index_t line0 = blk * kTransposeBlock * s;
-        const index_t line1 = std::min(d.hi, (blk + 1) * kTransposeBlock) * s;
+        const index_t line0 = blk * lat_block * s;
+        const index_t line1 = std::min(d.hi, (blk + 1) * lat_block) * s;
         entries.clear();
         line_begin.clear();
         for (index_t l = line0; l < line1; ++l) {
@@ -67,6 +69,14 @@ void transpose(const Elem* gy, Elem* gx, const Dims& d, const std::int64_t* trof
       }
     }
   }
+}
+
+/// The transpose with the default latitude block.
+template <int BT, int NV, typename Elem>
+void transpose(const Elem* gy, Elem* gx, const Dims& d, const std::int64_t* troff,
+               const std::int64_t* tcol, const std::int32_t* quot, const float* tvals,
+               int threads) {
+  transpose_blocked<BT, NV, Elem>(gy, gx, d, troff, tcol, quot, tvals, threads, kTransposeBlock);
 }
 
 }  // namespace tc::disco

@@ -11,12 +11,14 @@ from __future__ import annotations
 from .basis import BASES, FilterBasis, HarmonicBasis, PiecewiseLinearBasis, get_basis
 from .conv import DiscoConvS2, DiscoConvTransposeS2
 from .csr import DiscoCSR, csr_from_psi
+from .distributed import DistributedDiscoConvS2, DistributedDiscoConvTransposeS2
 from .grids import GRIDS, default_theta_cutoff, latitudes, longitudes
 from .psi import CUTOFF_WIDENING, NORM_MODES, Psi, compute_psi
 from .reference import disco_contraction, disco_conv, disco_transpose_contraction, disco_transpose_conv
 
 __all__ = [
-    "BASES", "CUTOFF_WIDENING", "DiscoCSR", "DiscoConvS2", "DiscoConvTransposeS2", "FilterBasis",
+    "BASES", "CUTOFF_WIDENING", "DiscoCSR", "DiscoConvS2", "DiscoConvTransposeS2",
+    "DistributedDiscoConvS2", "DistributedDiscoConvTransposeS2", "FilterBasis",
     "GRIDS", "HarmonicBasis", "NORM_MODES", "PiecewiseLinearBasis", "Psi", "compute_psi",
     "csr_from_psi", "default_theta_cutoff", "disco_contraction",
     "disco_conv", "disco_transpose_contraction", "disco_transpose_conv", "get_basis", "latitudes",

@@ -5,8 +5,27 @@ The constructor arguments they share mean the same (defaults included), the weig
 same shape (out_channels, in_channels / groups, kernel_size) and initialisation, and the
 forward is the same computation: the contraction with psi (tilecast's CPU or CUDA kernels,
 ops.py), then a per-group channel/basis mix and the bias, as in reference.disco_conv. psi is
-built once, in __init__, into buffers that move with the module. float64 input runs the
-pure-torch reference instead (the kernels compute in float32).
+built once, in __init__, into buffers that move with the module. float64 input, and
+optimized_kernel=False, run the pure-torch reference instead.
+
+DiscoConvS2's forward picks one of four paths (`_contract_and_mix`), symmetric in its two
+switches as the seed prescribes:
+
+    fused + kpacked   fused.fused_conv with the kpacked contraction, CSR backward
+    fused only        fused.fused_conv with the CSR contraction
+    kpacked only      ops.disco_contraction_kpacked (CSR backward), then the mix
+    neither           ops.disco_contraction, then the mix
+
+kpacked is eligible when psi has the layout (kpacked.kpack_psi: shared supports) and
+`psi_kpacked_K_pad` is in kpacked.SUPPORTED_K_PAD; setting that attribute to anything else
+(the seed's K_PAD = 24 test) forces the CSR path. The distributed convolution calls the same
+method on its shard's psi, so both dispatch alike.
+
+With `registry=` (a tilecast registry holding the disco_forward and disco_backward models,
+`tilecast run --config disco`), the unfused paths run the kernels the published selector
+chooses for each input's batch size and dtype (tilecast.disco.selector): CSR or kpacked for
+the forward where both are eligible, and each kernel's register tile; without one, kpacked
+where eligible and the library's own tiles.
 """
 from __future__ import annotations
 
@@ -16,10 +35,12 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from . import ops, reference
+from . import fused as fused_path
+from . import ops, reference, selector
 from .basis import get_basis
 from .csr import DiscoCSR, csr_from_psi
 from .grids import default_theta_cutoff
+from .kpacked import SUPPORTED_K_PAD, KPacked, kpack_psi
 from .psi import Psi, compute_psi
 
 KernelShape = Union[int, tuple[int], tuple[int, int]]
@@ -27,6 +48,7 @@ KernelShape = Union[int, tuple[int], tuple[int, int]]
 # psi's values are kept as the int32 bits of their float32 values, so that module.to(dtype)
 # and .half() (which cast every floating buffer) leave them exact; device moves still apply
 _CSR_BUFFERS = ("roff", "col", "vals", "troff", "tcol", "tvals")
+_KPACKED_BUFFERS = ("idx", "vals", "offset")
 _BIT_VIEWED = ("vals", "tvals")
 
 
@@ -34,8 +56,9 @@ class _DiscoConvBase(nn.Module):
     """Weight, bias and psi buffers shared by the forward and transpose convolutions."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_shape: KernelShape,
-                 basis_type: str, groups: int, bias: bool):
+                 basis_type: str, groups: int, bias: bool, optimized_kernel: bool = True):
         super().__init__()
+        self.optimized_kernel = bool(optimized_kernel)
         if groups < 1 or in_channels % groups != 0 or out_channels % groups != 0:
             raise ValueError(f"in_channels ({in_channels}) and out_channels ({out_channels}) "
                              f"must be multiples of groups ({groups})")
@@ -49,7 +72,9 @@ class _DiscoConvBase(nn.Module):
         self.weight = nn.Parameter(scale * torch.randn(out_channels, self.groupsize, self.kernel_size))
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
 
-    def _store_psi(self, psi: Psi) -> None:
+    def _store_psi(self, psi: Psi, kpacked: bool = False) -> None:
+        """psi as buffers: both CSR layouts, and with kpacked=True the kpacked layout where
+        psi has one (psi_kpacked_K_pad is then its K_PAD, else None)."""
         self.psi = psi
         csr = csr_from_psi(psi)
         for name in _CSR_BUFFERS:
@@ -57,6 +82,24 @@ class _DiscoConvBase(nn.Module):
             if name in _BIT_VIEWED:
                 tensor = tensor.view(torch.int32)
             self.register_buffer(f"psi_{name}", tensor, persistent=False)
+        self.psi_kpacked_K_pad = None
+        packed = kpack_psi(psi) if kpacked else None
+        if packed is not None:
+            for name, tensor in zip(_KPACKED_BUFFERS, packed.tensors()):
+                if name == "vals":
+                    tensor = tensor.view(torch.int32)
+                self.register_buffer(f"psi_kpacked_{name}", tensor, persistent=False)
+            self.psi_kpacked_K_pad = packed.k_pad
+        self._fused_plans = {}
+        self._choices = {}
+
+    def _kpacked(self) -> Optional[KPacked]:
+        """The kpacked buffers, or None when the path is not eligible (no layout, or a
+        psi_kpacked_K_pad the kernels are not instantiated for)."""
+        if self.psi_kpacked_K_pad not in SUPPORTED_K_PAD or not hasattr(self, "psi_kpacked_idx"):
+            return None
+        return KPacked(self.psi_kpacked_idx, self.psi_kpacked_vals.view(torch.float32),
+                       self.psi_kpacked_offset, self.psi_kpacked_K_pad)
 
     def _psi_tensors(self) -> tuple[Tensor, ...]:
         """The six CSR tensors in the ops' order, values as float32."""
@@ -83,6 +126,81 @@ class _DiscoConvBase(nn.Module):
     def _add_bias(self, out: Tensor) -> Tensor:
         return out if self.bias is None else out + self.bias.reshape(1, -1, 1, 1)
 
+    def _mix(self, equation: str, tensor: Tensor) -> Tensor:
+        """torch.einsum(equation, tensor, grouped weight), in tensor's dtype. float16 on the
+        CPU is mixed in float32: torch's CPU float16 matmul ran ~30x slower than float32's
+        (84 % of a float16 forward)."""
+        weight = self._grouped_weight()
+        if tensor.dtype == torch.float16 and tensor.device.type == "cpu":
+            return torch.einsum(equation, tensor.float(), weight.float()).to(tensor.dtype)
+        return torch.einsum(equation, tensor, weight)
+
+    def _mix_and_transpose(self, x: Tensor, nlon_out: int) -> Tensor:
+        """The transpose convolution without its bias: the channel/basis mix of x (B, C,
+        nlat, nlon) on psi's output grid, then the transpose contraction into psi's input
+        grid with nlon_out longitudes."""
+        batch, _, nlat_in, nlon_in = x.shape
+        grouped = x.reshape(batch, self.groups, self.groupsize, nlat_in, nlon_in)
+        expanded = self._mix("bgcxy,gock->bgokxy", grouped)
+        expanded = expanded.reshape(batch, self.out_channels, self.kernel_size, nlat_in, nlon_in)
+        if x.dtype == torch.float64 or not self.optimized_kernel:
+            return reference.disco_transpose_contraction(expanded, self.psi, nlon_out)
+        return ops.disco_transpose_contraction(expanded, *self._psi_tensors(),
+                                               self.psi.in_shape[0], nlon_out)
+
+    def _contract_and_mix(self, x: Tensor) -> Tensor:
+        """The convolution without its bias: x (B, C, nlat_in, nlon_in) -> (B, out_channels,
+        nlat_out, nlon_out) on psi's grids, by the four-way dispatch of the module docstring."""
+        nlat_out, nlon_out = self.psi.out_shape
+        if x.dtype == torch.float64 or not self.optimized_kernel:
+            return reference.disco_conv(x, self.psi, self.weight, nlon_out, self.groups)
+        packed = self._kpacked()
+        if self.fused:
+            plan = self._fused_plan(x.device)
+            return fused_path.fused_conv(x, self.weight, plan, packed, self.groups)
+        psi = self._psi_tensors()
+        forward, backward = self._chosen_kernels(x)
+        tile = None if forward is None else list(forward["tile"])
+        backward_tile = None if backward is None else list(backward["tile"])
+        if packed is not None and (forward is None or forward["variant"] == "kpacked"):
+            expanded = ops.disco_contraction_kpacked(x, *packed.tensors(), *psi, self.kernel_size,
+                                                     nlat_out, nlon_out, tile, backward_tile)
+        else:
+            if forward is not None and forward["variant"] != "csr":
+                tile = None   # a kpacked choice where the path is not eligible
+            expanded = ops.disco_contraction(x, *psi, self.kernel_size, nlat_out, nlon_out, tile,
+                                             backward_tile)
+        batch = x.shape[0]
+        expanded = expanded.reshape(batch, self.groups, self.groupsize, self.kernel_size,
+                                    nlat_out, nlon_out)
+        out = self._mix("bgckxy,gock->bgoxy", expanded)
+        return out.reshape(batch, self.out_channels, nlat_out, nlon_out)
+
+    def _chosen_kernels(self, x: Tensor) -> tuple[Optional[dict], Optional[dict]]:
+        """The (forward, backward) kernels the registry's selector chose for x's batch size
+        and dtype (selector.choose_variant results), or (None, None) without a registry or
+        off the CPU."""
+        registry = getattr(self, "registry", None)
+        if registry is None or x.device.type != "cpu":
+            return None, None
+        key = (x.shape[0], x.dtype)
+        if key not in self._choices:
+            problem = selector.problem_fields(x.shape, self.psi.in_shape, self.psi.out_shape,
+                                              self.kernel_shape, self.basis_type, self.grid_in,
+                                              self.grid_out, self.theta_cutoff, x.dtype)
+            self._choices[key] = tuple(
+                selector.choose_variant(registry, problem, model, self.registry_alias)
+                for model in ("disco_forward", "disco_backward"))
+        return self._choices[key]
+
+    def _fused_plan(self, device: torch.device) -> "fused_path.FusedPlan":
+        """psi cut into the fused path's latitude blocks, built once per device."""
+        key = str(device)
+        if key not in self._fused_plans:
+            self._fused_plans[key] = fused_path.plan_blocks(self.psi, self.in_channels,
+                                                            device)
+        return self._fused_plans[key]
+
 
 class DiscoConvS2(_DiscoConvBase):
     """DISCO convolution x (B, in_channels, *in_shape) -> (B, out_channels, *out_shape).
@@ -90,15 +208,24 @@ class DiscoConvS2(_DiscoConvBase):
     Arguments as torch-harmonics' DiscreteContinuousConvS2: kernel_shape and basis_type pick
     the filter basis, basis_norm_mode its normalisation (default "nodal"), grid_in / grid_out
     the latitude grids, theta_cutoff the filter radius (default: one latitude gap of the
-    output grid). nlon_in must be a multiple of nlon_out.
+    output grid), optimized_kernel=False the pure-torch reference, fused=True the fused
+    path. nlon_in must be a multiple of nlon_out. registry (a path or fsspec URL) and
+    registry_alias: the published DISCO selector whose kernel choices the forward follows
+    (module docstring); SelectorError at construction if it cannot answer.
     """
 
     def __init__(self, in_channels: int, out_channels: int, in_shape: tuple[int, int],
                  out_shape: tuple[int, int], kernel_shape: KernelShape,
                  basis_type: str = "piecewise linear", basis_norm_mode: str = "nodal",
                  groups: int = 1, grid_in: str = "equiangular", grid_out: str = "equiangular",
-                 bias: bool = True, theta_cutoff: Optional[float] = None):
-        super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias)
+                 bias: bool = True, theta_cutoff: Optional[float] = None,
+                 optimized_kernel: bool = True, fused: bool = False,
+                 registry: Optional[str] = None, registry_alias: Union[str, int] = "production"):
+        super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
+                         optimized_kernel)
+        self.fused = bool(fused) and self.optimized_kernel
+        self.grid_in, self.grid_out = grid_in, grid_out
+        self.registry, self.registry_alias = registry, registry_alias
         self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
         if theta_cutoff is None:
             theta_cutoff = default_theta_cutoff(self.out_shape[0], grid_out)
@@ -106,7 +233,12 @@ class DiscoConvS2(_DiscoConvBase):
         self._store_psi(compute_psi(self.in_shape, self.out_shape, kernel_shape,
                                     basis_type=basis_type, basis_norm_mode=basis_norm_mode,
                                     grid_in=grid_in, grid_out=grid_out,
-                                    theta_cutoff=self.theta_cutoff))
+                                    theta_cutoff=self.theta_cutoff),
+                        kpacked=self.optimized_kernel)
+        if registry is not None:
+            # fail here, not at the first forward, when the registry cannot answer
+            # (only the batch size, channels, dtype and device of the probe are read)
+            self._chosen_kernels(torch.empty(1, in_channels, 0, 0, dtype=self.weight.dtype))
 
     def extra_repr(self) -> str:
         return (f"in_channels={self.in_channels}, out_channels={self.out_channels}, "
@@ -116,17 +248,7 @@ class DiscoConvS2(_DiscoConvBase):
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x, self.in_shape)
-        nlat_out, nlon_out = self.out_shape
-        if x.dtype == torch.float64:
-            expanded = reference.disco_contraction(x, self.psi, nlon_out)
-        else:
-            expanded = ops.disco_contraction(x, *self._psi_tensors(), self.kernel_size,
-                                             nlat_out, nlon_out)
-        batch = x.shape[0]
-        expanded = expanded.reshape(batch, self.groups, self.groupsize, self.kernel_size,
-                                    nlat_out, nlon_out)
-        out = torch.einsum("bgckxy,gock->bgoxy", expanded, self._grouped_weight())
-        return self._add_bias(out.reshape(batch, self.out_channels, nlat_out, nlon_out))
+        return self._add_bias(self._contract_and_mix(x))
 
 
 class DiscoConvTransposeS2(_DiscoConvBase):
@@ -141,8 +263,11 @@ class DiscoConvTransposeS2(_DiscoConvBase):
                  out_shape: tuple[int, int], kernel_shape: KernelShape,
                  basis_type: str = "piecewise linear", basis_norm_mode: str = "nodal",
                  groups: int = 1, grid_in: str = "equiangular", grid_out: str = "equiangular",
-                 bias: bool = True, theta_cutoff: Optional[float] = None):
-        super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias)
+                 bias: bool = True, theta_cutoff: Optional[float] = None,
+                 optimized_kernel: bool = True):
+        super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
+                         optimized_kernel)
+        self.fused = False
         self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
         if self.out_shape[1] % self.in_shape[1] != 0:
             raise ValueError(f"nlon_out ({self.out_shape[1]}) must be a multiple of nlon_in "
@@ -160,12 +285,4 @@ class DiscoConvTransposeS2(_DiscoConvBase):
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x, self.in_shape)
-        batch, _, nlat_in, nlon_in = x.shape
-        grouped = x.reshape(batch, self.groups, self.groupsize, nlat_in, nlon_in)
-        expanded = torch.einsum("bgcxy,gock->bgokxy", grouped, self._grouped_weight())
-        expanded = expanded.reshape(batch, self.out_channels, self.kernel_size, nlat_in, nlon_in)
-        if x.dtype == torch.float64:
-            out = reference.disco_transpose_contraction(expanded, self.psi, self.out_shape[1])
-        else:
-            out = ops.disco_transpose_contraction(expanded, *self._psi_tensors(), *self.out_shape)
-        return self._add_bias(out)
+        return self._add_bias(self._mix_and_transpose(x, self.out_shape[1]))

@@ -32,6 +32,7 @@ STATUS_MESSAGES = {
     2: "bad row offsets: they must start at 0, never decrease and end at nnz",
     3: "a psi column lies outside the grid (psi was built for other shapes)",
     4: "unsupported storage type",
+    5: "no such register tile in the kernel library (variant_tiles lists them), or lat_block < 1",
 }
 
 #: tensor dtype -> the kernels' storage code (enum Storage in disco_csr.cpp)
@@ -49,6 +50,13 @@ _INDEX = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _KERNEL_ARGS = [_PTR, _PTR, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _PTR, _PTR, _PTR,
                 _INDEX, ctypes.c_int, ctypes.c_int]
+#: the *_variant entries add the tile and the latitude block: (nv, lat_block) forward,
+#: (bt, nv, lat_block) transpose
+_VARIANT_ARGS = {"tc_disco_contraction_variant": [*_KERNEL_ARGS, ctypes.c_int, _INDEX],
+                 "tc_disco_transpose_contraction_variant": [*_KERNEL_ARGS, ctypes.c_int,
+                                                            ctypes.c_int, _INDEX]}
+#: direction -> its code in tc_disco_variant_tiles
+TILE_DIRECTIONS = {"forward": 0, "transpose": 1}
 
 
 def cache_dir() -> Path:
@@ -108,6 +116,12 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.tc_disco_forward_tile_width.argtypes = [_INDEX]
     lib.tc_disco_transpose_tile.argtypes = [_INDEX, _INDEX]
     lib.tc_disco_forward_tile_width.restype = lib.tc_disco_transpose_tile.restype = ctypes.c_int
+    for name, argtypes in _VARIANT_ARGS.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = ctypes.c_int
+    lib.tc_disco_variant_tiles.argtypes = [ctypes.c_int, _PTR, _PTR, ctypes.c_int]
+    lib.tc_disco_variant_tiles.restype = lib.tc_disco_lanes.restype = ctypes.c_int
+    lib.tc_disco_lanes.argtypes = []
     return lib
 
 
@@ -132,30 +146,60 @@ def _storage(tensor: torch.Tensor) -> int:
     return STORAGE[tensor.dtype]
 
 
+def _tile_args(tile, names: tuple[str, ...], kernel: str) -> tuple[int, ...]:
+    """A tile given as a sequence or a mapping (e.g. a disco family config) -> its ints in
+    `names` order; ValueError names what was expected."""
+    if isinstance(tile, dict):
+        missing = [n for n in names if n not in tile]
+        if missing:
+            raise ValueError(f"{kernel} tile {tile!r} lacks {missing}; expected keys {names}")
+        tile = [tile[n] for n in names]
+    values = tuple(tile)
+    if len(values) != len(names) or not all(isinstance(v, int) and v >= 1 for v in values):
+        raise ValueError(f"{kernel} tile must be positive integers {names}, got {tile!r}")
+    return values
+
+
 def contraction(x: torch.Tensor, roff: torch.Tensor, col: torch.Tensor, vals: torch.Tensor,
-                kernel_size: int, nlat_out: int, nlon_out: int) -> torch.Tensor:
+                kernel_size: int, nlat_out: int, nlon_out: int, tile=None) -> torch.Tensor:
     """y (B, C, K, nlat_out, nlon_out) in x's dtype from x (B, C, nlat_in, nlon_in), with the
-    forward CSR of psi (roff, col int64, vals float32). All contiguous, on the CPU."""
+    forward CSR of psi (roff, col int64, vals float32). All contiguous, on the CPU.
+
+    tile None: the library picks the register tile per call. Else (nv, lat_block), or a
+    mapping with those keys (tilecast.disco.selector.choose_variant's result): run that tile
+    with lat_block output latitudes per work item; ValueError if the library lacks the tile."""
     batch, channels, nlat_in, nlon_in = x.shape
     y = torch.empty(batch, channels, kernel_size, nlat_out, nlon_out, dtype=x.dtype)
-    status = library().tc_disco_contraction(
-        x.data_ptr(), y.data_ptr(), batch * channels, nlat_in, nlon_in, kernel_size, nlat_out,
-        nlon_out, roff.data_ptr(), col.data_ptr(), vals.data_ptr(), col.numel(), _storage(x),
-        torch.get_num_threads())
+    args = (x.data_ptr(), y.data_ptr(), batch * channels, nlat_in, nlon_in, kernel_size, nlat_out,
+            nlon_out, roff.data_ptr(), col.data_ptr(), vals.data_ptr(), col.numel(), _storage(x),
+            torch.get_num_threads())
+    if tile is None:
+        status = library().tc_disco_contraction(*args)
+    else:
+        status = library().tc_disco_contraction_variant(
+            *args, *_tile_args(tile, ("nv", "lat_block"), "disco contraction"))
     _check_status(status, "disco contraction", tuple(x.shape))
     return y
 
 
 def transpose_contraction(y: torch.Tensor, troff: torch.Tensor, tcol: torch.Tensor,
-                          tvals: torch.Tensor, nlat_in: int, nlon_in: int) -> torch.Tensor:
+                          tvals: torch.Tensor, nlat_in: int, nlon_in: int, tile=None) -> torch.Tensor:
     """x (B, C, nlat_in, nlon_in) in y's dtype from y (B, C, K, nlat_out, nlon_out), with the
-    transposed CSR of psi (troff, tcol int64, tvals float32). All contiguous, on the CPU."""
+    transposed CSR of psi (troff, tcol int64, tvals float32). All contiguous, on the CPU.
+
+    tile None: the library picks the register tile per call. Else (bt, nv, lat_block), or a
+    mapping with those keys: run that tile with lat_block input latitudes per work item;
+    ValueError if the library lacks the tile."""
     batch, channels, kernel_size, nlat_out, nlon_out = y.shape
     x = torch.empty(batch, channels, nlat_in, nlon_in, dtype=y.dtype)
-    status = library().tc_disco_transpose_contraction(
-        y.data_ptr(), x.data_ptr(), batch * channels, nlat_in, nlon_in, kernel_size, nlat_out,
-        nlon_out, troff.data_ptr(), tcol.data_ptr(), tvals.data_ptr(), tcol.numel(), _storage(y),
-        torch.get_num_threads())
+    args = (y.data_ptr(), x.data_ptr(), batch * channels, nlat_in, nlon_in, kernel_size, nlat_out,
+            nlon_out, troff.data_ptr(), tcol.data_ptr(), tvals.data_ptr(), tcol.numel(),
+            _storage(y), torch.get_num_threads())
+    if tile is None:
+        status = library().tc_disco_transpose_contraction(*args)
+    else:
+        status = library().tc_disco_transpose_contraction_variant(
+            *args, *_tile_args(tile, ("bt", "nv", "lat_block"), "disco transpose contraction"))
     _check_status(status, "disco transpose contraction", tuple(y.shape))
     return x
 
@@ -168,4 +212,101 @@ def forward_tile_width(nlon_out: int) -> int:
 def transpose_tile(channels: int, nlon_out: int) -> tuple[int, int]:
     """(channels, longitudes) of the transpose kernel's register tile for B * C = channels."""
     packed = int(library().tc_disco_transpose_tile(channels, nlon_out))
+    return packed >> 16, packed & 0xFFFF
+
+
+def variant_tiles(direction: str) -> tuple[tuple[int, int], ...]:
+    """The (BT, NV) register tiles the library instantiates for `direction` ('forward' or
+    'transpose'), in its table order: what a `tile` argument may name."""
+    if direction not in TILE_DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}; valid: {', '.join(TILE_DIRECTIONS)}")
+    capacity = 64
+    bt, nv = (ctypes.c_int * capacity)(), (ctypes.c_int * capacity)()
+    count = library().tc_disco_variant_tiles(TILE_DIRECTIONS[direction], bt, nv, capacity)
+    return tuple((bt[i], nv[i]) for i in range(min(count, capacity)))
+
+
+def lanes() -> int:
+    """float32 lanes per vector of the ISA the library was compiled for (16 AVX-512, 8 AVX2)."""
+    return int(library().tc_disco_lanes())
+
+
+# ------------------------------------------------------------------ the kpacked forward
+KPACKED_SOURCE = SOURCE.with_name("disco_kpacked.cpp")
+#: extra statuses of the kpacked entry points (enum Status in disco_kpacked.cpp)
+KPACKED_STATUS = {5: "K_PAD must be 8 or 16 and at least kernel_size",
+                  6: "no such (kreg, nv) register tile in the kpacked library "
+                     "(kpacked_variant_tiles lists them), kreg < kernel_size, or lat_block < 1"}
+_kpacked_library: ctypes.CDLL | None = None
+_KPACKED_ARGS = [_PTR, _PTR, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX,
+                 _PTR, _PTR, _PTR, _INDEX, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+#: the variant entry adds the tile and the latitude block: (kreg, nv, lat_block)
+_KPACKED_VARIANT_ARGS = [*_KPACKED_ARGS, ctypes.c_int, ctypes.c_int, _INDEX]
+KPACKED_TILE_FIELDS = ("kreg", "nv", "lat_block")
+
+
+def kpacked_library() -> ctypes.CDLL:
+    """The kpacked kernel library (kernels/cpu/disco_kpacked.cpp), compiled on first use."""
+    global _kpacked_library
+    with _lock:
+        if _kpacked_library is None:
+            path = compile_library(KPACKED_SOURCE)
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as err:
+                raise DiscoBuildError(f"cannot load the DISCO kernel library {path}: {err}") from None
+            lib.tc_disco_kpacked_contraction.argtypes = _KPACKED_ARGS
+            lib.tc_disco_kpacked_contraction_variant.argtypes = _KPACKED_VARIANT_ARGS
+            lib.tc_disco_kpacked_variant_tiles.argtypes = [_PTR, _PTR, ctypes.c_int]
+            lib.tc_disco_kpacked_tile.argtypes = [_INDEX]
+            for name in ("tc_disco_kpacked_contraction", "tc_disco_kpacked_contraction_variant",
+                         "tc_disco_kpacked_variant_tiles", "tc_disco_kpacked_tile"):
+                getattr(lib, name).restype = ctypes.c_int
+            _kpacked_library = lib
+        return _kpacked_library
+
+
+def kpacked_contraction(x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
+                        offset: torch.Tensor, kernel_size: int, nlat_out: int, nlon_out: int,
+                        ho_begin: int = 0, ho_count: int | None = None, tile=None) -> torch.Tensor:
+    """y (B, C, K, ho_count, nlon_out) in x's dtype: output latitudes [ho_begin, ho_begin +
+    ho_count) (default all) of the contraction with psi in the kpacked layout (idx int64
+    [nbr, 2], vals float32 [nbr, K_PAD], offset int64 [nlat_out + 1]). All contiguous, CPU.
+
+    tile None: the library picks the register tile per call. Else (kreg, nv, lat_block), or a
+    mapping with those keys (tilecast.disco.selector.choose_variant's result for a kpacked
+    kernel): run that tile with lat_block output latitudes per work item; ValueError if the
+    library lacks the tile or kreg < kernel_size. The result is the same bit for bit."""
+    batch, channels, nlat_in, nlon_in = x.shape
+    ho_count = nlat_out - ho_begin if ho_count is None else ho_count
+    y = torch.empty(batch, channels, kernel_size, ho_count, nlon_out, dtype=x.dtype)
+    args = (x.data_ptr(), y.data_ptr(), batch * channels, nlat_in, nlon_in, kernel_size, nlat_out,
+            nlon_out, ho_begin, ho_count, offset.data_ptr(), idx.data_ptr(), vals.data_ptr(),
+            idx.shape[0], vals.shape[1], _storage(x), torch.get_num_threads())
+    if tile is None:
+        status = kpacked_library().tc_disco_kpacked_contraction(*args)
+    else:
+        status = kpacked_library().tc_disco_kpacked_contraction_variant(
+            *args, *_tile_args(tile, KPACKED_TILE_FIELDS, "disco kpacked contraction"))
+    if status != 0:
+        reason = KPACKED_STATUS.get(status) or STATUS_MESSAGES.get(status, f"unknown status {status}")
+        raise ValueError(f"disco kpacked contraction rejected input of shape {tuple(x.shape)} "
+                         f"(K={kernel_size}, K_PAD={vals.shape[1]}, rows {ho_begin}+{ho_count} "
+                         f"of {nlat_out}, tile {tile!r}): {reason}")
+    return y
+
+
+def kpacked_variant_tiles() -> tuple[tuple[int, int], ...]:
+    """The (KREG, NV) register tiles the kpacked library instantiates, in its table order:
+    what kpacked_contraction's `tile` may name (with kreg >= kernel_size)."""
+    capacity = 64
+    kreg, nv = (ctypes.c_int * capacity)(), (ctypes.c_int * capacity)()
+    count = kpacked_library().tc_disco_kpacked_variant_tiles(kreg, nv, capacity)
+    return tuple((kreg[i], nv[i]) for i in range(min(count, capacity)))
+
+
+def kpacked_tile(kernel_size: int) -> tuple[int, int]:
+    """(basis functions, output longitudes) of the kpacked kernel's register tile for
+    kernel_size basis functions; (0, 0) if none fits."""
+    packed = int(kpacked_library().tc_disco_kpacked_tile(kernel_size))
     return packed >> 16, packed & 0xFFFF

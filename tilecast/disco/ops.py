@@ -13,12 +13,19 @@ implementation, autograd (the gradient of one is the other), a CPU autocast impl
 that runs it in float32 and a CUDA one that runs it in the autocast dtype (the seed's
 AutocastCUDA pattern: the 16-bit kernels halve the memory traffic of a memory-bound op).
 
+Each op takes an optional register `tile` for its own kernel and a `backward_tile` for its
+gradient's (the other op's tile format): None lets the CPU library pick per call; DiscoConvS2
+passes the tiles a published selector chose (tilecast.disco.selector). The CUDA kernels pick
+their own tiles and ignore both.
+
 The kernels compute in float32: float32, bfloat16 and float16 inputs are accepted, the
 16-bit ones converted to float32 in registers as they are read, the result rounded to the
 input's dtype (nearest even) as it is written. float64 is refused (tilecast.disco.reference
 computes in float64).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -93,13 +100,21 @@ def _values(tensor: Tensor) -> Tensor:
     return tensor.to(torch.float32).contiguous()
 
 
+def _tile_kwargs(tensor: Tensor, tile: Optional[list[int]]) -> dict:
+    """The backend's tile argument: the CPU library's, where a tile was given."""
+    return {"tile": tuple(tile)} if tile and tensor.device.type == "cpu" else {}
+
+
 @torch.library.custom_op("tilecast::disco_contraction", mutates_args=(),
                          device_types=tuple(BACKENDS))
 def disco_contraction(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, troff: Tensor,
                       tcol: Tensor, tvals: Tensor, kernel_size: int, nlat_out: int,
-                      nlon_out: int) -> Tensor:
+                      nlon_out: int, tile: Optional[list[int]] = None,
+                      backward_tile: Optional[list[int]] = None) -> Tensor:
     """Every basis filter of psi at every output point: x (B, C, nlat_in, nlon_in) ->
-    (B, C, kernel_size, nlat_out, nlon_out). Computed in float32, returned in x's dtype."""
+    (B, C, kernel_size, nlat_out, nlon_out). Computed in float32, returned in x's dtype.
+    tile: (nv, lat_block) of the CPU forward kernel; backward_tile: (bt, nv, lat_block) of
+    the gradient's transpose kernel; None: the library's choice."""
     psi = (roff, col, vals, troff, tcol, tvals)
     shape = _contraction_shape(x, psi, kernel_size, nlat_out, nlon_out)
     _check_dtype("x", x)
@@ -107,16 +122,20 @@ def disco_contraction(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, troff:
     if x.numel() == 0:
         return x.new_zeros(shape)
     return BACKENDS[x.device.type].contraction(x.contiguous(), _index(roff), _index(col),
-                                               _values(vals), kernel_size, nlat_out, nlon_out)
+                                               _values(vals), kernel_size, nlat_out, nlon_out,
+                                               **_tile_kwargs(x, tile))
 
 
 @torch.library.custom_op("tilecast::disco_transpose_contraction", mutates_args=(),
                          device_types=tuple(BACKENDS))
 def disco_transpose_contraction(y: Tensor, roff: Tensor, col: Tensor, vals: Tensor,
                                 troff: Tensor, tcol: Tensor, tvals: Tensor, nlat_in: int,
-                                nlon_in: int) -> Tensor:
+                                nlon_in: int, tile: Optional[list[int]] = None,
+                                backward_tile: Optional[list[int]] = None) -> Tensor:
     """The adjoint of disco_contraction: y (B, C, K, nlat_out, nlon_out) ->
-    (B, C, nlat_in, nlon_in). Computed in float32, returned in y's dtype."""
+    (B, C, nlat_in, nlon_in). Computed in float32, returned in y's dtype. tile: (bt, nv,
+    lat_block) of the CPU transpose kernel; backward_tile: (nv, lat_block) of the gradient's
+    forward kernel; None: the library's choice."""
     psi = (roff, col, vals, troff, tcol, tvals)
     shape = _transpose_shape(y, psi, nlat_in, nlon_in)
     _check_dtype("y", y)
@@ -125,38 +144,44 @@ def disco_transpose_contraction(y: Tensor, roff: Tensor, col: Tensor, vals: Tens
         return y.new_zeros(shape)
     return BACKENDS[y.device.type].transpose_contraction(y.contiguous(), _index(troff),
                                                          _index(tcol), _values(tvals), nlat_in,
-                                                         nlon_in)
+                                                         nlon_in, **_tile_kwargs(y, tile))
 
 
 @disco_contraction.register_fake
-def _(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out):
+def _(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out, tile=None,
+      backward_tile=None):
     shape = _contraction_shape(x, (roff, col, vals, troff, tcol, tvals), kernel_size, nlat_out,
                                nlon_out)
     return x.new_empty(shape)
 
 
 @disco_transpose_contraction.register_fake
-def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in):
+def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in, tile=None, backward_tile=None):
     return y.new_empty(_transpose_shape(y, (roff, col, vals, troff, tcol, tvals), nlat_in, nlon_in))
 
 
 def _save_psi(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs[1:7])
     ctx.in_shape = tuple(inputs[0].shape)
+    ctx.tiles = tuple(inputs[-2:])   # (tile, backward_tile)
 
 
 def _contraction_backward(ctx, grad):
     grad_x = None
     if ctx.needs_input_grad[0]:
-        grad_x = disco_transpose_contraction(grad, *ctx.saved_tensors, *ctx.in_shape[-2:])
-    return (grad_x,) + (None,) * 9
+        tile, backward_tile = ctx.tiles
+        grad_x = disco_transpose_contraction(grad, *ctx.saved_tensors, *ctx.in_shape[-2:],
+                                             backward_tile, tile)
+    return (grad_x,) + (None,) * 11
 
 
 def _transpose_backward(ctx, grad):
     grad_y = None
     if ctx.needs_input_grad[0]:
-        grad_y = disco_contraction(grad, *ctx.saved_tensors, *ctx.in_shape[-3:])
-    return (grad_y,) + (None,) * 8
+        tile, backward_tile = ctx.tiles
+        grad_y = disco_contraction(grad, *ctx.saved_tensors, *ctx.in_shape[-3:], backward_tile,
+                                   tile)
+    return (grad_y,) + (None,) * 10
 
 
 disco_contraction.register_autograd(_contraction_backward, setup_context=_save_psi)
@@ -164,17 +189,19 @@ disco_transpose_contraction.register_autograd(_transpose_backward, setup_context
 
 
 @torch.library.impl("tilecast::disco_contraction", "AutocastCPU")
-def _(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out):
+def _(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out,
+      tile=None, backward_tile=None):
     with torch.amp.autocast("cpu", enabled=False):
         return disco_contraction(x.float(), roff, col, vals.float(), troff, tcol, tvals.float(),
-                                 kernel_size, nlat_out, nlon_out)
+                                 kernel_size, nlat_out, nlon_out, tile, backward_tile)
 
 
 @torch.library.impl("tilecast::disco_transpose_contraction", "AutocastCPU")
-def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in):
+def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in,
+      tile=None, backward_tile=None):
     with torch.amp.autocast("cpu", enabled=False):
         return disco_transpose_contraction(y.float(), roff, col, vals.float(), troff, tcol,
-                                           tvals.float(), nlat_in, nlon_in)
+                                           tvals.float(), nlat_in, nlon_in, tile, backward_tile)
 
 
 def _autocast_cuda(tensor: Tensor) -> Tensor:
@@ -184,14 +211,100 @@ def _autocast_cuda(tensor: Tensor) -> Tensor:
 
 
 @torch.library.impl("tilecast::disco_contraction", "AutocastCUDA")
-def _(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out):
+def _(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out,
+      tile=None, backward_tile=None):
     with torch.amp.autocast("cuda", enabled=False):
         return disco_contraction(_autocast_cuda(x), roff, col, vals.float(), troff, tcol,
-                                 tvals.float(), kernel_size, nlat_out, nlon_out)
+                                 tvals.float(), kernel_size, nlat_out, nlon_out, tile,
+                                 backward_tile)
 
 
 @torch.library.impl("tilecast::disco_transpose_contraction", "AutocastCUDA")
-def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in):
+def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in,
+      tile=None, backward_tile=None):
     with torch.amp.autocast("cuda", enabled=False):
         return disco_transpose_contraction(_autocast_cuda(y), roff, col, vals.float(), troff,
-                                           tcol, tvals.float(), nlat_in, nlon_in)
+                                           tcol, tvals.float(), nlat_in, nlon_in, tile,
+                                           backward_tile)
+
+
+# ------------------------------------------------------------------ the kpacked forward
+@torch.library.custom_op("tilecast::disco_kpacked_contraction", mutates_args=(),
+                         device_types=("cpu",))
+def disco_kpacked_contraction(x: Tensor, idx: Tensor, vals: Tensor, offset: Tensor,
+                              kernel_size: int, nlat_out: int, nlon_out: int, ho_begin: int,
+                              ho_count: int, tile: Optional[list[int]] = None) -> Tensor:
+    """Output latitudes [ho_begin, ho_begin + ho_count) of disco_contraction, from psi in the
+    kpacked layout (tilecast.disco.kpacked): x (B, C, nlat_in, nlon_in) -> (B, C, K,
+    ho_count, nlon_out). CPU only; computed in float32, returned in x's dtype. No autograd of
+    its own: disco_contraction_kpacked pairs it with the CSR backward. tile: (kreg, nv,
+    lat_block) of the kernel, None: the library's choice."""
+    _kpacked_shape(x, idx, vals, offset, kernel_size, nlat_out, nlon_out, ho_begin, ho_count)
+    _check_dtype("x", x)
+    _check_device("x", x, (idx, vals, offset))
+    return native.kpacked_contraction(x.contiguous(), _index(idx), _values(vals), _index(offset),
+                                      kernel_size, nlat_out, nlon_out, ho_begin, ho_count,
+                                      **_tile_kwargs(x, tile))
+
+
+def _kpacked_shape(x: Tensor, idx: Tensor, vals: Tensor, offset: Tensor, kernel_size: int,
+                   nlat_out: int, nlon_out: int, ho_begin: int, ho_count: int) -> tuple[int, ...]:
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, C, nlat_in, nlon_in), got shape {tuple(x.shape)}")
+    if nlon_out < 1 or x.shape[-1] % nlon_out != 0:
+        raise ValueError(f"x's nlon_in ({x.shape[-1]}) must be a multiple of nlon_out ({nlon_out})")
+    if offset.numel() != nlat_out + 1 or idx.dim() != 2 or idx.shape[1] != 2 \
+            or vals.dim() != 2 or vals.shape[0] != idx.shape[0] or vals.shape[1] < kernel_size:
+        raise ValueError(f"kpacked psi does not fit K={kernel_size}, nlat_out={nlat_out}: offset "
+                         f"{tuple(offset.shape)}, idx {tuple(idx.shape)}, vals {tuple(vals.shape)} "
+                         f"(need [nlat_out + 1], [nbr, 2], [nbr, K_PAD >= K])")
+    if not (0 <= ho_begin and ho_count >= 1 and ho_begin + ho_count <= nlat_out):
+        raise ValueError(f"output latitudes {ho_begin}+{ho_count} outside 0..{nlat_out}")
+    return (x.shape[0], x.shape[1], kernel_size, ho_count, nlon_out)
+
+
+@disco_kpacked_contraction.register_fake
+def _(x, idx, vals, offset, kernel_size, nlat_out, nlon_out, ho_begin, ho_count, tile=None):
+    return x.new_empty(_kpacked_shape(x, idx, vals, offset, kernel_size, nlat_out, nlon_out,
+                                      ho_begin, ho_count))
+
+
+@torch.library.impl("tilecast::disco_kpacked_contraction", "AutocastCPU")
+def _(x, idx, vals, offset, kernel_size, nlat_out, nlon_out, ho_begin, ho_count, tile=None):
+    with torch.amp.autocast("cpu", enabled=False):
+        return disco_kpacked_contraction(x.float(), idx, vals.float(), offset, kernel_size,
+                                         nlat_out, nlon_out, ho_begin, ho_count, tile)
+
+
+class _DiscoKpackedFn(torch.autograd.Function):
+    """The kpacked forward paired with the CSR backward (the transpose contraction): the two
+    run different kernels, so the pairing is an autograd.Function (the seed's rule)."""
+
+    @staticmethod
+    def forward(ctx, x, idx, vals, offset, roff, col, csr_vals, troff, tcol, tvals,
+                kernel_size, nlat_out, nlon_out, tile, backward_tile):
+        ctx.save_for_backward(roff, col, csr_vals, troff, tcol, tvals)
+        ctx.in_shape = tuple(x.shape)
+        ctx.backward_tile = backward_tile
+        return disco_kpacked_contraction(x, idx, vals, offset, kernel_size, nlat_out, nlon_out,
+                                         0, nlat_out, tile)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = disco_transpose_contraction(grad.contiguous(), *ctx.saved_tensors,
+                                                 *ctx.in_shape[-2:], ctx.backward_tile)
+        return (grad_x,) + (None,) * 14
+
+
+def disco_contraction_kpacked(x: Tensor, idx: Tensor, vals: Tensor, offset: Tensor,
+                              roff: Tensor, col: Tensor, csr_vals: Tensor, troff: Tensor,
+                              tcol: Tensor, tvals: Tensor, kernel_size: int, nlat_out: int,
+                              nlon_out: int, tile: Optional[list[int]] = None,
+                              backward_tile: Optional[list[int]] = None) -> Tensor:
+    """disco_contraction through the kpacked kernel, differentiable: the gradient runs the
+    CSR transpose contraction on psi's six CSR tensors (roff ... tvals). tile: the kpacked
+    kernel's (kreg, nv, lat_block); backward_tile: the transpose's (bt, nv, lat_block)."""
+    return _DiscoKpackedFn.apply(x, idx, vals, offset, roff, col, csr_vals, troff, tcol, tvals,
+                                 kernel_size, nlat_out, nlon_out, tile, backward_tile)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .base import Family, FamilyError
+from .disco import DiscoFamily
 from .gemm import FAMILY as GEMM
 from .grouped_conv import GroupedConvFamily
 
@@ -10,6 +11,8 @@ FAMILIES: dict[str, Family] = {
     "grouped_conv_forward": GroupedConvFamily("forward"),
     "grouped_conv_bwd_data": GroupedConvFamily("bwd_data"),
     "grouped_conv_bwd_weight": GroupedConvFamily("bwd_weight"),
+    "disco_forward": DiscoFamily("forward"),
+    "disco_backward": DiscoFamily("backward"),
 }
 
 

@@ -1,0 +1,143 @@
+// DISCO contraction family binary: one register tile of the CPU DISCO kernels per build, run
+// through the shared measurement protocol (harness.hpp). Defines (tilecast/families/disco.py
+// sets them from the kernel name):
+//   TC_DISCO_DIR      0 forward contraction, 1 transpose (backward) contraction
+//   TC_DISCO_VARIANT  0 csr (disco_csr_forward.hpp / disco_csr_transpose.hpp)
+//   TC_DISCO_ISA      1 AVX-512, 0 AVX2: must be the ISA this build targets (-march)
+//   TC_BT, TC_NV      the register tile: BT channels x NV vectors of output longitudes; it must
+//                     be a row of disco_csr_variants.hpp, so the runtime can run it too
+//   TC_LAT_BLOCK      latitudes per work item (output latitudes forward, input backward)
+// Job line (precision fp32 | bf16 | fp16: the storage of the input and of the kernel's output):
+//   <id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> <values> <in> <out>
+// forward: psi's CSR (roff [k*ho + 1], col int64 [nnz], vals float32 [nnz]), in = x (bc, hi,
+// wi); transpose: the transposed CSR (troff [hi*s + 1], tcol, tvals), in = gy (bc, k, ho, wo).
+// Inputs are raw little-endian values of the precision; the output is written as float32.
+// A timed call decodes psi's columns and runs the kernel, as the runtime entry does per call.
+#include <omp.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "disco_csr_decode.hpp"
+#include "disco_csr_variants.hpp"
+#include "harness.hpp"
+
+#if !defined(TC_DISCO_DIR) || !defined(TC_DISCO_VARIANT) || !defined(TC_DISCO_ISA) || \
+    !defined(TC_BT) || !defined(TC_NV) || !defined(TC_LAT_BLOCK)
+#error "define TC_DISCO_DIR, TC_DISCO_VARIANT, TC_DISCO_ISA, TC_BT, TC_NV and TC_LAT_BLOCK"
+#endif
+#if (TC_DISCO_ISA == 1) != defined(__AVX512F__)
+#error "TC_DISCO_ISA names another ISA than this build targets (AVX-512 iff __AVX512F__)"
+#endif
+#if TC_DISCO_VARIANT != 0
+#error "unknown TC_DISCO_VARIANT (0: csr)"
+#endif
+
+namespace tc::disco {
+namespace {
+
+constexpr int kDir = TC_DISCO_DIR;
+constexpr index_t kLatBlock = TC_LAT_BLOCK;
+static_assert(kDir == 0 || kDir == 1, "TC_DISCO_DIR must be 0 (forward) or 1 (transpose)");
+static_assert(kLatBlock >= 1, "TC_LAT_BLOCK must be positive");
+static_assert(kDir == 1 || TC_BT == 1, "the forward tile has one channel (TC_BT = 1)");
+static_assert(kDir == 0 ? has_tile(Variants<float>::forward_tiles, TC_BT, TC_NV)
+                        : has_tile(Variants<float>::transpose_tiles, TC_BT, TC_NV),
+              "TC_BT x TC_NV is not a tile of disco_csr_variants.hpp for this direction and ISA");
+
+constexpr std::size_t kJobTokens = 14;
+constexpr const char* kJobHelp =
+    "<id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> <values> <in> <out>";
+
+index_t parse_size(const std::string& name, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const long long value = std::stoll(text, &used);
+    if (used == text.size() && value >= 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(name + " must be a non-negative integer, got '" + text + "'");
+}
+
+/// One job's inputs read from disk: psi's (transposed) CSR and the activations.
+template <typename Elem>
+struct Inputs {
+  std::vector<std::int64_t> offsets, columns;
+  std::vector<float> values;
+  std::vector<Elem> in;
+};
+
+/// Times the compiled tile on one job and writes its output as float32.
+template <typename Elem>
+JobResult run_typed(const std::vector<std::string>& tokens, const Dims& d, index_t nnz,
+                    const Protocol& protocol) {
+  const index_t rows = kDir == 0 ? d.k * d.ho : d.hi * d.stride();
+  const index_t in_count = kDir == 0 ? d.bc * d.hi * d.wi : d.bc * d.k * d.ho * d.wo;
+  const index_t out_count = kDir == 0 ? d.bc * d.k * d.ho * d.wo : d.bc * d.hi * d.wi;
+  Inputs<Elem> inputs{read_binary<std::int64_t>(tokens[9], std::size_t(rows + 1)),
+                      read_binary<std::int64_t>(tokens[10], std::size_t(nnz)),
+                      read_binary<float>(tokens[11], std::size_t(nnz)),
+                      read_binary<Elem>(tokens[12], std::size_t(in_count))};
+  if (check_offsets(inputs.offsets.data(), rows, nnz) != kOk)
+    return JobResult::error("bad CSR offsets: they must start at 0, never decrease and end at nnz");
+  std::vector<Elem> out(out_count);
+  std::vector<std::int32_t> line(nnz), quot(nnz);
+  const int threads = omp_get_max_threads();
+  bool decoded = true;
+  auto call = [&] {
+    if constexpr (kDir == 0) {
+      decoded = decode_forward(inputs.columns.data(), nnz, d, threads, line.data(), quot.data());
+      forward_blocked<TC_NV, Elem>(inputs.in.data(), out.data(), d, inputs.offsets.data(),
+                                   line.data(), quot.data(), inputs.values.data(), threads,
+                                   kLatBlock);
+    } else {
+      decoded = decode_transpose(inputs.columns.data(), nnz, d, threads, quot.data());
+      transpose_blocked<TC_BT, TC_NV, Elem>(inputs.in.data(), out.data(), d,
+                                            inputs.offsets.data(), inputs.columns.data(),
+                                            quot.data(), inputs.values.data(), threads, kLatBlock);
+    }
+  };
+  // check the columns once before timing: an out-of-range entry would read out of bounds
+  decoded = kDir == 0
+                ? decode_forward(inputs.columns.data(), nnz, d, threads, line.data(), quot.data())
+                : decode_transpose(inputs.columns.data(), nnz, d, threads, quot.data());
+  if (!decoded) return JobResult::error("a psi column lies outside the grid");
+  Timing timing = measure(protocol, call);
+  std::vector<float> as_float(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) as_float[i] = to_float(out[i]);
+  write_binary(tokens[13], as_float.data(), as_float.size());
+  return JobResult::ok(std::move(timing));
+}
+
+JobResult run_job(const std::vector<std::string>& tokens, const Protocol& protocol) {
+  if (tokens.size() != kJobTokens)
+    return JobResult::error("expected " + std::to_string(kJobTokens) + " tokens (" + kJobHelp +
+                            "), got " + std::to_string(tokens.size()));
+  Dims d{};
+  index_t nnz = 0;
+  try {
+    d = Dims{parse_size("bc", tokens[2]), parse_size("hi", tokens[3]), parse_size("wi", tokens[4]),
+             parse_size("k", tokens[5]),  parse_size("ho", tokens[6]), parse_size("wo", tokens[7])};
+    nnz = parse_size("nnz", tokens[8]);
+  } catch (const std::invalid_argument& bad) {
+    return JobResult::error(bad.what());
+  }
+  if (check_dims(d) != kOk)
+    return JobResult::unsupported("every size must be positive and wi a multiple of wo");
+  const std::string& precision = tokens[1];
+  if (precision == "fp32") return run_typed<float>(tokens, d, nnz, protocol);
+  if (precision == "bf16") return run_typed<BFloat16>(tokens, d, nnz, protocol);
+  if (precision == "fp16") return run_typed<Float16>(tokens, d, nnz, protocol);
+  return JobResult::error("unknown precision '" + precision + "'; valid: fp32, bf16, fp16");
+}
+
+}  // namespace
+}  // namespace tc::disco
+
+int main(int argc, char** argv) {
+  return tc::run_jobs(argc, argv, tc::disco::run_job,
+                      {{"TC_DISCO_DIR", TC_DISCO_DIR}, {"TC_DISCO_VARIANT", TC_DISCO_VARIANT},
+                       {"TC_DISCO_ISA", TC_DISCO_ISA}, {"TC_BT", TC_BT}, {"TC_NV", TC_NV},
+                       {"TC_LAT_BLOCK", TC_LAT_BLOCK}});
+}

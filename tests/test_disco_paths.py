@@ -1,0 +1,256 @@
+"""The kpacked and fused DISCO paths and DiscoConvS2's four-way dispatch (the seed's test
+matrix): every path in its enabled and disabled state (the K_PAD = 24 monkeypatch), fused ==
+unfused in outputs and gradients, the kpacked kernel against the float64 reference in three
+precisions, psi blocks, and opcheck."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilecast.disco import DiscoConvS2, compute_psi, fused, native, ops, reference
+from tilecast.disco.blocks import restrict_psi, split_rows
+from tilecast.disco.kpacked import kpack_psi
+
+# torch-harmonics-style conventions: harmonic bases share their support (kpacked-eligible),
+# piecewise-linear ones do not
+GRIDS = {
+    "same": ((12, 24), (12, 24), 0.4),
+    "down": ((24, 48), (12, 24), None),
+    "stride3": ((13, 36), (7, 12), None),
+    "wide": ((8, 100), (8, 100), 0.6),
+}
+PRECISIONS = {torch.float32: 1e-5, torch.bfloat16: 2**-6, torch.float16: 2**-9}
+
+
+def _psi(grid, basis="harmonic", kernel_shape=(3, 3)):
+    in_shape, out_shape, cutoff = GRIDS[grid]
+    return compute_psi(in_shape, out_shape, kernel_shape, basis_type=basis, basis_norm_mode="mean",
+                       grid_in="equiangular", grid_out="legendre-gauss", theta_cutoff=cutoff)
+
+
+def _rel_error(actual, expected) -> float:
+    actual, expected = actual.detach().double(), expected.detach().double()
+    return float((actual - expected).norm() / expected.norm())
+
+
+# ---------------------------------------------------------------- layout and blocks
+
+@pytest.mark.parametrize("kernel_shape, k, k_pad", [((3, 3), 9, 16), ((3, 1), 3, 8), ((4, 3), 12, 16)])
+def test_kpacked_layout_of_a_harmonic_basis(kernel_shape, k, k_pad):
+    psi = _psi("down", kernel_shape=kernel_shape)
+    packed = kpack_psi(psi)
+    assert psi.kernel_size == k and packed.k_pad == k_pad
+    assert packed.vals.shape == (psi.nnz // k, k_pad) and packed.idx.shape == (psi.nnz // k, 2)
+    assert torch.all(packed.vals[:, k:] == 0)
+    assert packed.offset[0] == 0 and packed.offset[-1] == psi.nnz // k
+    # entry n of latitude ho holds psi[k, ho, n] for every k
+    dense = torch.zeros(k, psi.out_shape[0], psi.in_shape[0] * psi.in_shape[1], dtype=torch.float64)
+    dense[psi.idx[0], psi.idx[1], psi.idx[2]] = psi.vals
+    ho = torch.repeat_interleave(torch.arange(psi.out_shape[0]), packed.offset.diff())
+    column = packed.idx[:, 0] * psi.in_shape[1] + packed.idx[:, 1]
+    torch.testing.assert_close(packed.vals[:, :k].double(), dense[:, ho, column].t(), rtol=1e-6, atol=0)
+
+
+def test_kpacked_layout_refused_when_supports_differ():
+    assert kpack_psi(_psi("same", basis="piecewise linear")) is None
+
+
+@pytest.mark.parametrize("rebase", [True, False])
+def test_psi_blocks_reassemble_the_contraction(rebase):
+    psi = _psi("down")
+    x = torch.randn(2, 3, *psi.in_shape, dtype=torch.float64)
+    full = reference.disco_contraction(x, psi, psi.out_shape[1])
+    for rows in split_rows(psi.out_shape[0], 5):
+        block = restrict_psi(psi, rows, rebase=rebase)
+        lo, hi = block.in_rows if rebase else (0, psi.in_shape[0])
+        part = reference.disco_contraction(x[:, :, lo:hi], block.psi, psi.out_shape[1])
+        torch.testing.assert_close(part, full[:, :, :, rows[0]:rows[1]], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"cannot split 12 latitudes into 13"):
+        split_rows(12, 13)
+    with pytest.raises(ValueError, match=r"\[5, 5\) is empty"):
+        restrict_psi(psi, (5, 5))
+
+
+# ---------------------------------------------------------------- the kpacked kernel
+
+@pytest.mark.parametrize("grid", list(GRIDS))
+@pytest.mark.parametrize("dtype", list(PRECISIONS))
+def test_kpacked_kernel_matches_reference(grid, dtype):
+    psi = _psi(grid)
+    packed = kpack_psi(psi)
+    x = torch.randn(2, 5, *psi.in_shape, dtype=torch.float64)
+    expected = reference.disco_contraction(x.to(dtype).double(), psi, psi.out_shape[1])
+    out = ops.disco_kpacked_contraction(x.to(dtype), *packed.tensors(), psi.kernel_size,
+                                        *psi.out_shape, 0, psi.out_shape[0])
+    assert out.dtype == dtype
+    assert _rel_error(out, expected) < PRECISIONS[dtype]
+    # a range of output latitudes is the same rows of the whole
+    part = ops.disco_kpacked_contraction(x.to(dtype), *packed.tensors(), psi.kernel_size,
+                                         *psi.out_shape, 2, 3)
+    assert torch.equal(part, out[:, :, :, 2:5])
+
+
+def test_kpacked_kernel_bad_input_is_refused_with_the_reason():
+    psi = _psi("same")
+    packed = kpack_psi(psi)
+    x = torch.randn(1, 2, *psi.in_shape)
+    with pytest.raises(ValueError, match=r"outside 0..12"):
+        ops.disco_kpacked_contraction(x, *packed.tensors(), 9, 12, 24, 10, 3)
+    with pytest.raises(ValueError, match=r"K_PAD >= K"):
+        ops.disco_kpacked_contraction(x, packed.idx, packed.vals[:, :8], packed.offset, 9, 12, 24, 0, 12)
+    bad_idx = packed.idx.clone()
+    bad_idx[0, 0] = 99
+    with pytest.raises(ValueError, match=r"outside the grid"):
+        ops.disco_kpacked_contraction(x, bad_idx, *packed.tensors()[1:], 9, 12, 24, 0, 12)
+    with pytest.raises(ValueError, match=r"K_PAD must be 8 or 16"):
+        native.kpacked_contraction(x, packed.idx, torch.zeros(packed.idx.shape[0], 24),
+                                   packed.offset, 9, 12, 24)
+
+
+def test_opcheck_kpacked_op():
+    psi = _psi("down")
+    packed = kpack_psi(psi)
+    x = torch.randn(2, 3, *psi.in_shape)
+    torch.library.opcheck(torch.ops.tilecast.disco_kpacked_contraction.default,
+                          (x, *packed.tensors(), psi.kernel_size, *psi.out_shape, 0, psi.out_shape[0]))
+
+
+def test_kpacked_autocast_runs_in_float32():
+    psi = _psi("same")
+    packed = kpack_psi(psi)
+    x = torch.randn(1, 2, *psi.in_shape)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ops.disco_kpacked_contraction(x.bfloat16(), *packed.tensors(), 9, *psi.out_shape, 0, 12)
+    assert out.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- the four-way dispatch
+
+class _Spy:
+    """Counts calls of the ops the paths are made of."""
+
+    def __init__(self, monkeypatch):
+        self.calls: dict[str, int] = {}
+        for name in ("disco_contraction", "disco_kpacked_contraction", "disco_transpose_contraction"):
+            original = getattr(ops, name)
+            monkeypatch.setattr(ops, name, self._wrap(name, original))
+
+    def _wrap(self, name, original):
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+        return counted
+
+
+def _module(fused_path, basis="harmonic", groups=1, grid="down", seed=0):
+    in_shape, out_shape, cutoff = GRIDS[grid]
+    torch.manual_seed(seed)
+    return DiscoConvS2(4, 6, in_shape, out_shape, (3, 3), basis_type=basis, basis_norm_mode="mean",
+                       grid_in="equiangular", grid_out="legendre-gauss", theta_cutoff=cutoff,
+                       groups=groups, fused=fused_path)
+
+
+def _run(conv, x, grad):
+    x = x.clone().requires_grad_()
+    conv.zero_grad()
+    out = conv(x)
+    out.backward(grad)
+    return out.detach(), x.grad, conv.weight.grad.clone(), conv.bias.grad.clone()
+
+
+def _reference(conv, x, grad):
+    """Output and gradients of the float64 reference convolution with conv's parameters."""
+    x = x.double().clone().requires_grad_()
+    weight = conv.weight.detach().double().requires_grad_()
+    bias = conv.bias.detach().double().requires_grad_()
+    out = reference.disco_conv(x, conv.psi, weight, conv.out_shape[1], conv.groups, bias)
+    out.backward(grad.double())
+    return out.detach(), x.grad, weight.grad, bias.grad
+
+
+PATHS = {  # (fused, kpacked enabled) -> the ops the forward must call
+    (False, False): "disco_contraction",
+    (False, True): "disco_kpacked_contraction",
+    (True, False): "disco_contraction",
+    (True, True): "disco_kpacked_contraction",
+}
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("fused_path, kpacked", list(PATHS))
+def test_every_path_matches_the_reference_and_takes_its_kernel(fused_path, kpacked, groups, monkeypatch):
+    conv = _module(fused_path, groups=groups)
+    assert conv.psi_kpacked_K_pad == 16
+    if not kpacked:
+        conv.psi_kpacked_K_pad = 24   # the seed's monkeypatch: ineligible -> CSR fallback
+    x = torch.randn(2, 4, *conv.in_shape)
+    grad = torch.randn(2, 6, *conv.out_shape)
+    spy = _Spy(monkeypatch)
+    results = _run(conv, x, grad)
+    forward_op = PATHS[(fused_path, kpacked)]
+    other = "disco_contraction" if kpacked else "disco_kpacked_contraction"
+    assert spy.calls.get(forward_op, 0) >= 1 and spy.calls.get(other, 0) == 0, spy.calls
+    assert spy.calls.get("disco_transpose_contraction", 0) >= 1   # the backward is CSR
+    for actual, expected in zip(results, _reference(conv, x, grad)):
+        assert _rel_error(actual, expected) < 1e-5
+
+
+def test_piecewise_linear_basis_falls_back_to_csr(monkeypatch):
+    for fused_path in (False, True):
+        conv = _module(fused_path, basis="piecewise linear")
+        assert conv.psi_kpacked_K_pad is None
+        x, grad = torch.randn(1, 4, *conv.in_shape), torch.randn(1, 6, *conv.out_shape)
+        spy = _Spy(monkeypatch)
+        results = _run(conv, x, grad)
+        assert "disco_kpacked_contraction" not in spy.calls
+        for actual, expected in zip(results, _reference(conv, x, grad)):
+            assert _rel_error(actual, expected) < 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("kpacked", [True, False])
+def test_fused_equals_unfused_across_block_sizes(rows, kpacked, monkeypatch):
+    monkeypatch.setattr(fused, "block_rows", lambda *args, **kwargs: rows)
+    unfused, fused_conv = _module(False, grid="stride3"), _module(True, grid="stride3")
+    if not kpacked:
+        unfused.psi_kpacked_K_pad = fused_conv.psi_kpacked_K_pad = 24
+    assert len(fused_conv._fused_plan(torch.device("cpu")).blocks) == -(-7 // rows)
+    x, grad = torch.randn(3, 4, *unfused.in_shape), torch.randn(3, 6, *unfused.out_shape)
+    for a, b in zip(_run(unfused, x, grad), _run(fused_conv, x, grad)):
+        assert _rel_error(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fused_path", [False, True])
+def test_kpacked_fallback_in_half_precision(dtype, fused_path):
+    """K_PAD = 24 in 16-bit: no crash, the CSR path's result, within the dtype's rounding of
+    the float32 module."""
+    conv = _module(fused_path).to(dtype)
+    x = torch.randn(2, 4, *conv.in_shape)
+    enabled = conv(x.to(dtype))
+    conv.psi_kpacked_K_pad = 24
+    fallback = conv(x.to(dtype))
+    assert fallback.dtype == dtype
+    assert _rel_error(fallback, enabled) < 4 * PRECISIONS[dtype]
+    assert _rel_error(fallback, conv.float()(x)) < 8 * PRECISIONS[dtype]
+
+
+def test_optimized_kernel_false_runs_the_reference(monkeypatch):
+    in_shape, out_shape, cutoff = GRIDS["same"]
+    conv = DiscoConvS2(4, 6, in_shape, out_shape, (3, 3), basis_type="harmonic",
+                       theta_cutoff=cutoff, optimized_kernel=False, fused=True)
+    assert conv.psi_kpacked_K_pad is None and conv.fused is False
+    spy = _Spy(monkeypatch)
+    x = torch.randn(1, 4, *in_shape)
+    out = conv(x)
+    assert spy.calls == {}
+    expected = reference.disco_conv(x.double(), conv.psi, conv.weight.double(), out_shape[1], 1,
+                                    conv.bias.double())
+    assert _rel_error(out, expected) < 1e-6
+
+
+def test_module_moves_and_casts_keep_the_kpacked_values_exact():
+    conv = _module(False)
+    vals = conv._kpacked().vals.clone()
+    conv = conv.bfloat16().float()
+    assert torch.equal(conv._kpacked().vals, vals)

@@ -1,0 +1,553 @@
+"""DISCO contraction families on the CPU: `disco_forward` (psi contracted with x) and
+`disco_backward` (the transpose contraction, the forward's gradient with respect to x).
+
+A problem is one contraction of a DiscoConvS2-like layer: batch x channels maps of
+nlat_in x nlon_in points onto K basis functions (kernel_shape, basis) at nlat_out x nlon_out
+points, psi built with grid_in / grid_out / theta_cutoff (basis_norm_mode "mean", which changes
+no sparsity), the activations stored as fp32, bf16 or fp16 (computed in float32). The storage
+precision is a problem field: one binary serves all three.
+
+A kernel is a row of TILES (direction, variant, ISA -> the register tiles the library
+instantiates) and a latitude block (latitudes per OpenMP work item, a run-time argument of the
+kernels). Variants:
+
+  csr      psi in CSR, one row per basis function; tile BT channels x NV vectors of output
+           longitudes (kernels/cpu/disco_csr_variants.hpp), both directions.
+  kpacked  the forward with psi in the kpacked layout (tilecast/disco/kpacked.py): one entry per
+           neighbour carrying all K basis values; tile KREG >= K basis functions x NV vectors
+           (kernels/cpu/disco_kpacked_variants.hpp). The layout exists only where every basis
+           function has the same support (harmonic bases), so kpacked kernels are unsupported
+           on piecewise-linear problems, and on problems with more basis functions than KREG.
+
+`kernels/cpu/disco_bench.cpp` runs exactly the named tile through the shared harness; the
+runtime runs the same tile through the tilecast.disco.native entry RUNTIME names, with
+`tile=cfg.tile()`. TILES mirrors the C++ tables (the harness refuses to compile a tile missing
+there, and tests/test_disco_family.py checks they agree). Adding a variant is a row of VARIANTS
+and TILES, its layout in `prepare`, and its branch in disco_bench.cpp.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
+
+DIRECTIONS = {"forward": 0, "backward": 1}          # name -> TC_DISCO_DIR
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """What a variant's kernels need: its TC_DISCO_VARIANT code, the config fields a TILES row
+    gives (in kernel-name order), and whether psi must have the kpacked layout."""
+    code: int
+    tile_fields: tuple[str, ...]
+    kpacked_layout: bool
+
+
+VARIANTS = {"csr": VariantSpec(0, ("bt", "nv"), False),
+            "kpacked": VariantSpec(1, ("kreg", "nv"), True)}
+# the value a config field takes in variants whose tiles do not name it
+UNUSED_TILE_FIELD = {"bt": 1, "kreg": 0}
+ISAS = {"avx512": 1, "avx2": 0}                     # name -> TC_DISCO_ISA
+# what an ISA's build needs of the CPU; -march=native targets AVX-512 where the CPU has it, so
+# an avx2 build only exists on a CPU without it
+ISA_FLAGS = {"avx512": ({"avx512f"}, set()), "avx2": ({"avx2", "fma"}, {"avx512f"})}
+LANES = {"avx512": 16, "avx2": 8}                   # float32 lanes per vector
+
+# The single source of truth for valid kernels: (direction, variant, isa) -> tiles in the
+# variant's tile_fields order: (BT, NV) in the order of Variants<Elem> in
+# kernels/cpu/disco_csr_variants.hpp, (KREG, NV) in that of PackedVariants<Elem> in
+# kernels/cpu/disco_kpacked_variants.hpp.
+TILES: dict[tuple[str, str, str], tuple[tuple[int, int], ...]] = {
+    ("forward", "csr", "avx512"): ((1, 8), (1, 6), (1, 5), (1, 4)),
+    ("forward", "csr", "avx2"): ((1, 12), (1, 10), (1, 8), (1, 6)),
+    ("backward", "csr", "avx512"): ((8, 2), (8, 1), (4, 4), (4, 3), (4, 2), (1, 8), (1, 6),
+                                    (1, 5), (1, 4)),
+    ("backward", "csr", "avx2"): ((8, 1), (4, 3), (4, 2), (1, 12), (1, 10), (1, 8), (1, 6)),
+    ("forward", "kpacked", "avx512"): ((16, 1), (12, 2), (9, 3), (6, 4), (4, 6), (3, 8), (1, 8)),
+    ("forward", "kpacked", "avx2"): ((16, 1), (12, 1), (6, 2), (4, 3), (3, 4), (1, 8)),
+}
+# (direction, variant) -> the tilecast.disco.native function running a named tile, and the
+# config fields its `tile` argument takes
+RUNTIME = {("forward", "csr"): ("contraction", ("nv", "lat_block")),
+           ("backward", "csr"): ("transpose_contraction", ("bt", "nv", "lat_block")),
+           ("forward", "kpacked"): ("kpacked_contraction", ("kreg", "nv", "lat_block"))}
+# latitude blocks built by default (the runtime's own defaults: 8 forward, 4 backward)
+LAT_BLOCKS = {"forward": (4, 8, 16), "backward": (2, 4, 8)}
+MAX_LAT_BLOCK = 64
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# norm-relative error vs the float64 reference on the same stored inputs: the output is
+# rounded to the storage type (bf16 keeps 8 bits, fp16 11)
+TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+# problem field value -> tilecast.disco basis_type
+BASES = {"harmonic": "harmonic", "piecewise_linear": "piecewise linear"}
+BASIS_ALIASES = {"piecewise linear": "piecewise_linear"}
+NORM_MODE = "mean"
+
+# {tile}: the variant's tile fields with their values, bt{BT}_nv{NV} (csr), kreg{KREG}_nv{NV}
+# (kpacked)
+NAME_GRAMMAR = "disco_{direction}_{variant}_{isa}_{tile}_lat{lat_block}"
+NAME_RE = re.compile(r"^disco_(?P<direction>[a-z]+)_(?P<variant>[a-z0-9]+)_(?P<isa>[a-z0-9]+)"
+                     r"_(?P<tile>(?:[a-z]+\d+_)+)lat(?P<lat>\d+)$")
+TILE_PART_RE = re.compile(r"([a-z]+)(\d+)_")
+
+
+@dataclass(frozen=True, order=True)
+class DiscoConfig:
+    """Every compile-time parameter of one DISCO kernel binary. bt: channels per register
+    tile; kreg: basis functions per register tile (kpacked; 0 for csr, whose rows hold one)."""
+    direction: str
+    variant: str
+    isa: str
+    bt: int
+    nv: int
+    lat_block: int
+    kreg: int = 0
+
+    @property
+    def tile_lons(self) -> int:
+        """Output longitudes one register tile holds."""
+        return self.nv * LANES[self.isa]
+
+    def tile(self) -> tuple[int, ...]:
+        """The `tile` argument of the tilecast.disco.native entry running this kernel
+        (RUNTIME): (nv, lat_block) contraction, (bt, nv, lat_block) transpose_contraction,
+        (kreg, nv, lat_block) kpacked_contraction."""
+        return tuple(getattr(self, name) for name in RUNTIME[self.direction, self.variant][1])
+
+    def runtime_entry(self) -> str:
+        """The tilecast.disco.native function that runs this kernel with tile=self.tile()."""
+        return RUNTIME[self.direction, self.variant][0]
+
+
+@dataclass(frozen=True, order=True)
+class DiscoProblem:
+    """One contraction (see the module docstring); kernel_shape is 'AxB', theta_cutoff rounded
+    to 6 significant digits so that it survives a round trip through text."""
+    batch: int
+    channels: int
+    nlat_in: int
+    nlon_in: int
+    nlat_out: int
+    nlon_out: int
+    kernel_shape: str
+    basis: str
+    grid_in: str
+    grid_out: str
+    theta_cutoff: float
+    precision: str
+
+    @property
+    def bc(self) -> int:
+        return self.batch * self.channels
+
+    @property
+    def stride(self) -> int:
+        return self.nlon_in // self.nlon_out
+
+    @property
+    def kernel_size(self) -> int:
+        return _kernel_size(self.basis, self.kernel_shape)
+
+    def psi_key(self) -> tuple:
+        """The fields psi depends on (not batch, channels or precision)."""
+        return (self.nlat_in, self.nlon_in, self.nlat_out, self.nlon_out, self.kernel_shape,
+                self.basis, self.grid_in, self.grid_out, self.theta_cutoff)
+
+
+# -- names ---------------------------------------------------------------------------------
+
+def _choice(value, table, what: str, context: str):
+    if value not in table:
+        raise FamilyError(f"unknown {what} {value!r} in {context}; "
+                          f"valid: {', '.join(map(str, table))}")
+    return value
+
+
+def validate_config(cfg) -> DiscoConfig:
+    """Raise FamilyError naming the offending field unless cfg is a row of TILES with a
+    latitude block in [1, MAX_LAT_BLOCK]."""
+    if not isinstance(cfg, DiscoConfig):
+        raise FamilyError(f"not a disco config: {cfg!r}")
+    ctx = f"disco config {cfg}"
+    _choice(cfg.direction, DIRECTIONS, "direction", ctx)
+    _choice(cfg.variant, VARIANTS, "variant", ctx)
+    _choice(cfg.isa, ISAS, "isa", ctx)
+    tiles = TILES.get((cfg.direction, cfg.variant, cfg.isa))
+    if tiles is None:
+        rows = ", ".join("/".join(key) for key in TILES)
+        raise FamilyError(f"no {cfg.variant} {cfg.direction} kernels for {cfg.isa} in {ctx}; "
+                          f"the table has {rows}")
+    tile_fields = VARIANTS[cfg.variant].tile_fields
+    for name, unused in UNUSED_TILE_FIELD.items():
+        if name not in tile_fields and getattr(cfg, name) != unused:
+            raise FamilyError(f"{name}={getattr(cfg, name)!r} in {ctx}: {cfg.variant} tiles do "
+                              f"not name {name}; it must be {unused}")
+    tile = tuple(getattr(cfg, name) for name in tile_fields)
+    if tile not in tiles:
+        spelled = " x ".join(f"{n}{v}" for n, v in zip(tile_fields, tile))
+        raise FamilyError(f"tile {spelled} is not instantiated for "
+                          f"{cfg.direction}/{cfg.variant}/{cfg.isa}; valid ({', '.join(tile_fields)}): "
+                          f"{', '.join('x'.join(map(str, t)) for t in tiles)}")
+    if isinstance(cfg.lat_block, bool) or not isinstance(cfg.lat_block, int) \
+            or not 1 <= cfg.lat_block <= MAX_LAT_BLOCK:
+        raise FamilyError(f"lat_block={cfg.lat_block!r} in {ctx} must be an integer in "
+                          f"[1, {MAX_LAT_BLOCK}]")
+    return cfg
+
+
+def kernel_name(cfg: DiscoConfig) -> str:
+    """The unique name of a kernel; parse_kernel_name inverts it."""
+    validate_config(cfg)
+    tile = "_".join(f"{name}{getattr(cfg, name)}" for name in VARIANTS[cfg.variant].tile_fields)
+    return f"disco_{cfg.direction}_{cfg.variant}_{cfg.isa}_{tile}_lat{cfg.lat_block}"
+
+
+def parse_kernel_name(name: str) -> DiscoConfig:
+    """The DiscoConfig a kernel name spells; FamilyError says what is wrong."""
+    match = NAME_RE.match(name) if isinstance(name, str) else None
+    if not match:
+        raise FamilyError(f"not a disco kernel name: {name!r}; expected {NAME_GRAMMAR}")
+    g = match.groupdict()
+    try:
+        variant = _choice(g["variant"], VARIANTS, "variant", f"kernel name {name!r}")
+        tile = {field: int(value) for field, value in TILE_PART_RE.findall(g["tile"])}
+        expected = VARIANTS[variant].tile_fields
+        if tuple(tile) != expected:
+            raise FamilyError(f"the tile spells fields ({', '.join(tile)}); {variant} tiles are "
+                              f"{'_'.join(f'{f}<int>' for f in expected)}")
+        return validate_config(DiscoConfig(g["direction"], variant, g["isa"],
+                                           lat_block=int(g["lat"]),
+                                           **{**UNUSED_TILE_FIELD, **tile}))
+    except FamilyError as err:
+        raise FamilyError(f"invalid kernel name {name!r}: {err}") from None
+
+
+# -- problems ------------------------------------------------------------------------------
+
+REQUIRED_FIELDS = ("channels", "nlat_in", "nlon_in", "nlat_out", "nlon_out")
+DEFAULTS = {"batch": 1, "kernel_shape": "3x3", "basis": "harmonic", "grid_in": "equiangular",
+            "grid_out": "equiangular", "theta_cutoff": None, "precision": "fp32"}
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_size(basis: str, kernel_shape: str) -> int:
+    from ..disco.basis import get_basis
+
+    return get_basis(BASES[basis], _shape_tuple(kernel_shape)).kernel_size
+
+
+def _shape_tuple(kernel_shape: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in kernel_shape.split("x"))
+
+
+def _canonical_kernel_shape(value, basis: str) -> str:
+    """'AxB' from an int, a sequence or a string ('3', '3x3', '(3, 3)'), as the basis reads it."""
+    from ..disco.basis import get_basis
+
+    if isinstance(value, str):
+        parts = [p for p in re.split(r"[x,()\[\]\s]+", value.strip()) if p]
+    elif isinstance(value, (int, np.integer)):
+        parts = [value]
+    else:
+        parts = list(value)
+    try:
+        shape = tuple(int(p) for p in parts)
+        basis_obj = get_basis(BASES[basis], shape if len(shape) > 1 else shape[0])
+    except (ValueError, TypeError, IndexError) as err:
+        raise FamilyError(f"disco problem kernel_shape={value!r} is not valid for basis "
+                          f"{basis!r}: {err}") from None
+    return "x".join(str(v) for v in basis_obj.kernel_shape)
+
+
+def _integer(name: str, value) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise FamilyError(f"disco problem field {name}={value!r} is not an integer") from None
+    if number != float(value) or number < 1:
+        raise FamilyError(f"disco problem field {name}={value!r} must be a positive integer")
+    return number
+
+
+def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
+    """A validated DiscoProblem from field values (strings from the CLI, numpy values from a
+    dataset); FamilyError names the offending field."""
+    from ..disco.grids import GRIDS, default_theta_cutoff
+
+    names = {f.name for f in fields(DiscoProblem)}
+    unknown = set(values) - names
+    if unknown:
+        raise FamilyError(f"unknown disco problem field(s) {sorted(unknown)}; "
+                          f"valid: {', '.join(f.name for f in fields(DiscoProblem))}")
+    given = {k: v for k, v in values.items() if v is not None and not (
+        isinstance(v, float) and math.isnan(v))}
+    missing = [f for f in REQUIRED_FIELDS if f not in given]
+    if missing:
+        raise FamilyError(f"disco problem is missing field(s) {missing} in {dict(values)}")
+    merged = {**DEFAULTS, **given}
+    sizes = {f: _integer(f, merged[f]) for f in ("batch", *REQUIRED_FIELDS)}
+    basis = BASIS_ALIASES.get(str(merged["basis"]), str(merged["basis"]))
+    _choice(basis, BASES, "basis", "disco problem")
+    grid_in = _choice(str(merged["grid_in"]), GRIDS, "grid_in", "disco problem")
+    grid_out = _choice(str(merged["grid_out"]), GRIDS, "grid_out", "disco problem")
+    precision = _choice(str(merged["precision"]), PRECISIONS, "precision", "disco problem")
+    if sizes["nlon_in"] % sizes["nlon_out"]:
+        raise FamilyError(f"disco problem nlon_in={sizes['nlon_in']} must be a multiple of "
+                          f"nlon_out={sizes['nlon_out']}")
+    for field, grid in (("nlat_in", grid_in), ("nlat_out", grid_out)):
+        if grid == "equiangular" and sizes[field] < 2:
+            raise FamilyError(f"disco problem {field}={sizes[field]}: the equiangular grid "
+                              "needs at least 2 latitudes")
+    cutoff = merged["theta_cutoff"]
+    if cutoff is None:
+        cutoff = default_theta_cutoff(sizes["nlat_out"], grid_out)
+    try:
+        cutoff = float(f"{float(cutoff):.6g}")
+    except (TypeError, ValueError):
+        raise FamilyError(f"disco problem theta_cutoff={cutoff!r} is not a number") from None
+    if not 0.0 < cutoff <= math.pi:
+        raise FamilyError(f"disco problem theta_cutoff={cutoff} must be in (0, pi]")
+    return DiscoProblem(batch=sizes["batch"], channels=sizes["channels"],
+                        nlat_in=sizes["nlat_in"], nlon_in=sizes["nlon_in"],
+                        nlat_out=sizes["nlat_out"], nlon_out=sizes["nlon_out"],
+                        kernel_shape=_canonical_kernel_shape(merged["kernel_shape"], basis),
+                        basis=basis, grid_in=grid_in, grid_out=grid_out, theta_cutoff=cutoff,
+                        precision=precision)
+
+
+@functools.lru_cache(maxsize=8)
+def _psi_and_csr(psi_key: tuple):
+    """psi and both CSR layouts for a problem's psi_key (shared by its directions, batches
+    and precisions; prepare and flops both need them)."""
+    from ..disco.csr import csr_from_psi
+    from ..disco.psi import compute_psi
+
+    nlat_in, nlon_in, nlat_out, nlon_out, kernel_shape, basis, grid_in, grid_out, cutoff = psi_key
+    psi = compute_psi((nlat_in, nlon_in), (nlat_out, nlon_out), _shape_tuple(kernel_shape),
+                      basis_type=BASES[basis], basis_norm_mode=NORM_MODE, grid_in=grid_in,
+                      grid_out=grid_out, theta_cutoff=cutoff)
+    return psi, csr_from_psi(psi)
+
+
+def psi_nnz(problem: DiscoProblem) -> int:
+    """Entries of the problem's psi (computed once per psi_key)."""
+    return _psi_and_csr(problem.psi_key())[0].nnz
+
+
+def _peer_available() -> bool:
+    try:
+        from torch_harmonics.disco import optimized_kernels_is_available
+        from torch_harmonics.disco.optimized import disco_optimized  # noqa: F401
+    except ImportError:
+        return False
+    return bool(optimized_kernels_is_available())
+
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class DiscoFamily:
+    """A DISCO contraction family for one direction (see the module docstring)."""
+    problem_fields = tuple(f.name for f in fields(DiscoProblem))
+    config_fields = tuple(f.name for f in fields(DiscoConfig))
+    source = KERNELS_DIR / "cpu" / "disco_bench.cpp"
+
+    def __init__(self, direction: str):
+        self.direction = _choice(direction, DIRECTIONS, "direction", "DiscoFamily")
+        self.name = f"disco_{direction}"
+
+    # -- names ----------------------------------------------------------------------------
+    def kernel_name(self, cfg: DiscoConfig) -> str:
+        return kernel_name(cfg)
+
+    def parse_name(self, name: str) -> DiscoConfig:
+        cfg = parse_kernel_name(name)
+        if cfg.direction != self.direction:
+            raise FamilyError(f"kernel {name!r} is a {cfg.direction} kernel; family {self.name} "
+                              f"holds {self.direction} kernels (use disco_{cfg.direction})")
+        return cfg
+
+    def config_dict(self, cfg: DiscoConfig) -> dict:
+        return asdict(cfg)
+
+    # -- candidate space ------------------------------------------------------------------
+    CANDIDATE_OPTIONS = ("variant", "isa", "tiles", "lat_block")
+
+    def candidate_space(self, options: Mapping[str, Sequence], hardware: Mapping) -> list[DiscoConfig]:
+        """Every TILES row of this direction the options allow (variant, isa: lists of names;
+        tiles: 'AxB' strings in each variant's tile-field order, BTxNV for csr, KREGxNV for
+        kpacked; lat_block: ints, default LAT_BLOCKS), sorted. ISAs the hardware's flags (when
+        known) cannot build are left out."""
+        unknown = set(options) - set(self.CANDIDATE_OPTIONS)
+        if unknown:
+            raise FamilyError(f"unknown disco candidate option(s) {sorted(unknown)}; "
+                              f"valid: {sorted(self.CANDIDATE_OPTIONS)}")
+        variants = [_choice(v, VARIANTS, "variant", "candidates") for v in options.get("variant") or VARIANTS]
+        isas = [_choice(i, ISAS, "isa", "candidates") for i in options.get("isa") or ISAS]
+        flags = set(hardware.get("flags", ()))
+        if flags:
+            isas = [i for i in isas if ISA_FLAGS[i][0] <= flags and not ISA_FLAGS[i][1] & flags]
+        wanted_tiles = None
+        if options.get("tiles"):
+            wanted_tiles = set()
+            for tile in options["tiles"]:
+                try:
+                    rows, nv = (int(v) for v in str(tile).split("x"))
+                except ValueError:
+                    raise FamilyError(f"candidate tile {tile!r} is not AxB (BTxNV for csr, "
+                                      "KREGxNV for kpacked, e.g. 4x3)") from None
+                wanted_tiles.add((rows, nv))
+        blocks = [int(b) for b in options.get("lat_block") or LAT_BLOCKS[self.direction]]
+        configs = set()
+        for variant, isa, lat_block in itertools.product(variants, isas, blocks):
+            fields_ = VARIANTS[variant].tile_fields
+            for tile in TILES.get((self.direction, variant, isa), ()):
+                if wanted_tiles is None or tile in wanted_tiles:
+                    configs.add(validate_config(DiscoConfig(
+                        self.direction, variant, isa, lat_block=lat_block,
+                        **{**UNUSED_TILE_FIELD, **dict(zip(fields_, tile))})))
+        return sorted(configs)
+
+    def build_spec(self, cfg: DiscoConfig) -> BuildSpec:
+        validate_config(cfg)
+        return BuildSpec(source=self.source, defines={
+            "TC_DISCO_DIR": DIRECTIONS[cfg.direction],
+            "TC_DISCO_VARIANT": VARIANTS[cfg.variant].code, "TC_DISCO_ISA": ISAS[cfg.isa],
+            "TC_BT": cfg.bt, "TC_KREG": cfg.kreg, "TC_NV": cfg.nv, "TC_LAT_BLOCK": cfg.lat_block})
+
+    # -- problems -------------------------------------------------------------------------
+    def problem(self, values: Mapping[str, Any]) -> DiscoProblem:
+        return make_problem(values)
+
+    def problem_dict(self, problem: DiscoProblem) -> dict:
+        return asdict(problem)
+
+    def dims_key(self, problem: DiscoProblem) -> str:
+        """Every problem field: the join key and the CV group."""
+        return ",".join(f"{f}={getattr(problem, f):g}" if f == "theta_cutoff"
+                        else f"{f}={getattr(problem, f)}" for f in self.problem_fields)
+
+    def applicable(self, cfg: DiscoConfig, problem: DiscoProblem) -> bool:
+        """Same direction, and a channel tile no wider than batch * channels (a wider one
+        computes only padding in its extra slots), so a dispatcher never picks it."""
+        return cfg.direction == self.direction and cfg.bt <= problem.bc
+
+    def applicability_key(self, problem: DiscoProblem):
+        """What `applicable` reads of a problem (the widest tile is 8 channels)."""
+        return min(problem.bc, 8)
+
+    def unsupported_reason(self, cfg: DiscoConfig, problem: DiscoProblem) -> str | None:
+        if cfg.direction != self.direction:
+            return f"kernel direction {cfg.direction} != family direction {self.direction}"
+        if cfg.bt > problem.bc:
+            return (f"channel tile BT={cfg.bt} exceeds batch*channels={problem.bc}: its extra "
+                    "slots would compute padding only")
+        return None
+
+    def slices(self, problem: DiscoProblem) -> tuple[str, ...]:
+        """Report slices: resampling (same / down / up), precision, basis, narrow channels."""
+        if (problem.nlat_in, problem.nlon_in) == (problem.nlat_out, problem.nlon_out):
+            tags = ["same_grid"]
+        elif problem.nlat_in >= problem.nlat_out and problem.nlon_in >= problem.nlon_out:
+            tags = ["downsample"]
+        else:
+            tags = ["upsample"]
+        tags += [problem.precision, problem.basis]
+        if problem.bc < 8:
+            tags.append("few_channels")
+        return tuple(tags)
+
+    def flops(self, problem: DiscoProblem) -> float:
+        """2 * B*C * nnz(psi) * nlon_out: each entry meets every output longitude once."""
+        return 2.0 * problem.bc * psi_nnz(problem) * problem.nlon_out
+
+    def bytes_moved(self, problem: DiscoProblem) -> float:
+        p, elt = problem, ELEMENT_BYTES[problem.precision]
+        activations = p.bc * (p.nlat_in * p.nlon_in + p.kernel_size * p.nlat_out * p.nlon_out)
+        return float(elt * activations + 12 * psi_nnz(problem))
+
+    def tolerance(self, problem: DiscoProblem) -> float:
+        return TOLERANCE[problem.precision]
+
+    # -- inputs, reference, peer ----------------------------------------------------------
+    def prepare(self, problem: DiscoProblem, directory: Path, seed: int) -> PreparedProblem:
+        """Write psi's CSR (transposed for the backward) and the input in its storage
+        precision; the reference is tilecast.disco.reference in float64 on the stored values."""
+        import torch
+
+        from ..disco import reference
+
+        p = problem
+        psi, csr = _psi_and_csr(p.psi_key())
+        dtype = getattr(torch, _TORCH_DTYPES[p.precision])
+        gen = torch.Generator().manual_seed(seed)
+        if self.direction == "forward":
+            shape = (p.batch, p.channels, p.nlat_in, p.nlon_in)
+            stored = torch.randn(*shape, generator=gen).to(dtype)
+            expected = reference.disco_contraction(stored.double(), psi, p.nlon_out)
+            offsets, columns, values = csr.roff, csr.col, csr.vals
+        else:
+            shape = (p.batch, p.channels, psi.kernel_size, p.nlat_out, p.nlon_out)
+            stored = torch.randn(*shape, generator=gen).to(dtype)
+            expected = reference.disco_transpose_contraction(stored.double(), psi, p.nlon_in)
+            offsets, columns, values = csr.troff, csr.tcol, csr.tvals
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = {name: directory / f"{name}.bin"
+                 for name in ("offsets", "columns", "values", "in", "out")}
+        offsets.numpy().tofile(paths["offsets"])
+        columns.numpy().tofile(paths["columns"])
+        values.numpy().tofile(paths["values"])
+        raw = stored if dtype == torch.float32 else stored.view(torch.int16)
+        raw.contiguous().numpy().tofile(paths["in"])
+        job = (p.precision, str(p.bc), str(p.nlat_in), str(p.nlon_in), str(psi.kernel_size),
+               str(p.nlat_out), str(p.nlon_out), str(int(columns.numel())),
+               *(str(paths[n]) for n in ("offsets", "columns", "values", "in", "out")))
+        return PreparedProblem(problem=p, job_args=job, output_path=paths["out"],
+                               reference=expected.numpy(), tensors={"input": stored})
+
+    def read_output(self, prepared: PreparedProblem) -> np.ndarray:
+        expected = prepared.reference.shape
+        data = np.fromfile(prepared.output_path, dtype=np.float32)
+        if data.size != int(np.prod(expected)):
+            raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
+                              f"expected {int(np.prod(expected))} {tuple(expected)}")
+        return data.reshape(expected)
+
+    def has_peer(self) -> bool:
+        """Whether the peer (torch-harmonics' optimized CPU contraction) can run here."""
+        return _peer_available()
+
+    def peer(self, prepared: PreparedProblem, threads: int):
+        """torch-harmonics' optimized CPU contraction of this direction on the same stored
+        input and psi, with the same thread count: (name, callable)."""
+        import torch
+        from torch_harmonics.disco.optimized.disco_optimized import (
+            _disco_s2_contraction_optimized, _disco_s2_transpose_contraction_optimized)
+
+        torch.set_num_threads(threads)
+        p = prepared.problem
+        psi, _ = _psi_and_csr(p.psi_key())
+        # torch-harmonics' psi layout is tilecast's: CSR over (kernel, output latitude) rows
+        th_psi = (psi.roff, psi.idx[0], psi.idx[1], psi.idx[2], psi.vals.float())
+        stored = prepared.tensors["input"]
+        if self.direction == "forward":
+            return "torch_harmonics.disco_s2_contraction", lambda: _disco_s2_contraction_optimized(
+                stored, *th_psi, psi.kernel_size, p.nlat_out, p.nlon_out)
+        return ("torch_harmonics.disco_s2_transpose_contraction",
+                lambda: _disco_s2_transpose_contraction_optimized(
+                    stored, *th_psi, psi.kernel_size, p.nlat_in, p.nlon_in))
+
+    def feature_engine(self, hardware: Mapping):
+        from ..features.disco import DiscoFeatureEngine
+
+        return DiscoFeatureEngine(hardware)
