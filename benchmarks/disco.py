@@ -67,6 +67,21 @@ def median_seconds(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(samples)
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median wall time of each fn over `reps` rounds, after one warm-up call each. Every
+    round times every fn once, in turn, so that a slow spell of a shared machine falls on
+    all of them rather than on whichever ran then (the ratios are what is quoted)."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {label: [] for label in fns}
+    for _ in range(reps):
+        for label, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[label].append(time.perf_counter() - start)
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.double() - expected).norm() / expected.norm())
 
@@ -109,20 +124,21 @@ class Workload:
                                     bias=self.ours.bias.detach().double())
 
 
-def time_module(module: torch.nn.Module, x: torch.Tensor, reps: int) -> tuple[float, float, torch.Tensor]:
-    """(forward s, forward+backward s, forward output)."""
-    with torch.no_grad():
-        out = module(x)
-        forward = median_seconds(lambda: module(x), reps)
-    x_grad = x.detach().clone().requires_grad_()
-    grad = torch.randn_like(out)
+def forward_only(module: torch.nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    def run():
+        with torch.no_grad():
+            module(x)
+    return run
 
-    def forward_backward():
+
+def forward_backward(module: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor) -> Callable[[], None]:
+    x_grad = x.detach().clone().requires_grad_()
+
+    def run():
         module.zero_grad(set_to_none=True)
         x_grad.grad = None
         module(x_grad).backward(grad)
-
-    return forward, median_seconds(forward_backward, reps), out
+    return run
 
 
 def peer_kernels(peer: torch.nn.Module, config: dict):
@@ -165,15 +181,20 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
     """torch-harmonics and each of our paths, forward and forward+backward, with their errors
     against float64."""
     candidates = [(f"tc:{path}", on_path(work.ours, path)) for path in paths] + [("th", work.peer)]
-    rows = {}
-    for label, module in candidates:
-        if module is None:
-            continue
-        # a copy, so that the fp32 weights survive the cast
-        forward, both, out = time_module(copy.deepcopy(module).to(x.dtype), x, reps)
-        error = "skipped" if reference_out is None else f"{rel_error(out, reference_out):.2e}"
-        rows[label] = (forward, both, error)
+    # copies, so that the fp32 weights survive the cast
+    modules = {label: copy.deepcopy(module).to(x.dtype) for label, module in candidates
+               if module is not None}
+    errors = {}
+    for label, module in modules.items():
+        with torch.no_grad():
+            out = module(x)
+        errors[label] = "skipped" if reference_out is None else f"{rel_error(out, reference_out):.2e}"
+        grad = torch.randn_like(out)
         del out
+    forwards = interleaved_medians({label: forward_only(m, x) for label, m in modules.items()}, reps)
+    boths = interleaved_medians({label: forward_backward(m, x, grad) for label, m in modules.items()},
+                                reps)
+    rows = {label: (forwards[label], boths[label], errors[label]) for label in modules}
     conv_flops = work.contraction_flops + work.einsum_flops
     train_flops = 2 * work.contraction_flops + 3 * work.einsum_flops
     for label, (forward, both, error) in rows.items():
@@ -196,12 +217,16 @@ def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) ->
     packed = ours._kpacked()
     with torch.no_grad():
         y = ours_fwd(x)
-        times = {"tilecast": (median_seconds(lambda: ours_fwd(x), reps), median_seconds(lambda: ours_bwd(y), reps)),
-                 "th": (median_seconds(lambda: peer_fwd(x), reps), median_seconds(lambda: peer_bwd(y), reps))}
+        kernels = {"tilecast": lambda: ours_fwd(x), "th": lambda: peer_fwd(x)}
         if packed is not None:
             kp_fwd = lambda inp: ops.disco_kpacked_contraction(  # noqa: E731
                 inp, *packed.tensors(), ours.kernel_size, nlat_out, nlon_out, 0, nlat_out)
-            kp_time = median_seconds(lambda: kp_fwd(x), reps)
+            kernels["kpacked"] = lambda: kp_fwd(x)
+        forwards = interleaved_medians(kernels, reps)
+        transposes = interleaved_medians({"tilecast": lambda: ours_bwd(y), "th": lambda: peer_bwd(y)}, reps)
+        times = {label: (forwards[label], transposes[label]) for label in ("tilecast", "th")}
+        if packed is not None:
+            kp_time = forwards["kpacked"]
             kp_error = rel_error(kp_fwd(x[:, :AGREEMENT_CHANNELS]), ours_fwd(x[:, :AGREEMENT_CHANNELS]).double())
         # on a few channels: at full scale a float64 copy of the whole output would not fit
         few = x[:, :AGREEMENT_CHANNELS]

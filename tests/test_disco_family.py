@@ -1,7 +1,9 @@
-"""DISCO families: names round-trip over the whole table, the table is the runtime's, bad input
-is named, every register tile of this CPU benchmarked through the pipeline matches the float64
-reference, a wrong kernel output is caught, features are well formed, and a model trained on
-a tiny real run chooses a kernel the runtime runs (tilecast.disco.selector)."""
+"""DISCO families: names round-trip over the whole table (csr and kpacked), the table is the
+runtime's, bad input is named, every named runtime tile equals the automatic path bit for bit,
+every register tile of this CPU benchmarked through the pipeline matches the float64 reference
+(kpacked ones where psi has the layout and K <= KREG), a wrong kernel output is caught, features
+are well formed, and a model trained on a tiny real run chooses a kernel the runtime runs
+(tilecast.disco.selector)."""
 from __future__ import annotations
 
 import itertools
@@ -15,14 +17,16 @@ import pytest
 import torch
 import yaml
 
-from tilecast import bench, pipeline
-from tilecast.config import expand_problems
+from tilecast import bench, pipeline, tune
+from tilecast.config import expand_problems, load_config
 from tilecast.disco import compute_psi, csr_from_psi, native, reference
+from tilecast.disco.kpacked import kpack_psi
 from tilecast.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields
 from tilecast.families import FamilyError, get_family
-from tilecast.families.disco import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, TILES, DiscoConfig,
-                                     DiscoFamily, kernel_name, parse_kernel_name)
-from tilecast.measure import JobOutcome, Protocol, run_binary
+from tilecast.families.disco import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
+                                     UNUSED_TILE_FIELD, VARIANTS, DiscoConfig, DiscoFamily,
+                                     kernel_name, parse_kernel_name)
+from tilecast.measure import Protocol, run_binary
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 
@@ -38,6 +42,17 @@ def _machine_isa() -> str:
     return {lanes: isa for isa, lanes in LANES.items()}[native.lanes()]
 
 
+def _config(direction: str, variant: str, isa: str, tile: tuple, lat_block: int) -> DiscoConfig:
+    """The config of a TILES row (tile in the variant's tile_fields order)."""
+    named = dict(zip(VARIANTS[variant].tile_fields, tile))
+    return DiscoConfig(direction, variant, isa, lat_block=lat_block,
+                       **{**UNUSED_TILE_FIELD, **named})
+
+
+def _tile_of(cfg: DiscoConfig) -> tuple:
+    return tuple(getattr(cfg, name) for name in VARIANTS[cfg.variant].tile_fields)
+
+
 # -- names and the table -------------------------------------------------------------------
 
 def test_families_are_registered_under_their_names():
@@ -48,27 +63,38 @@ def test_families_are_registered_under_their_names():
 def test_every_valid_config_round_trips_and_names_are_unique():
     names = set()
     for (direction, variant, isa), tiles in TILES.items():
-        for (bt, nv), lat_block in itertools.product(tiles, range(1, MAX_LAT_BLOCK + 1)):
-            cfg = DiscoConfig(direction, variant, isa, bt, nv, lat_block)
+        for tile, lat_block in itertools.product(tiles, range(1, MAX_LAT_BLOCK + 1)):
+            cfg = _config(direction, variant, isa, tile, lat_block)
             name = kernel_name(cfg)
             assert FAMILIES[direction].parse_name(name) == cfg
             names.add(name)
     assert len(names) == sum(len(t) for t in TILES.values()) * MAX_LAT_BLOCK
     assert kernel_name(DiscoConfig("backward", "csr", "avx512", 4, 3, 8)) == \
         "disco_backward_csr_avx512_bt4_nv3_lat8"
+    assert set(RUNTIME) == {(direction, variant) for direction, variant, _ in TILES}
+    kpacked = parse_kernel_name("disco_forward_kpacked_avx2_kreg12_nv1_lat16")
+    assert kpacked == DiscoConfig("forward", "kpacked", "avx2", 1, 1, 16, kreg=12)
+    assert (kpacked.tile(), kpacked.runtime_entry()) == ((12, 1, 16), "kpacked_contraction")
+    assert parse_kernel_name("disco_forward_csr_avx2_bt1_nv8_lat4").tile() == (8, 4)
+    assert parse_kernel_name("disco_backward_csr_avx2_bt4_nv3_lat4").tile() == (4, 3, 4)
 
 
 def test_candidate_space_is_the_table():
     for direction, family in FAMILIES.items():
         space = family.candidate_space({}, {"flags": []})     # flags unknown: every ISA
-        rows = {(c.direction, c.variant, c.isa, c.bt, c.nv) for c in space}
-        assert rows == {(*key, bt, nv) for key, tiles in TILES.items() if key[0] == direction
-                        for bt, nv in tiles}
+        rows = {(c.direction, c.variant, c.isa, _tile_of(c)) for c in space}
+        assert rows == {(*key, tile) for key, tiles in TILES.items() if key[0] == direction
+                        for tile in tiles}
         assert {c.lat_block for c in space} == set(LAT_BLOCKS[direction])
     avx512 = FORWARD.candidate_space({}, {"flags": ["avx2", "fma", "avx512f"]})
     assert {c.isa for c in avx512} == {"avx512"}
     avx2 = BACKWARD.candidate_space({"tiles": ["4x3"], "lat_block": [5]}, {"flags": ["avx2", "fma"]})
     assert avx2 == [DiscoConfig("backward", "csr", "avx2", 4, 3, 5)]
+    assert {c.variant for c in BACKWARD.candidate_space({}, {})} == {"csr"}   # kpacked: forward
+    packed = FORWARD.candidate_space({"variant": ["kpacked"], "tiles": ["9x3", "1x8"],
+                                      "lat_block": [8]}, {"flags": ["avx2", "fma", "avx512f"]})
+    assert packed == [DiscoConfig("forward", "kpacked", "avx512", 1, 3, 8, kreg=9),
+                      DiscoConfig("forward", "kpacked", "avx512", 1, 8, 8, kreg=1)]
     with pytest.raises(FamilyError, match="unknown disco candidate option"):
         FORWARD.candidate_space({"nv": [4]}, {})
     with pytest.raises(FamilyError, match="unknown variant 'dense'"):
@@ -76,16 +102,23 @@ def test_candidate_space_is_the_table():
 
 
 def test_table_matches_the_runtime_library():
-    """TILES is what kernels/cpu/disco_csr_variants.hpp instantiates for this CPU."""
+    """TILES is what kernels/cpu/disco_csr_variants.hpp and disco_kpacked_variants.hpp
+    instantiate for this CPU."""
     isa = _machine_isa()
     assert native.variant_tiles("forward") == TILES[("forward", "csr", isa)]
     assert native.variant_tiles("transpose") == TILES[("backward", "csr", isa)]
+    assert native.kpacked_variant_tiles() == TILES[("forward", "kpacked", isa)]
 
 
 @pytest.mark.parametrize("name, fragment", [
     ("disco_forward_csr_avx512_bt1_nv7_lat8", "tile bt1 x nv7 is not instantiated"),
     ("disco_forward_csr_avx512_bt4_nv4_lat8", "tile bt4 x nv4 is not instantiated"),
-    ("disco_forward_kpacked_avx512_bt1_nv4_lat8", "unknown variant 'kpacked'"),
+    ("disco_forward_dense_avx512_bt1_nv4_lat8", "unknown variant 'dense'"),
+    ("disco_forward_kpacked_avx512_bt1_nv3_lat8", "kpacked tiles are kreg<int>_nv<int>"),
+    ("disco_forward_csr_avx512_kreg1_nv8_lat8", "csr tiles are bt<int>_nv<int>"),
+    ("disco_forward_kpacked_avx512_kreg9_nv4_lat8", "tile kreg9 x nv4 is not instantiated"),
+    ("disco_forward_kpacked_avx2_kreg9_nv3_lat8", "tile kreg9 x nv3 is not instantiated"),
+    ("disco_backward_kpacked_avx512_kreg9_nv3_lat8", "no kpacked backward kernels"),
     ("disco_forward_csr_sse_bt1_nv4_lat8", "unknown isa 'sse'"),
     ("disco_forward_csr_avx512_bt1_nv4_lat0", "lat_block=0"),
     ("disco_forward_csr_avx512_bt1_nv4_lat65", "lat_block=65"),
@@ -102,7 +135,12 @@ def test_build_spec_sets_every_define():
     spec = BACKWARD.build_spec(parse_kernel_name("disco_backward_csr_avx2_bt4_nv3_lat6"))
     assert spec.source.name == "disco_bench.cpp" and spec.source.exists()
     assert spec.defines == {"TC_DISCO_DIR": 1, "TC_DISCO_VARIANT": 0, "TC_DISCO_ISA": 0,
-                            "TC_BT": 4, "TC_NV": 3, "TC_LAT_BLOCK": 6}
+                            "TC_BT": 4, "TC_KREG": 0, "TC_NV": 3, "TC_LAT_BLOCK": 6}
+    packed = FORWARD.build_spec(parse_kernel_name("disco_forward_kpacked_avx512_kreg12_nv2_lat4"))
+    assert packed.defines == {"TC_DISCO_DIR": 0, "TC_DISCO_VARIANT": 1, "TC_DISCO_ISA": 1,
+                              "TC_BT": 1, "TC_KREG": 12, "TC_NV": 2, "TC_LAT_BLOCK": 4}
+    with pytest.raises(FamilyError, match="csr tiles do not name kreg; it must be 0"):
+        FORWARD.build_spec(DiscoConfig("forward", "csr", "avx512", 1, 8, 8, kreg=9))
 
 
 # -- problems ------------------------------------------------------------------------------
@@ -145,6 +183,28 @@ def test_unsupported_reasons_and_applicability():
     assert "direction forward != family direction backward" in BACKWARD.unsupported_reason(forward, four)
 
 
+def test_kpacked_kernels_need_the_layout_and_k_at_most_kreg():
+    """Where a kpacked kernel cannot run, it is not applicable (a dispatcher never picks it)
+    and unsupported_reason says why; csr kernels run every problem."""
+    fits, short = (parse_kernel_name(f"disco_forward_kpacked_avx512_kreg{k}_nv{nv}_lat8")
+                   for k, nv in ((9, 3), (6, 4)))
+    harmonic = FORWARD.problem(SMALL)                     # K = 9
+    linear = FORWARD.problem({**SMALL, "basis": "piecewise_linear", "kernel_shape": "3"})
+    csr = parse_kernel_name("disco_forward_csr_avx512_bt1_nv4_lat8")
+    assert FORWARD.applicable(fits, harmonic) and FORWARD.unsupported_reason(fits, harmonic) is None
+    assert not FORWARD.applicable(short, harmonic)
+    assert "KREG=6 holds fewer basis functions than the problem's K=9" in \
+        FORWARD.unsupported_reason(short, harmonic)
+    for packed in (fits, short):
+        assert not FORWARD.applicable(packed, linear)
+        assert "need psi in the kpacked layout, which a piecewise_linear basis lacks" in \
+            FORWARD.unsupported_reason(packed, linear)
+    assert FORWARD.applicable(csr, linear) and FORWARD.applicable(csr, harmonic)
+    assert FORWARD.applicability_key(harmonic) != FORWARD.applicability_key(linear)
+    small_k = FORWARD.problem({**SMALL, "kernel_shape": "3x1"})   # K = 3
+    assert FORWARD.applicable(short, small_k)
+
+
 def test_flops_count_every_entry_at_every_output_longitude():
     p = FORWARD.problem(SMALL)
     psi = compute_psi((12, 48), (6, 24), (3, 3), basis_type="harmonic", grid_out="legendre-gauss",
@@ -183,6 +243,39 @@ def test_every_runtime_tile_and_block_equals_the_automatic_choice():
         native.contraction(x, csr.roff, csr.col, csr.vals, psi.kernel_size, 7, 12, tile=(4, 0))
 
 
+@pytest.mark.parametrize("kernel_shape", [(1, 1), (3, 1), (3, 3), (4, 4)])
+def test_every_kpacked_tile_and_block_equals_the_automatic_choice(kernel_shape):
+    """Every kpacked tile holding K (K = 1 runs all of them) and latitude block gives the
+    automatic kpacked path's result bit for bit, on whole grids and on latitude ranges; tiles
+    with KREG < K and tiles the library lacks are refused with the reason."""
+    psi = compute_psi((13, 36), (7, 12), kernel_shape, basis_type="harmonic",
+                      grid_out="legendre-gauss")
+    packed, k = kpack_psi(psi), psi.kernel_size
+    x = torch.randn(1, 5, 13, 36, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    auto = native.kpacked_contraction(x, *packed.tensors(), k, 7, 12)
+    expected = reference.disco_contraction(x.double(), psi, 12)
+    assert float((auto.double() - expected).norm() / expected.norm()) < 1e-2
+    part = native.kpacked_contraction(x, *packed.tensors(), k, 7, 12, 2, 4)
+    fitting = [(kreg, nv) for kreg, nv in native.kpacked_variant_tiles() if kreg >= k]
+    assert fitting and (k > 1 or len(fitting) == len(native.kpacked_variant_tiles()))
+    for (kreg, nv), lat_block in itertools.product(fitting, (1, 3, 8)):
+        y = native.kpacked_contraction(x, *packed.tensors(), k, 7, 12, tile=(kreg, nv, lat_block))
+        assert torch.equal(y, auto), (kreg, nv, lat_block)
+        y = native.kpacked_contraction(x, *packed.tensors(), k, 7, 12, 2, 4,
+                                       tile={"kreg": kreg, "nv": nv, "lat_block": lat_block})
+        assert torch.equal(y, part), (kreg, nv, lat_block)
+    short = [kreg for kreg, _ in native.kpacked_variant_tiles() if kreg < k]
+    if short:
+        with pytest.raises(ValueError, match=f"kreg={short[0]} holds fewer basis functions"):
+            native.kpacked_contraction(x, *packed.tensors(), k, 7, 12, tile=(short[0], 1, 8))
+    with pytest.raises(ValueError, match=r"no such \(kreg, nv\) register tile"):
+        native.kpacked_contraction(x, *packed.tensors(), k, 7, 12, tile=(16, 7, 8))
+    with pytest.raises(ValueError, match="positive integers"):
+        native.kpacked_contraction(x, *packed.tensors(), k, 7, 12, tile=(*fitting[0], 0))
+    with pytest.raises(ValueError, match="lacks \\['lat_block'\\]"):
+        native.kpacked_contraction(x, *packed.tensors(), k, 7, 12, tile={"kreg": 16, "nv": 1})
+
+
 # -- features ------------------------------------------------------------------------------
 
 def test_features_have_one_named_finite_column_each():
@@ -202,6 +295,13 @@ def test_features_have_one_named_finite_column_each():
             assert (column["is_backward"] == (direction == "backward")).all()
             widest = configs.index(max(configs, key=lambda c: c.tile_lons))
             assert column["narrow_lon"][widest] == 1.0     # 24 longitudes < one wide tile
+            packed = np.array([c.variant == "kpacked" for c in configs])
+            assert (column["is_kpacked"] == packed).all() and (column["is_csr"] == ~packed).all()
+            kreg = np.array([c.kreg for c in configs])
+            assert (column["kreg_waste"] == np.where(packed, kreg - 9, 0)).all()   # K = 9
+            # a kpacked neighbour feeds min(KREG, K) basis functions per loaded slice
+            assert (column["psi_reuse"] == np.where(packed, np.minimum(kreg, 9), 1)
+                    * np.array([c.bt * c.nv for c in configs])).all()
 
 
 # -- the pipeline on a tiny real run ------------------------------------------------------------
@@ -221,36 +321,76 @@ def _records(ctx, family: str) -> list[dict]:
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_every_tile_of_this_cpu_matches_the_reference(tiny_run, direction):
+    """Every tile of this CPU (csr and, forward, kpacked) ran exactly the problems it applies
+    to and matched the reference there: kpacked ones where psi has the layout and K <= KREG
+    (every one on the K = 1 problem, none on the piecewise-linear one)."""
     ctx, _ = tiny_run
+    family = FAMILIES[direction]
     records = _records(ctx, f"disco_{direction}")
     candidates = [r for r in records if r["role"] == "candidate"]
-    built = {r["kernel"] for r in candidates}
-    assert built == {kernel_name(DiscoConfig(direction, "csr", _machine_isa(), bt, nv, 3))
-                     for bt, nv in TILES[(direction, "csr", _machine_isa())]}
+    isa = _machine_isa()
+    tiles = {kernel_name(_config(direction, variant, isa, tile, 3))
+             for (d, variant, i), rows in TILES.items() if (d, i) == (direction, isa)
+             for tile in rows}
+    assert {r["kernel"] for r in candidates} == tiles
     assert {r["status"] for r in candidates} == {"ok"}
     for r in candidates:
-        assert r["max_error"] <= FAMILIES[direction].tolerance(FAMILIES[direction].problem(
-            {f: r[f] for f in FAMILIES[direction].problem_fields})), r["kernel"]
-        assert r["bt"] <= r["batch"] * r["channels"]   # wider channel tiles are not applicable
+        problem = family.problem({f: r[f] for f in family.problem_fields})
+        assert r["max_error"] <= family.tolerance(problem), r["kernel"]
+    problems = [p for _, p in pipeline.problems(ctx, f"disco_{direction}")]
+    assert {p.basis for p in problems} == {"harmonic", "piecewise_linear"}
+    for kernel in tiles:
+        cfg = family.parse_name(kernel)
+        measured = {r["dims_key"] for r in candidates if r["kernel"] == kernel}
+        assert measured == {family.dims_key(p) for p in problems if family.applicable(cfg, p)}
+    packed = {r["kernel"] for r in candidates if r["variant"] == "kpacked"}
+    assert len(packed) == (len(TILES[("forward", "kpacked", isa)]) if direction == "forward" else 0)
     peers = [r for r in records if r["role"] == "peer"]
     assert peers and all(r["status"] == "ok" and r["kernel"].startswith("torch_harmonics")
                          for r in peers)
 
 
-def test_a_wrong_kernel_output_is_a_wrong_result(tiny_run, tmp_path):
+PROTOCOL = Protocol(warmup_ms=1, min_sample_ms=1, samples=1, threads=2, timeout_s=30)
+
+
+def _forward_build(ctx, variant: str, widest: bool = True):
+    """The tiny run's forward build of `variant` with the most (or fewest) register rows."""
+    builds = [b for b in pipeline.load_builds(ctx, "disco_forward") if b.config.variant == variant]
+    return (max if widest else min)(builds, key=lambda b: (b.config.kreg, b.config.nv))
+
+
+@pytest.mark.parametrize("variant", ["csr", "kpacked"])
+def test_a_wrong_kernel_output_is_a_wrong_result(tiny_run, tmp_path, variant):
     ctx, _ = tiny_run
-    built = pipeline.load_builds(ctx, "disco_forward")[0]
+    built = _forward_build(ctx, variant)
     p = FORWARD.problem({**SMALL, "precision": "bf16"})
     prepared = FORWARD.prepare(p, tmp_path, seed=5)
     # the kernel reads another input than the reference was computed from
     other = torch.randn(2, 3, 12, 48, generator=torch.Generator().manual_seed(6))
     other.to(torch.bfloat16).view(torch.int16).numpy().tofile(prepared.job_args[-2])
-    protocol = Protocol(warmup_ms=1, min_sample_ms=1, samples=1, threads=2, timeout_s=30)
-    outcome = run_binary(built.binary, [("j", prepared.job_args)], protocol)["j"]
+    outcome = run_binary(built.binary, [("j", prepared.job_args)], PROTOCOL)["j"]
     assert outcome.status == "ok"
     checked, error = bench._validate(FORWARD, prepared, outcome)
     assert checked.status == "wrong_result" and error > 0.5
     assert "norm-relative error" in checked.reason
+
+
+def test_a_kpacked_binary_answers_unsupported_where_it_cannot_run(tiny_run, tmp_path):
+    """Run anyway (the bench never does: not applicable), a kpacked binary refuses a problem
+    without the layout and one with more basis functions than KREG, and says why."""
+    ctx, _ = tiny_run
+    linear = FORWARD.prepare(FORWARD.problem({**SMALL, "basis": "piecewise_linear",
+                                              "kernel_shape": "3"}), tmp_path / "linear", seed=1)
+    assert linear.job_args[11:16] == ("0", "0", "-", "-", "-")
+    outcome = run_binary(_forward_build(ctx, "kpacked").binary, [("j", linear.job_args)],
+                         PROTOCOL)["j"]
+    assert outcome.status == "unsupported" and "no kpacked layout" in outcome.reason
+    nine = FORWARD.prepare(FORWARD.problem(SMALL), tmp_path / "nine", seed=1)
+    narrowest = _forward_build(ctx, "kpacked", widest=False)
+    outcome = run_binary(narrowest.binary, [("j", nine.job_args)], PROTOCOL)["j"]
+    assert outcome.status == "unsupported"
+    assert f"K=9 basis functions exceed the register tile's KREG={narrowest.config.kreg}" \
+        in outcome.reason
 
 
 def test_selector_chooses_a_kernel_the_runtime_runs(tiny_run):
@@ -259,22 +399,36 @@ def test_selector_chooses_a_kernel_the_runtime_runs(tiny_run):
     x = torch.randn(2, 5, 16, 64, generator=torch.Generator().manual_seed(1))
     fields = problem_fields(x.shape, (16, 64), (8, 32), grid_out="legendre-gauss",
                             dtype=x.dtype)
-    chosen = choose_variant(ctx.registry, fields)
     candidates = json.loads((Path(ctx.registry) / "disco_forward" / "versions" / "1" /
                              "candidates.json").read_text())["kernels"]
-    assert chosen["kernel"] in candidates and chosen["version"] == 1
-    assert chosen["tile"] == (chosen["nv"], chosen["lat_block"]) and chosen["predicted_tflops"] > 0
-    problem = FORWARD.problem(fields)
-    psi = compute_psi((16, 64), (8, 32), (3, 3), basis_type="harmonic", grid_out="legendre-gauss",
-                      theta_cutoff=problem.theta_cutoff)
-    csr = csr_from_psi(psi)
-    y = native.contraction(x, csr.roff, csr.col, csr.vals, psi.kernel_size, 8, 32,
-                           tile=chosen["tile"])
-    expected = reference.disco_contraction(x.double(), psi, 32)
-    assert float((y.double() - expected).norm() / expected.norm()) < 1e-5
+    assert any("_kpacked_" in name for name in candidates)
+    for basis, kernel_shape in (("harmonic", (3, 3)), ("piecewise linear", (3,))):
+        asked = problem_fields(x.shape, (16, 64), (8, 32), kernel_shape=kernel_shape,
+                               basis_type=basis, grid_out="legendre-gauss", dtype=x.dtype)
+        chosen = choose_variant(ctx.registry, asked)
+        assert chosen["kernel"] in candidates and chosen["version"] == 1
+        assert chosen["predicted_tflops"] > 0
+        problem = FORWARD.problem(asked)
+        config = FORWARD.parse_name(chosen["kernel"])
+        assert FORWARD.applicable(config, problem)    # kpacked only where psi has the layout
+        psi = compute_psi((16, 64), (8, 32), kernel_shape, basis_type=basis,
+                          grid_out="legendre-gauss", theta_cutoff=problem.theta_cutoff)
+        if chosen["entry"] == "kpacked_contraction":
+            assert chosen["tile"] == (chosen["kreg"], chosen["nv"], chosen["lat_block"])
+            y = native.kpacked_contraction(x, *kpack_psi(psi).tensors(), psi.kernel_size, 8, 32,
+                                           tile=chosen["tile"])
+        else:
+            assert chosen["entry"] == "contraction" and chosen["variant"] == "csr"
+            assert chosen["tile"] == (chosen["nv"], chosen["lat_block"])
+            csr = csr_from_psi(psi)
+            y = native.contraction(x, csr.roff, csr.col, csr.vals, psi.kernel_size, 8, 32,
+                                   tile=chosen["tile"])
+        expected = reference.disco_contraction(x.double(), psi, 32)
+        assert float((y.double() - expected).norm() / expected.norm()) < 1e-5
 
     back = choose_variant(ctx.registry, {**fields, "channels": 2}, model="disco_backward")
     assert back["direction"] == "backward" and back["bt"] <= 4
+    assert back["entry"] == "transpose_contraction"
     assert back["tile"] == (back["bt"], back["nv"], back["lat_block"])
 
     with pytest.raises(SelectorError, match="unknown DISCO model 'gemm'"):
@@ -283,6 +437,43 @@ def test_selector_chooses_a_kernel_the_runtime_runs(tiny_run):
         choose_variant(Path(ctx.registry).parent / "nowhere", fields)
     with pytest.raises(SelectorError, match="nlon_in=64 must be a multiple of nlon_out=30"):
         choose_variant(ctx.registry, {**fields, "nlon_out": 30})
+
+
+def test_disco_conv_runs_the_kernels_the_published_selector_chose(tiny_run, monkeypatch):
+    """DiscoConvS2(registry=...) passes the selector's forward and backward choices to the
+    kernels, and its output and gradients stay those of the float64 reference."""
+    from tilecast.disco import DiscoConvS2
+
+    ctx, _ = tiny_run
+    used = []
+    for name in ("contraction", "kpacked_contraction", "transpose_contraction"):
+        original = getattr(native, name)
+
+        def spy(*args, _original=original, _name=name, **kwargs):
+            used.append((_name, kwargs.get("tile")))
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(native, name, spy)
+    torch.manual_seed(3)
+    conv = DiscoConvS2(5, 4, (16, 48), (8, 16), (3, 3), basis_type="harmonic",
+                       grid_out="legendre-gauss", registry=ctx.registry)
+    x = torch.randn(2, 5, 16, 48, requires_grad=True)
+    out = conv(x)
+    out.backward(torch.ones_like(out))
+    fields = problem_fields(x.shape, (16, 48), (8, 16), (3, 3), "harmonic", "equiangular",
+                            "legendre-gauss", conv.theta_cutoff, x.dtype)
+    forward = choose_variant(ctx.registry, fields)
+    backward = choose_variant(ctx.registry, fields, model="disco_backward")
+    assert (forward["entry"], tuple(forward["tile"])) in used
+    assert ("transpose_contraction", tuple(backward["tile"])) in used
+    x64 = x.detach().double().requires_grad_()
+    expected = reference.disco_conv(x64, conv.psi, conv.weight.detach().double(), 16, 1,
+                                    conv.bias.detach().double())
+    expected.backward(torch.ones_like(expected))
+    expected = expected.detach()
+    assert float((out.detach().double() - expected).norm() / expected.norm()) < 1e-5
+    assert float((x.grad.double() - x64.grad).norm() / x64.grad.norm()) < 1e-5
+    with pytest.raises(SelectorError, match="cannot load model 'disco_forward'"):
+        DiscoConvS2(5, 4, (16, 48), (8, 16), (3, 3), registry=Path(ctx.registry) / "missing")
 
 
 # -- configs -------------------------------------------------------------------------------
@@ -310,3 +501,18 @@ def test_config_problems_are_valid_small_and_held_out(config, families):
             for p in expanded:
                 assert 2.0 ** engine.problem_features(p)[index] <= MAX_FLOPS_EST, family.dims_key(p)
         assert not keys["train"] & keys["holdout"], "a holdout problem is in train"
+
+
+@pytest.mark.parametrize("isa_flags", [["avx2", "fma", "avx512f"], ["avx2", "fma"]])
+def test_the_quick_forward_slice_compares_csr_with_a_kpacked_tile_that_runs(isa_flags):
+    """On either ISA the quick run's forward candidates (the seeded first `budget`) hold a csr
+    tile and a kpacked tile that applies to every problem (harmonic, K <= KREG)."""
+    family_config = load_config(CONFIGS / "quick.yaml").families["disco_forward"]
+    space = {FORWARD.kernel_name(c): c
+             for c in FORWARD.candidate_space(family_config.candidates, {"flags": isa_flags})}
+    chosen = [space[name] for name in
+              tune.seeded_order(list(space), family_config.seed)[:family_config.budget]]
+    assert {c.variant for c in chosen} == {"csr", "kpacked"}
+    problems = [FORWARD.problem(v) for ps in ("train", "holdout")
+                for v in family_config.problems[ps]]
+    assert all(FORWARD.applicable(c, p) for c in chosen for p in problems)

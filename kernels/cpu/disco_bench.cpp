@@ -2,17 +2,26 @@
 // through the shared measurement protocol (harness.hpp). Defines (tilecast/families/disco.py
 // sets them from the kernel name):
 //   TC_DISCO_DIR      0 forward contraction, 1 transpose (backward) contraction
-//   TC_DISCO_VARIANT  0 csr (disco_csr_forward.hpp / disco_csr_transpose.hpp)
+//   TC_DISCO_VARIANT  0 csr (disco_csr_forward.hpp / disco_csr_transpose.hpp), 1 kpacked
+//                     (disco_kpacked.hpp, forward only)
 //   TC_DISCO_ISA      1 AVX-512, 0 AVX2: must be the ISA this build targets (-march)
-//   TC_BT, TC_NV      the register tile: BT channels x NV vectors of output longitudes; it must
-//                     be a row of disco_csr_variants.hpp, so the runtime can run it too
+//   TC_BT, TC_NV      csr: the register tile, BT channels x NV vectors of output longitudes, a
+//                     row of disco_csr_variants.hpp (so the runtime can run it too); TC_KREG 0
+//   TC_KREG, TC_NV    kpacked: KREG basis functions x NV vectors, a row of
+//                     disco_kpacked_variants.hpp; TC_BT 1
 //   TC_LAT_BLOCK      latitudes per work item (output latitudes forward, input backward)
 // Job line (precision fp32 | bf16 | fp16: the storage of the input and of the kernel's output):
-//   <id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> <values> <in> <out>
-// forward: psi's CSR (roff [k*ho + 1], col int64 [nnz], vals float32 [nnz]), in = x (bc, hi,
-// wi); transpose: the transposed CSR (troff [hi*s + 1], tcol, tvals), in = gy (bc, k, ho, wo).
-// Inputs are raw little-endian values of the precision; the output is written as float32.
-// A timed call decodes psi's columns and runs the kernel, as the runtime entry does per call.
+//   forward:   <id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> <values>
+//              <nbr> <kpad> <kp_offset> <kp_idx> <kp_vals> <in> <out>
+//   transpose: <id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> <values>
+//              <in> <out>
+// forward: psi's CSR (roff [k*ho + 1], col int64 [nnz], vals float32 [nnz]) and its kpacked
+// layout (offset int64 [ho + 1], idx int64 [nbr, 2], vals float32 [nbr, kpad]; `0 0 - - -`
+// where psi has none: a kpacked build answers UNSUPPORTED), in = x (bc, hi, wi); transpose:
+// the transposed CSR (troff [hi*s + 1], tcol, tvals), in = gy (bc, k, ho, wo). Each build
+// reads only its variant's layout. Inputs are raw little-endian values of the precision; the
+// output is written as float32. A timed call decodes psi's columns (neighbours) and runs the
+// kernel, as the runtime entry does per call.
 #include <omp.h>
 
 #include <cstdint>
@@ -21,34 +30,48 @@
 
 #include "disco_csr_decode.hpp"
 #include "disco_csr_variants.hpp"
+#include "disco_kpacked_variants.hpp"
 #include "harness.hpp"
 
 #if !defined(TC_DISCO_DIR) || !defined(TC_DISCO_VARIANT) || !defined(TC_DISCO_ISA) || \
-    !defined(TC_BT) || !defined(TC_NV) || !defined(TC_LAT_BLOCK)
-#error "define TC_DISCO_DIR, TC_DISCO_VARIANT, TC_DISCO_ISA, TC_BT, TC_NV and TC_LAT_BLOCK"
+    !defined(TC_BT) || !defined(TC_KREG) || !defined(TC_NV) || !defined(TC_LAT_BLOCK)
+#error "define TC_DISCO_DIR, TC_DISCO_VARIANT, TC_DISCO_ISA, TC_BT, TC_KREG, TC_NV and TC_LAT_BLOCK"
 #endif
 #if (TC_DISCO_ISA == 1) != defined(__AVX512F__)
 #error "TC_DISCO_ISA names another ISA than this build targets (AVX-512 iff __AVX512F__)"
 #endif
-#if TC_DISCO_VARIANT != 0
-#error "unknown TC_DISCO_VARIANT (0: csr)"
+#if TC_DISCO_VARIANT != 0 && TC_DISCO_VARIANT != 1
+#error "unknown TC_DISCO_VARIANT (0: csr, 1: kpacked)"
 #endif
 
 namespace tc::disco {
 namespace {
 
 constexpr int kDir = TC_DISCO_DIR;
+constexpr int kVariant = TC_DISCO_VARIANT;
 constexpr index_t kLatBlock = TC_LAT_BLOCK;
 static_assert(kDir == 0 || kDir == 1, "TC_DISCO_DIR must be 0 (forward) or 1 (transpose)");
 static_assert(kLatBlock >= 1, "TC_LAT_BLOCK must be positive");
 static_assert(kDir == 1 || TC_BT == 1, "the forward tile has one channel (TC_BT = 1)");
+#if TC_DISCO_VARIANT == 0
+static_assert(TC_KREG == 0, "csr tiles hold one basis function per row (TC_KREG = 0)");
 static_assert(kDir == 0 ? has_tile(Variants<float>::forward_tiles, TC_BT, TC_NV)
                         : has_tile(Variants<float>::transpose_tiles, TC_BT, TC_NV),
               "TC_BT x TC_NV is not a tile of disco_csr_variants.hpp for this direction and ISA");
+#else
+static_assert(kDir == 0, "the kpacked variant is a forward contraction (TC_DISCO_DIR = 0)");
+static_assert(has_packed(PackedVariants<float>::tiles, TC_KREG, TC_NV),
+              "TC_KREG x TC_NV is not a tile of disco_kpacked_variants.hpp for this ISA");
+#endif
 
-constexpr std::size_t kJobTokens = 14;
+constexpr std::size_t kJobTokens = kDir == 0 ? 19 : 14;
 constexpr const char* kJobHelp =
-    "<id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> <values> <in> <out>";
+    kDir == 0 ? "<id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> "
+                "<values> <nbr> <kpad> <kp_offset> <kp_idx> <kp_vals> <in> <out>"
+              : "<id> <precision> <bc> <hi> <wi> <k> <ho> <wo> <nnz> <offsets> <columns> "
+                "<values> <in> <out>";
+// where the input and output paths are: the last two tokens
+constexpr std::size_t kIn = kJobTokens - 2, kOut = kJobTokens - 1;
 
 index_t parse_size(const std::string& name, const std::string& text) {
   try {
@@ -68,17 +91,25 @@ struct Inputs {
   std::vector<Elem> in;
 };
 
-/// Times the compiled tile on one job and writes its output as float32.
+/// Writes a kernel's output as float32 (what the family reads back).
 template <typename Elem>
-JobResult run_typed(const std::vector<std::string>& tokens, const Dims& d, index_t nnz,
-                    const Protocol& protocol) {
+void write_output(const std::string& path, const std::vector<Elem>& out) {
+  std::vector<float> as_float(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i) as_float[i] = to_float(out[i]);
+  write_binary(path, as_float.data(), as_float.size());
+}
+
+/// Times the compiled csr tile on one job and writes its output as float32.
+template <typename Elem>
+JobResult run_csr(const std::vector<std::string>& tokens, const Dims& d, index_t nnz,
+                  const Protocol& protocol) {
   const index_t rows = kDir == 0 ? d.k * d.ho : d.hi * d.stride();
   const index_t in_count = kDir == 0 ? d.bc * d.hi * d.wi : d.bc * d.k * d.ho * d.wo;
   const index_t out_count = kDir == 0 ? d.bc * d.k * d.ho * d.wo : d.bc * d.hi * d.wi;
   Inputs<Elem> inputs{read_binary<std::int64_t>(tokens[9], std::size_t(rows + 1)),
                       read_binary<std::int64_t>(tokens[10], std::size_t(nnz)),
                       read_binary<float>(tokens[11], std::size_t(nnz)),
-                      read_binary<Elem>(tokens[12], std::size_t(in_count))};
+                      read_binary<Elem>(tokens[kIn], std::size_t(in_count))};
   if (check_offsets(inputs.offsets.data(), rows, nnz) != kOk)
     return JobResult::error("bad CSR offsets: they must start at 0, never decrease and end at nnz");
   std::vector<Elem> out(out_count);
@@ -104,10 +135,57 @@ JobResult run_typed(const std::vector<std::string>& tokens, const Dims& d, index
                 : decode_transpose(inputs.columns.data(), nnz, d, threads, quot.data());
   if (!decoded) return JobResult::error("a psi column lies outside the grid");
   Timing timing = measure(protocol, call);
-  std::vector<float> as_float(out.size());
-  for (std::size_t i = 0; i < out.size(); ++i) as_float[i] = to_float(out[i]);
-  write_binary(tokens[13], as_float.data(), as_float.size());
+  write_output(tokens[kOut], out);
   return JobResult::ok(std::move(timing));
+}
+
+/// Times the compiled kpacked tile on one job (all output latitudes, K_PAD from the job line)
+/// and writes its output as float32.
+template <typename Elem>
+JobResult run_kpacked(const std::vector<std::string>& tokens, const Dims& d,
+                      const Protocol& protocol) {
+  const index_t nbr = parse_size("nbr", tokens[12]), kpad = parse_size("kpad", tokens[13]);
+  if (nbr == 0)
+    return JobResult::unsupported("psi has no kpacked layout (its basis functions' supports "
+                                  "differ, or it has no entries)");
+  if (d.k > TC_KREG)
+    return JobResult::unsupported("K=" + std::to_string(d.k) + " basis functions exceed the "
+                                  "register tile's KREG=" + std::to_string(TC_KREG));
+  if ((kpad != 8 && kpad != 16) || kpad < d.k)
+    return JobResult::error("kpad=" + std::to_string(kpad) + " must be 8 or 16 and at least k");
+  const auto offset = read_binary<std::int64_t>(tokens[14], std::size_t(d.ho + 1));
+  const auto idx = read_binary<std::int64_t>(tokens[15], std::size_t(2 * nbr));
+  const auto vals = read_binary<float>(tokens[16], std::size_t(nbr * kpad));
+  const auto in = read_binary<Elem>(tokens[kIn], std::size_t(d.bc * d.hi * d.wi));
+  if (check_offsets(offset.data(), d.ho, nbr) != kOk)
+    return JobResult::error("bad kpacked offsets: they must start at 0, never decrease and end at nbr");
+  std::vector<Elem> out(d.bc * d.k * d.ho * d.wo);
+  std::vector<std::int32_t> line(nbr), quot(nbr);
+  const int threads = omp_get_max_threads();
+  // check the neighbours once before timing: one out of range would read out of bounds
+  if (!decode_neighbours(idx.data(), 0, nbr, d, threads, line.data(), quot.data()))
+    return JobResult::error("a kpacked neighbour lies outside the grid");
+  auto call = [&] {
+    decode_neighbours(idx.data(), 0, nbr, d, threads, line.data(), quot.data());
+    kpacked_forward_blocked<TC_KREG, TC_NV, Elem>(in.data(), out.data(), d, 0, d.ho,
+                                                  offset.data(), line.data(), quot.data(),
+                                                  vals.data(), kpad, threads, kLatBlock);
+  };
+  Timing timing = measure(protocol, call);
+  write_output(tokens[kOut], out);
+  return JobResult::ok(std::move(timing));
+}
+
+/// The compiled variant on one job of storage type Elem.
+template <typename Elem>
+JobResult run_typed(const std::vector<std::string>& tokens, const Dims& d, index_t nnz,
+                    const Protocol& protocol) {
+  // the other variant's kernel is never instantiated (its tile macros are not valid for it)
+  if constexpr (kVariant == 0) {
+    return run_csr<Elem>(tokens, d, nnz, protocol);
+  } else {
+    return run_kpacked<Elem>(tokens, d, protocol);
+  }
 }
 
 JobResult run_job(const std::vector<std::string>& tokens, const Protocol& protocol) {
@@ -138,6 +216,6 @@ JobResult run_job(const std::vector<std::string>& tokens, const Protocol& protoc
 int main(int argc, char** argv) {
   return tc::run_jobs(argc, argv, tc::disco::run_job,
                       {{"TC_DISCO_DIR", TC_DISCO_DIR}, {"TC_DISCO_VARIANT", TC_DISCO_VARIANT},
-                       {"TC_DISCO_ISA", TC_DISCO_ISA}, {"TC_BT", TC_BT}, {"TC_NV", TC_NV},
-                       {"TC_LAT_BLOCK", TC_LAT_BLOCK}});
+                       {"TC_DISCO_ISA", TC_DISCO_ISA}, {"TC_BT", TC_BT}, {"TC_KREG", TC_KREG},
+                       {"TC_NV", TC_NV}, {"TC_LAT_BLOCK", TC_LAT_BLOCK}});
 }

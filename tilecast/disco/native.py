@@ -286,8 +286,13 @@ def kpacked_contraction(x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
     if tile is None:
         status = kpacked_library().tc_disco_kpacked_contraction(*args)
     else:
+        kreg, nv, lat_block = _tile_args(tile, KPACKED_TILE_FIELDS, "disco kpacked contraction")
+        if kreg < kernel_size:
+            raise ValueError(f"disco kpacked contraction tile {tile!r}: kreg={kreg} holds fewer "
+                             f"basis functions than kernel_size={kernel_size}; choose a tile "
+                             f"with kreg >= {kernel_size} (kpacked_variant_tiles lists them)")
         status = kpacked_library().tc_disco_kpacked_contraction_variant(
-            *args, *_tile_args(tile, KPACKED_TILE_FIELDS, "disco kpacked contraction"))
+            *args, kreg, nv, lat_block)
     if status != 0:
         reason = KPACKED_STATUS.get(status) or STATUS_MESSAGES.get(status, f"unknown status {status}")
         raise ValueError(f"disco kpacked contraction rejected input of shape {tuple(x.shape)} "

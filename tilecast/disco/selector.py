@@ -1,9 +1,10 @@
 """Which CPU DISCO kernel to run for a contraction, from a published performance model.
 
 `choose_variant(registry, problem)` asks the registry's `disco_forward` (or `disco_backward`)
-model through the Dispatcher and returns the chosen kernel as a plain dict whose `tile` is
-what `tilecast.disco.native.contraction(..., tile=...)` (forward) or
-`transpose_contraction(..., tile=...)` (backward) takes. Dispatchers are kept per (registry,
+model through the Dispatcher and returns the chosen kernel as a plain dict: `entry` names the
+tilecast.disco.native function that runs it (`contraction` or `kpacked_contraction` forward,
+`transpose_contraction` backward) and `tile` is that function's `tile` argument ((nv,
+lat_block), (kreg, nv, lat_block) or (bt, nv, lat_block)). Dispatchers are kept per (registry,
 model, alias) for the life of the process (`clear_cache` forgets them, e.g. after a publish),
 so a module that asks once per shape pays the registry read once.
 """
@@ -73,7 +74,9 @@ def choose_variant(registry, problem, model: str = "disco_forward",
     registry: a registry root (path or fsspec URL). problem: a mapping of the disco families'
     problem fields (problem_fields() builds one), a 'k=v,...' string or a DiscoProblem.
     model: 'disco_forward' or 'disco_backward'. Returns {"kernel", "direction", "variant",
-    "isa", "bt", "nv", "lat_block", "tile", "predicted_tflops", "model", "version"};
+    "isa", "bt", "nv", "lat_block", "kreg", "entry", "tile", "predicted_tflops", "model",
+    "version"}: run it as getattr(tilecast.disco.native, entry)(..., tile=tile) (a kpacked
+    kernel on psi's kpacked layout);
     predicted_tflops is None when no candidate applied (the static best is returned then).
     SelectorError on an unknown model, a registry without it, or a problem the family rejects.
     """
@@ -92,6 +95,7 @@ def choose_variant(registry, problem, model: str = "disco_forward",
     name = ranking.kernels[0]
     config = dispatcher.family.parse_name(name)
     predicted = ranking.tflops[0]
-    return {"kernel": name, **dispatcher.family.config_dict(config), "tile": config.tile(),
+    return {"kernel": name, **dispatcher.family.config_dict(config),
+            "entry": config.runtime_entry(), "tile": config.tile(),
             "predicted_tflops": None if ranking.fallback_reason else float(predicted),
             "model": model, "version": dispatcher.version}

@@ -16,8 +16,9 @@ kernels). Variants:
   kpacked  the forward with psi in the kpacked layout (tilecast/disco/kpacked.py): one entry per
            neighbour carrying all K basis values; tile KREG >= K basis functions x NV vectors
            (kernels/cpu/disco_kpacked_variants.hpp). The layout exists only where every basis
-           function has the same support (harmonic bases), so kpacked kernels are unsupported
-           on piecewise-linear problems, and on problems with more basis functions than KREG.
+           function has the same support (harmonic bases), so kpacked kernels are not
+           applicable (`unsupported_reason` says why) to piecewise-linear problems, nor to
+           problems with more basis functions than KREG.
 
 `kernels/cpu/disco_bench.cpp` runs exactly the named tile through the shared harness; the
 runtime runs the same tile through the tilecast.disco.native entry RUNTIME names, with
@@ -339,6 +340,43 @@ def _psi_and_csr(psi_key: tuple):
     return psi, csr_from_psi(psi)
 
 
+@functools.lru_cache(maxsize=8)
+def _kpacked(psi_key: tuple):
+    """psi's kpacked layout for a psi_key, None where it has none."""
+    from ..disco.kpacked import kpack_psi
+
+    return kpack_psi(_psi_and_csr(psi_key)[0])
+
+
+@functools.lru_cache(maxsize=1024)
+def _has_kpacked(psi_key: tuple) -> bool:
+    """Whether psi has the kpacked layout (asked per candidate and problem: kept apart from
+    the layouts, which are large)."""
+    return _kpacked(psi_key) is not None
+
+
+# bases whose basis functions share one support, so that psi has the kpacked layout
+SHARED_SUPPORT_BASES = ("harmonic",)
+
+
+def _field_reason(direction: str, cfg: DiscoConfig, problem: DiscoProblem) -> str | None:
+    """Why cfg cannot run (or computes padding only) on problem, from the fields alone."""
+    if cfg.direction != direction:
+        return f"kernel direction {cfg.direction} != family direction {direction}"
+    if cfg.bt > problem.bc:
+        return (f"channel tile BT={cfg.bt} exceeds batch*channels={problem.bc}: its extra "
+                "slots would compute padding only")
+    if VARIANTS[cfg.variant].kpacked_layout:
+        if problem.basis not in SHARED_SUPPORT_BASES:
+            return (f"{cfg.variant} kernels need psi in the kpacked layout, which a "
+                    f"{problem.basis} basis lacks (its basis functions' supports differ); "
+                    "csr kernels run it")
+        if cfg.kreg < problem.kernel_size:
+            return (f"register tile KREG={cfg.kreg} holds fewer basis functions than the "
+                    f"problem's K={problem.kernel_size} ({problem.basis} {problem.kernel_shape})")
+    return None
+
+
 def psi_nnz(problem: DiscoProblem) -> int:
     """Entries of the problem's psi (computed once per psi_key)."""
     return _psi_and_csr(problem.psi_key())[0].nnz
@@ -410,12 +448,12 @@ class DiscoFamily:
         blocks = [int(b) for b in options.get("lat_block") or LAT_BLOCKS[self.direction]]
         configs = set()
         for variant, isa, lat_block in itertools.product(variants, isas, blocks):
-            fields_ = VARIANTS[variant].tile_fields
+            tile_fields = VARIANTS[variant].tile_fields
             for tile in TILES.get((self.direction, variant, isa), ()):
                 if wanted_tiles is None or tile in wanted_tiles:
                     configs.add(validate_config(DiscoConfig(
                         self.direction, variant, isa, lat_block=lat_block,
-                        **{**UNUSED_TILE_FIELD, **dict(zip(fields_, tile))})))
+                        **{**UNUSED_TILE_FIELD, **dict(zip(tile_fields, tile))})))
         return sorted(configs)
 
     def build_spec(self, cfg: DiscoConfig) -> BuildSpec:
@@ -438,21 +476,25 @@ class DiscoFamily:
                         else f"{f}={getattr(problem, f)}" for f in self.problem_fields)
 
     def applicable(self, cfg: DiscoConfig, problem: DiscoProblem) -> bool:
-        """Same direction, and a channel tile no wider than batch * channels (a wider one
-        computes only padding in its extra slots), so a dispatcher never picks it."""
-        return cfg.direction == self.direction and cfg.bt <= problem.bc
+        """Same direction, a channel tile no wider than batch * channels (a wider one computes
+        only padding in its extra slots), and for kpacked kernels a basis with the layout and
+        K <= KREG, so that a dispatcher never picks a kernel that cannot run or wastes work.
+        Read from the problem's fields alone: no psi is built at dispatch time."""
+        return _field_reason(self.direction, cfg, problem) is None
 
     def applicability_key(self, problem: DiscoProblem):
         """What `applicable` reads of a problem (the widest tile is 8 channels)."""
-        return min(problem.bc, 8)
+        return min(problem.bc, 8), problem.kernel_size, problem.basis
 
     def unsupported_reason(self, cfg: DiscoConfig, problem: DiscoProblem) -> str | None:
-        if cfg.direction != self.direction:
-            return f"kernel direction {cfg.direction} != family direction {self.direction}"
-        if cfg.bt > problem.bc:
-            return (f"channel tile BT={cfg.bt} exceeds batch*channels={problem.bc}: its extra "
-                    "slots would compute padding only")
-        return None
+        """Why cfg cannot (or should not) run on problem, None if it can: the reasons behind
+        `applicable`, then, for kpacked kernels, whether this problem's psi has the layout."""
+        reason = _field_reason(self.direction, cfg, problem)
+        if reason is None and VARIANTS[cfg.variant].kpacked_layout \
+                and not _has_kpacked(problem.psi_key()):
+            reason = ("psi of this problem has no kpacked layout (tilecast.disco.kpacked."
+                      "kpack_psi: its basis functions' supports differ, or it has no entries)")
+        return reason
 
     def slices(self, problem: DiscoProblem) -> tuple[str, ...]:
         """Report slices: resampling (same / down / up), precision, basis, narrow channels."""
@@ -481,8 +523,10 @@ class DiscoFamily:
 
     # -- inputs, reference, peer ----------------------------------------------------------
     def prepare(self, problem: DiscoProblem, directory: Path, seed: int) -> PreparedProblem:
-        """Write psi's CSR (transposed for the backward) and the input in its storage
-        precision; the reference is tilecast.disco.reference in float64 on the stored values."""
+        """Write psi's CSR (transposed for the backward), for the forward also its kpacked
+        layout where it has one (the job line's <nbr> <kpad> <kp_offset> <kp_idx> <kp_vals>,
+        `0 0 - - -` without), and the input in its storage precision; the reference is
+        tilecast.disco.reference in float64 on the stored values."""
         import torch
 
         from ..disco import reference
@@ -509,11 +553,26 @@ class DiscoFamily:
         values.numpy().tofile(paths["values"])
         raw = stored if dtype == torch.float32 else stored.view(torch.int16)
         raw.contiguous().numpy().tofile(paths["in"])
+        layout = self._write_kpacked(p, directory) if self.direction == "forward" else ()
         job = (p.precision, str(p.bc), str(p.nlat_in), str(p.nlon_in), str(psi.kernel_size),
                str(p.nlat_out), str(p.nlon_out), str(int(columns.numel())),
-               *(str(paths[n]) for n in ("offsets", "columns", "values", "in", "out")))
+               *(str(paths[n]) for n in ("offsets", "columns", "values")), *layout,
+               str(paths["in"]), str(paths["out"]))
         return PreparedProblem(problem=p, job_args=job, output_path=paths["out"],
                                reference=expected.numpy(), tensors={"input": stored})
+
+    @staticmethod
+    def _write_kpacked(problem: DiscoProblem, directory: Path) -> tuple[str, ...]:
+        """psi's kpacked layout as files, and its job tokens: (nbr, kpad, offset, idx, vals)
+        paths; ('0', '0', '-', '-', '-') where psi has no such layout."""
+        packed = _kpacked(problem.psi_key())
+        if packed is None:
+            return ("0", "0", "-", "-", "-")
+        paths = []
+        for name, tensor in (("offset", packed.offset), ("idx", packed.idx), ("vals", packed.vals)):
+            paths.append(directory / f"kpacked_{name}.bin")
+            tensor.contiguous().numpy().tofile(paths[-1])
+        return (str(packed.idx.shape[0]), str(packed.k_pad), *map(str, paths))
 
     def read_output(self, prepared: PreparedProblem) -> np.ndarray:
         expected = prepared.reference.shape

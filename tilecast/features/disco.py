@@ -3,11 +3,13 @@
 Problems: the grids (sizes, longitude stride, latitude ratio), channels, K, the cutoff and an
 estimate of psi's entries from it (the cap of radius theta_cutoff holds a (1 - cos theta) / 2
 share of the input points: no psi is built at dispatch time), work and bytes from that
-estimate, precision and basis one-hots. Kernels: variant one-hots, the register tile (BT, NV,
-longitudes per tile, accumulators) and the latitude block. Interactions: padded-longitude waste
-of the tile on nlon_out (and whether nlon_out is narrower than one tile, the slow wrap path),
-channel-tile waste, work items and their balance over the threads, entries and band bytes per
-work item against the caches, and a roofline-like time estimate.
+estimate, precision and basis one-hots. Kernels: variant one-hots (csr, kpacked), the register
+tile (BT channels, KREG basis functions for kpacked, 0 for csr, NV, longitudes per tile,
+accumulators) and the latitude block. Interactions: padded-longitude waste of the tile on
+nlon_out (and whether nlon_out is narrower than one tile, the slow wrap path), channel-tile
+waste, KREG padding waste (KREG - K, kpacked only), work items and their balance over the
+threads, entries and band bytes per work item against the caches, FMAs per loaded slice, and a
+roofline-like time estimate.
 """
 from __future__ import annotations
 
@@ -30,12 +32,12 @@ PROBLEM_FEATURES = (
     *(f"is_{p}" for p in PRECISIONS), *(f"is_{b}" for b in BASIS_NAMES),
 )
 KERNEL_FEATURES = (
-    "is_backward", *(f"is_{v}" for v in VARIANTS), "bt", "nv", "tile_lons", "log2_tile_lons", "accumulators",
-    "lat_block", "lanes",
+    "is_backward", *(f"is_{v}" for v in VARIANTS), "bt", "kreg", "nv", "tile_lons",
+    "log2_tile_lons", "accumulators", "lat_block", "lanes",
 )
 INTERACTION_FEATURES = (
     "lon_tile_eff", "lon_tiles", "narrow_lon", "wrap_fraction", "channel_tile_eff",
-    "log2_work_items", "work_balance", "busy_fraction", "log2_entries_per_item",
+    "kreg_waste", "log2_work_items", "work_balance", "busy_fraction", "log2_entries_per_item",
     "band_l1_ratio", "band_l2_ratio", "log2_flops_per_item", "psi_reuse", "log2_est_ms",
 )
 
@@ -64,7 +66,7 @@ def nnz_row_estimate(p: DiscoProblem) -> float:
 class DiscoFeatureEngine(EngineBase):
     """Features for (DiscoProblem, DiscoConfig) pairs; see the module docstring."""
     name = "disco"
-    version = 1
+    version = 2
 
     _problem_names = PROBLEM_FEATURES
     _kernel_names = KERNEL_FEATURES
@@ -74,9 +76,11 @@ class DiscoFeatureEngine(EngineBase):
         rows = []
         for c in configs:
             lanes = LANES[c.isa]
+            # a csr row tile holds one basis function (kreg 0), a kpacked one kreg
             values = {"is_backward": float(c.direction == "backward"),
-                      f"is_{c.variant}": 1.0, "bt": c.bt, "nv": c.nv, "tile_lons": c.nv * lanes,
-                      "log2_tile_lons": math.log2(c.nv * lanes), "accumulators": c.bt * c.nv,
+                      f"is_{c.variant}": 1.0, "bt": c.bt, "kreg": c.kreg, "nv": c.nv,
+                      "tile_lons": c.nv * lanes, "log2_tile_lons": math.log2(c.nv * lanes),
+                      "accumulators": c.bt * max(c.kreg, 1) * c.nv,
                       "lat_block": c.lat_block, "lanes": lanes}
             rows.append([float(values.get(name, 0.0)) for name in KERNEL_FEATURES])
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(KERNEL_FEATURES))
@@ -120,6 +124,11 @@ class DiscoFeatureEngine(EngineBase):
         bc = float(p.bc)
         channel_tiles = _ceil_div(bc, bt)
         channel_eff = bc / (channel_tiles * bt)
+        kreg = kf["kreg"]
+        kernels = pf["kernel_size"]
+        packed = kreg > 0
+        # register rows computing nothing: the kernel skips them, but they cost registers
+        kreg_waste = np.where(packed, kreg - kernels, 0.0)
         block = np.maximum(kf["lat_block"], 1.0)
         # work items run over output latitudes forward, input latitudes backward
         lats = np.where(backward > 0, float(p.nlat_in), float(p.nlat_out))
@@ -137,11 +146,13 @@ class DiscoFeatureEngine(EngineBase):
         l1, l2 = (max(v * 1024, 1.0) for v in self._hw[2:4])
         flops = 2.0 ** pf["log2_flops_est"]
         flops_per_item = flops / items
-        reuse = bt * kf["nv"]   # FMAs per decoded entry and vector
+        # FMAs per loaded input slice and vector: a kpacked neighbour feeds all K basis functions
+        reuse = bt * kf["nv"] * np.where(packed, np.minimum(kreg, kernels), 1.0)
         peak = threads * 2 * 2 * kf["lanes"] * max(self._hw[5], 1.0) * 1e6   # 2 FMA ports
         est_s = flops / (peak * busy * balance * lon_eff * channel_eff + 1.0)
         interactions = np.column_stack([
-            lon_eff, lon_tiles, narrow, wrap, channel_eff, np.log2(np.maximum(items, 1.0)),
+            lon_eff, lon_tiles, narrow, wrap, channel_eff, kreg_waste,
+            np.log2(np.maximum(items, 1.0)),
             balance, busy, np.log2(np.maximum(entries_per_item, 1.0)), working / l1,
             working / l2, np.log2(np.maximum(flops_per_item, 1.0)), reuse,
             np.log2(est_s * 1e3 + 1e-9)])
