@@ -14,6 +14,14 @@ class FamilyError(ValueError):
     """Bad input for a family: an unknown kernel name, problem field or option."""
 
 
+def table_choice(value, table, what: str, context: str):
+    """value if it is a key of `table`, else FamilyError naming it, where, and the valid ones."""
+    if value not in table:
+        raise FamilyError(f"unknown {what} {value!r} in {context}; "
+                          f"valid: {', '.join(map(str, table))}")
+    return value
+
+
 @dataclass(frozen=True)
 class BuildSpec:
     """What the builder compiles for one candidate: a source file and its -D defines.

@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
+from .base import KERNELS_DIR, BuildSpec, FamilyError, table_choice, PreparedProblem
 
 DIRECTIONS = {"forward": 0, "backward": 1}          # name -> TC_DISCO_DIR
 
@@ -167,11 +167,7 @@ class DiscoProblem:
 
 # -- names ---------------------------------------------------------------------------------
 
-def _choice(value, table, what: str, context: str):
-    if value not in table:
-        raise FamilyError(f"unknown {what} {value!r} in {context}; "
-                          f"valid: {', '.join(map(str, table))}")
-    return value
+_choice = table_choice
 
 
 def validate_config(cfg) -> DiscoConfig:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
+from .base import KERNELS_DIR, BuildSpec, FamilyError, table_choice, PreparedProblem
 
 DIRECTIONS = {"forward": 0, "bwd_data": 1, "bwd_weight": 2}   # name -> TC_DIR
 NDIMS = (2, 3)
@@ -154,11 +154,7 @@ NAME_RE = re.compile(
     rf"(?:_(?P<wave>{'|'.join(WAVE_MODES)}))?(?P<dsb>_dsb)?(?P<si>_si)?$")
 
 
-def _choice(value, table, what: str, context: str):
-    if value not in table:
-        raise FamilyError(f"unknown {what} {value!r} in {context}; "
-                          f"valid: {', '.join(map(str, table))}")
-    return value
+_choice = table_choice
 
 
 def validate_config(cfg) -> Any:
