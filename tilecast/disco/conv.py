@@ -72,6 +72,27 @@ class _DiscoConvBase(nn.Module):
         self.weight = nn.Parameter(scale * torch.randn(out_channels, self.groupsize, self.kernel_size))
         self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
 
+    def _forward_geometry(self, in_shape, out_shape, theta_cutoff: Optional[float],
+                          grid_out: str) -> None:
+        """in_shape, out_shape and theta_cutoff of a convolution from in_shape to out_shape
+        (the cutoff defaults to one latitude gap of the output grid)."""
+        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+        if theta_cutoff is None:
+            theta_cutoff = default_theta_cutoff(self.out_shape[0], grid_out)
+        self.theta_cutoff = float(theta_cutoff)
+
+    def _transpose_geometry(self, in_shape, out_shape, theta_cutoff: Optional[float],
+                            grid_in: str) -> None:
+        """The same for a transpose convolution: nlon_out must be a multiple of nlon_in, and
+        the cutoff defaults to one latitude gap of the input grid."""
+        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+        if self.out_shape[1] % self.in_shape[1] != 0:
+            raise ValueError(f"nlon_out ({self.out_shape[1]}) must be a multiple of nlon_in "
+                             f"({self.in_shape[1]})")
+        if theta_cutoff is None:
+            theta_cutoff = default_theta_cutoff(self.in_shape[0], grid_in)
+        self.theta_cutoff = float(theta_cutoff)
+
     def _store_psi(self, psi: Psi, kpacked: bool = False) -> None:
         """psi as buffers: both CSR layouts, and with kpacked=True the kpacked layout where
         psi has one (psi_kpacked_K_pad is then its K_PAD, else None)."""
@@ -226,10 +247,7 @@ class DiscoConvS2(_DiscoConvBase):
         self.fused = bool(fused) and self.optimized_kernel
         self.grid_in, self.grid_out = grid_in, grid_out
         self.registry, self.registry_alias = registry, registry_alias
-        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
-        if theta_cutoff is None:
-            theta_cutoff = default_theta_cutoff(self.out_shape[0], grid_out)
-        self.theta_cutoff = float(theta_cutoff)
+        self._forward_geometry(in_shape, out_shape, theta_cutoff, grid_out)
         self._store_psi(compute_psi(self.in_shape, self.out_shape, kernel_shape,
                                     basis_type=basis_type, basis_norm_mode=basis_norm_mode,
                                     grid_in=grid_in, grid_out=grid_out,
@@ -268,13 +286,7 @@ class DiscoConvTransposeS2(_DiscoConvBase):
         super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
                          optimized_kernel)
         self.fused = False
-        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
-        if self.out_shape[1] % self.in_shape[1] != 0:
-            raise ValueError(f"nlon_out ({self.out_shape[1]}) must be a multiple of nlon_in "
-                             f"({self.in_shape[1]})")
-        if theta_cutoff is None:
-            theta_cutoff = default_theta_cutoff(self.in_shape[0], grid_in)
-        self.theta_cutoff = float(theta_cutoff)
+        self._transpose_geometry(in_shape, out_shape, theta_cutoff, grid_in)
         # psi of the forward convolution out_shape -> in_shape, normalised for the transpose
         self._store_psi(compute_psi(self.out_shape, self.in_shape, kernel_shape,
                                     basis_type=basis_type, basis_norm_mode=basis_norm_mode,

@@ -51,7 +51,6 @@ from .blocks import restrict_psi, split_rows
 from .conv import KernelShape, _DiscoConvBase
 from .exchange import (ShardPosition, Span, as_communicator, band_gather_plan, band_scatter_plan,
                        exchange, reduce_scatter_plan, split_to_split_plan)
-from .grids import default_theta_cutoff
 from .psi import Psi, compute_psi
 
 Group = Union[None, dist.ProcessGroup, ShardPosition]
@@ -229,13 +228,10 @@ class DistributedDiscoConvS2(_DistributedBase):
         super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
                          optimized_kernel)
         self.fused = bool(fused) and self.optimized_kernel
-        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
-        if self.in_shape[1] % self.out_shape[1] != 0:
-            raise ValueError(f"nlon_in ({self.in_shape[1]}) must be a multiple of nlon_out "
-                             f"({self.out_shape[1]})")
-        if theta_cutoff is None:
-            theta_cutoff = default_theta_cutoff(self.out_shape[0], grid_out)
-        self.theta_cutoff = float(theta_cutoff)
+        if tuple(in_shape)[1] % tuple(out_shape)[1] != 0:
+            raise ValueError(f"nlon_in ({in_shape[1]}) must be a multiple of nlon_out "
+                             f"({out_shape[1]})")
+        self._forward_geometry(in_shape, out_shape, theta_cutoff, grid_out)
         self._setup(polar_group, azimuth_group)
         psi = _full_psi(**_psi_arguments(self.in_shape, self.out_shape, kernel_shape, basis_type,
                                          basis_norm_mode, grid_in, grid_out, self.theta_cutoff))
@@ -271,13 +267,7 @@ class DistributedDiscoConvTransposeS2(_DistributedBase):
         super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
                          optimized_kernel)
         self.fused = False
-        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
-        if self.out_shape[1] % self.in_shape[1] != 0:
-            raise ValueError(f"nlon_out ({self.out_shape[1]}) must be a multiple of nlon_in "
-                             f"({self.in_shape[1]})")
-        if theta_cutoff is None:
-            theta_cutoff = default_theta_cutoff(self.in_shape[0], grid_in)
-        self.theta_cutoff = float(theta_cutoff)
+        self._transpose_geometry(in_shape, out_shape, theta_cutoff, grid_in)
         self._setup(polar_group, azimuth_group)
         # psi of the forward convolution out_shape -> in_shape, normalised for the transpose
         psi = _full_psi(**_psi_arguments(self.out_shape, self.in_shape, kernel_shape, basis_type,
