@@ -194,7 +194,7 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
         # the peer runs where some candidate runs: a problem no kernel supports has no inputs;
         # a family whose peer library is missing here (has_peer() false) measures none
         runnable = {key for task in tasks for key in task.keys}
-        has_peer = settings.measure_peer and getattr(family, "has_peer", lambda: True)()
+        has_peer = settings.measure_peer and family.has_peer()
         peers = [key for key in keys if has_peer and key in runnable
                  and (key, "peer", "screen") not in done]
         _execute(family, tasks, peers, keys, prepare, rec, "screen", done, settings)

@@ -148,13 +148,14 @@ class _DiscoConvBase(nn.Module):
         return out if self.bias is None else out + self.bias.reshape(1, -1, 1, 1)
 
     def _mix(self, equation: str, tensor: Tensor) -> Tensor:
-        """torch.einsum(equation, tensor, grouped weight), in tensor's dtype. float16 on the
-        CPU is mixed in float32: torch's CPU float16 matmul ran ~30x slower than float32's
-        (84 % of a float16 forward)."""
-        weight = self._grouped_weight()
-        if tensor.dtype == torch.float16 and tensor.device.type == "cpu":
-            return torch.einsum(equation, tensor.float(), weight.float()).to(tensor.dtype)
-        return torch.einsum(equation, tensor, weight)
+        """torch.einsum(equation, tensor, grouped weight), in tensor's dtype, computed in
+        fused.mix_dtype (float32 for float16 on the CPU: torch's CPU float16 matmul was 84 %
+        of a float16 forward)."""
+        dtype = fused_path.mix_dtype(tensor)
+        if dtype == tensor.dtype:
+            return torch.einsum(equation, tensor, self._grouped_weight())
+        mixed = torch.einsum(equation, tensor.to(dtype), self._grouped_weight().to(dtype))
+        return mixed.to(tensor.dtype)
 
     def _mix_and_transpose(self, x: Tensor, nlon_out: int) -> Tensor:
         """The transpose convolution without its bias: the channel/basis mix of x (B, C,

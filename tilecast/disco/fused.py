@@ -81,7 +81,7 @@ def _slab(x: Tensor, block: FusedBlock, plan: FusedPlan, packed: Optional[KPacke
     return ops.disco_contraction(x, *block.forward_csr, plan.kernel_size, h1 - h0, nlon_out)
 
 
-def _mix_dtype(tensor: Tensor) -> torch.dtype:
+def mix_dtype(tensor: Tensor) -> torch.dtype:
     """The dtype a slab is mixed in: its own, but float32 for float16 on the CPU (torch's CPU
     float16 matmul is far slower than float32's)."""
     if tensor.dtype == torch.float16 and tensor.device.type == "cpu":
@@ -103,7 +103,7 @@ class _DiscoFusedFn(torch.autograd.Function):
         for block in plan.blocks:
             h0, h1 = block.out_rows
             slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, (h1 - h0) * nlon_out)
-            dtype = _mix_dtype(slab)
+            dtype = mix_dtype(slab)
             mixed = torch.matmul(mix.to(dtype), slab.to(dtype))
             out[:, :, h0:h1] = mixed.reshape(batch, out_channels, h1 - h0, nlon_out)
         ctx.save_for_backward(x, weight)
@@ -126,7 +126,7 @@ class _DiscoFusedFn(torch.autograd.Function):
             (h0, h1), (lo, hi) = block.out_rows, block.in_rows
             rows = h1 - h0
             grad_rows = grad_out[:, :, h0:h1].reshape(batch, groups, -1, rows * nlon_out)
-            grad_rows = grad_rows.to(_mix_dtype(grad_rows))
+            grad_rows = grad_rows.to(mix_dtype(grad_rows))
             if want_w:
                 slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, rows * nlon_out)
                 grad_mix += torch.matmul(grad_rows, slab.to(grad_rows.dtype).transpose(-1, -2)).sum(0)

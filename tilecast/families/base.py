@@ -81,7 +81,19 @@ class Family(Protocol):
     def flops(self, problem: Any) -> float: ...
     def bytes_moved(self, problem: Any) -> float: ...
     def peer(self, prepared: PreparedProblem, threads: int): ...
+    def has_peer(self) -> bool: ...
     def feature_engine(self, hardware: Mapping) -> FeatureEngine: ...
+
+
+def read_float32_output(prepared: PreparedProblem) -> np.ndarray:
+    """The kernel's raw float32 output file in the reference's shape; FamilyError naming the
+    file and both sizes when it holds another number of floats (a truncated or foreign file)."""
+    expected = prepared.reference.shape
+    data = np.fromfile(prepared.output_path, dtype=np.float32)
+    if data.size != int(np.prod(expected)):
+        raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
+                          f"expected {int(np.prod(expected))} {tuple(expected)}")
+    return data.reshape(expected)
 
 
 def norm_relative_error(output: np.ndarray, reference: np.ndarray) -> float:

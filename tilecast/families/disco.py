@@ -38,7 +38,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import KERNELS_DIR, BuildSpec, FamilyError, table_choice, PreparedProblem
+from .base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
+                   table_choice)
 
 DIRECTIONS = {"forward": 0, "backward": 1}          # name -> TC_DISCO_DIR
 
@@ -571,12 +572,7 @@ class DiscoFamily:
         return (str(packed.idx.shape[0]), str(packed.k_pad), *map(str, paths))
 
     def read_output(self, prepared: PreparedProblem) -> np.ndarray:
-        expected = prepared.reference.shape
-        data = np.fromfile(prepared.output_path, dtype=np.float32)
-        if data.size != int(np.prod(expected)):
-            raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
-                              f"expected {int(np.prod(expected))} {tuple(expected)}")
-        return data.reshape(expected)
+        return read_float32_output(prepared)
 
     def has_peer(self) -> bool:
         """Whether the peer (torch-harmonics' optimized CPU contraction) can run here."""

@@ -264,6 +264,10 @@ class GemmFamily:
                               f"expected {p.m * p.n}")
         return data.reshape(p.m, p.n)
 
+    def has_peer(self) -> bool:
+        """The peer is torch, always importable here."""
+        return True
+
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch.matmul on the same operands with the same thread count: (name, callable),
         measured with the same protocol."""

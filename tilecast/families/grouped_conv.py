@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .base import KERNELS_DIR, BuildSpec, FamilyError, table_choice, PreparedProblem
+from .base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
+                   table_choice)
 
 DIRECTIONS = {"forward": 0, "bwd_data": 1, "bwd_weight": 2}   # name -> TC_DIR
 NDIMS = (2, 3)
@@ -507,12 +508,11 @@ class GroupedConvFamily:
         return grad
 
     def read_output(self, prepared: PreparedProblem) -> np.ndarray:
-        expected = prepared.reference.shape
-        data = np.fromfile(prepared.output_path, dtype=np.float32)
-        if data.size != int(np.prod(expected)):
-            raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
-                              f"expected {int(np.prod(expected))} {tuple(expected)}")
-        return data.reshape(expected)
+        return read_float32_output(prepared)
+
+    def has_peer(self) -> bool:
+        """The peer is torch, always importable here."""
+        return True
 
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch's own CPU op for this direction on the same operands and thread count:
