@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -39,6 +39,9 @@ class Protocol:
     # more than stall_limit of its time is re-taken, at most `retakes` times per job.
     retakes: int = 10
     stall_limit: float = 0.05
+    # Synchronization guard (harness.hpp SyncGuard): a sample next to a barrier probe slower
+    # than sync_limit x the fastest probe seen is kept apart as disturbed (0 turns it off).
+    sync_limit: float = 1.5
 
     def __post_init__(self):
         for name in ("warmup_ms", "min_sample_ms", "timeout_s"):
@@ -51,6 +54,8 @@ class Protocol:
             raise ProtocolError(f"protocol retakes={self.retakes!r} must be >= 0")
         if not 0 < self.stall_limit <= 1:
             raise ProtocolError(f"protocol stall_limit={self.stall_limit!r} must be in (0, 1]")
+        if not (self.sync_limit == 0 or self.sync_limit > 1):
+            raise ProtocolError(f"protocol sync_limit={self.sync_limit!r} must be 0 (off) or > 1")
 
     @classmethod
     def from_mapping(cls, values: Mapping) -> "Protocol":
@@ -64,7 +69,8 @@ class Protocol:
         return ["--warmup-ms", f"{self.warmup_ms:g}", "--min-sample-ms", f"{self.min_sample_ms:g}",
                 "--samples", str(samples or self.samples), "--max-reps", str(self.max_reps),
                 "--flush", str(int(self.flush_cache)), "--retakes", str(self.retakes),
-                "--stall-limit", f"{self.stall_limit:g}"]
+                "--stall-limit", f"{self.stall_limit:g}",
+                *(["--sync-limit", f"{self.sync_limit:g}"] if self.sync_limit else [])]
 
     def env(self) -> dict[str, str]:
         """Threads counted and pinned: one OpenMP thread per core, bound close."""
@@ -82,7 +88,8 @@ class JobOutcome:
     reps: int = 0
     samples_s: list[float] = field(default_factory=list)  # undisturbed samples
     retaken: int = 0    # samples re-taken because another task competed for the CPU
-    # samples kept although disturbed (the retake allowance ran out); not in samples_s
+    # samples kept although disturbed (the retake allowance ran out, or the cores were slow
+    # to meet: harness.hpp SyncGuard); not in samples_s
     disturbed_samples_s: list[float] = field(default_factory=list)
 
     @property
@@ -134,6 +141,35 @@ def _release_affinity() -> None:
         pass  # a cpuset narrower than the machine: keep what we are allowed
 
 
+class SyncBaseline:
+    """The fastest synchronization probe (microseconds) the harness processes of this Python
+    process reported, per thread count: handed to the next process as --sync-baseline-us, so a
+    process that starts inside a slow spell still knows what quiet looks like."""
+
+    def __init__(self) -> None:
+        self._fastest_us: dict[int, float] = {}
+
+    def argv(self, threads: int) -> list[str]:
+        fastest = self._fastest_us.get(threads)
+        return [] if fastest is None else ["--sync-baseline-us", f"{fastest:.3f}"]
+
+    def report(self, threads: int, line: str) -> bool:
+        """Fold a harness `SYNC <us>` line in; False when `line` is not one."""
+        parts = line.split()
+        if len(parts) != 2 or parts[0] != "SYNC":
+            return False
+        try:
+            probe = float(parts[1])
+        except ValueError:
+            return False
+        if probe > 0 and probe < self._fastest_us.get(threads, float("inf")):
+            self._fastest_us[threads] = probe
+        return True
+
+
+SYNC_BASELINE = SyncBaseline()
+
+
 def run_binary(binary: Path, jobs: Sequence[tuple[str, Sequence[str]]], protocol: Protocol,
                samples: int | None = None) -> dict[str, JobOutcome]:
     """Run `jobs` (job id, tokens) through one candidate binary, isolated in subprocesses.
@@ -145,10 +181,20 @@ def run_binary(binary: Path, jobs: Sequence[tuple[str, Sequence[str]]], protocol
     outcomes: dict[str, JobOutcome] = {}
     pending = list(jobs)
     while pending:
-        done = _run_once(Path(binary), pending, protocol, samples)
+        try:
+            done = _run_once(Path(binary), pending, protocol, samples)
+        except _PredatesSyncGuard:
+            # a binary built before the guard (a rebenchmark of an older commit) rejects the
+            # flag: it runs without it, as it was measured then
+            protocol = replace(protocol, sync_limit=0)
+            continue
         outcomes.update(done)
         pending = [job for job in pending if job[0] not in outcomes]
     return outcomes
+
+
+class _PredatesSyncGuard(Exception):
+    """The binary's harness has no --sync-limit flag."""
 
 
 def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobOutcome]:
@@ -158,7 +204,10 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
         jobs_path.write_text("".join(f"{job_id} {' '.join(tokens)}\n" for job_id, tokens in jobs))
         stderr_path = Path(tmp) / "stderr.txt"
         with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen([str(binary), *protocol.argv(samples), "--jobs", str(jobs_path)],
+            argv = protocol.argv(samples)
+            if protocol.sync_limit:
+                argv += SYNC_BASELINE.argv(protocol.threads)
+            proc = subprocess.Popen([str(binary), *argv, "--jobs", str(jobs_path)],
                                     stdout=subprocess.PIPE, stderr=stderr, env=protocol.env(),
                                     start_new_session=True, preexec_fn=_release_affinity)
         expected = [job_id for job_id, _ in jobs]
@@ -182,7 +231,10 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
                 buffer += chunk
                 while b"\n" in buffer:
                     raw, buffer = buffer.split(b"\n", 1)
-                    parsed = _parse_line(raw.decode(errors="replace"))
+                    text = raw.decode(errors="replace")
+                    if SYNC_BASELINE.report(protocol.threads, text):
+                        continue
+                    parsed = _parse_line(text)
                     if parsed is None:
                         continue
                     job_id, outcome = parsed
@@ -202,6 +254,9 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
                 outcomes[job_id] = JobOutcome("timeout", f"no result within {protocol.timeout_s:g} s")
             else:
                 tail = stderr_path.read_text(errors="replace")[-400:].strip()
+                if (proc.returncode == 2 and not outcomes and protocol.sync_limit
+                        and "unknown flag '--sync-limit'" in tail):
+                    raise _PredatesSyncGuard(tail)
                 outcomes[job_id] = JobOutcome("crashed", _describe_exit(proc.returncode, tail))
     return outcomes
 

@@ -11,10 +11,13 @@
 //   OK <job_id> <reps> <retaken> <disturbed> <s_1> ... <s_N>
 //        seconds per call (%.9e); retaken = samples re-taken because another
 //        task competed for the CPU during them, disturbed = samples still
-//        disturbed when the retake allowance ran out: kept, and printed last,
-//        so the final <disturbed> samples of the line are the disturbed ones
+//        disturbed when the retake allowance ran out, or taken while the cores
+//        were slow to meet (sync_probe_us): kept, and printed last, so the
+//        final <disturbed> samples of the line are the disturbed ones
 //   UNSUPPORTED <job_id> <reason>
 //   ERROR <job_id> <reason>
+//   SYNC <us>   after each job: the fastest synchronization probe seen so far
+//        (sync_probe_us), the caller's baseline for the next process
 #pragma once
 
 #include <algorithm>
@@ -32,6 +35,10 @@
 #include <utility>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace tc {
 
 // ---------------------------------------------------------------- protocol
@@ -45,6 +52,9 @@ struct Protocol {
   bool flush;
   int retakes;         // at most this many samples re-taken per job
   double stall_limit;  // a sample is disturbed past this CPU-stall fraction of its time
+  double sync_limit;        // a sample is disturbed when the synchronization probe around it
+                            // takes more than sync_limit x the baseline (0: no probe)
+  double sync_baseline_us;  // the caller's fastest probe so far (0: none yet)
 };
 
 /// Result of `measure`: reps per sample, one seconds-per-call per sample, and how many
@@ -79,7 +89,8 @@ namespace detail {
 inline const char* kUsage =
     "usage: <binary> --warmup-ms W --min-sample-ms S --samples N --jobs PATH "
     "[--max-reps R (default 100000)] [--flush 0|1 (default 0)] "
-    "[--retakes R (default 0)] [--stall-limit F (default 0.05)] | --describe";
+    "[--retakes R (default 0)] [--stall-limit F (default 0.05)] "
+    "[--sync-limit F (default 0: off)] [--sync-baseline-us U (default 0)] | --describe";
 
 inline double parse_double(const std::string& flag, const std::string& text) {
   char* end = nullptr;
@@ -116,6 +127,8 @@ inline RunnerArgs parse_runner_args(int argc, char** argv) {
   args.protocol.flush = false;
   args.protocol.retakes = 0;
   args.protocol.stall_limit = 0.05;
+  args.protocol.sync_limit = 0.0;
+  args.protocol.sync_baseline_us = 0.0;
   bool has_warmup = false, has_sample = false, has_samples = false, has_jobs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -142,6 +155,10 @@ inline RunnerArgs parse_runner_args(int argc, char** argv) {
       args.protocol.retakes = static_cast<int>(detail::parse_int(flag, value, 0, 1000000));
     } else if (flag == "--stall-limit") {
       args.protocol.stall_limit = detail::parse_double(flag, value);
+    } else if (flag == "--sync-limit") {
+      args.protocol.sync_limit = detail::parse_double(flag, value);
+    } else if (flag == "--sync-baseline-us") {
+      args.protocol.sync_baseline_us = detail::parse_double(flag, value);
     } else if (flag == "--jobs") {
       args.jobs_path = value;
       has_jobs = true;
@@ -196,6 +213,52 @@ inline long long cpu_stall_us() {
   return total;
 }
 
+/// Wall time (microseconds) of kSyncProbeBarriers barriers of the OpenMP thread
+/// team: how long the cores take to reach each other. On the shared VMs this
+/// runs on it doubles for seconds at a time, a third of the time (the host
+/// placing the vCPUs farther apart), while FMA throughput and the pressure
+/// stall stay put; kernels that synchronize or share cache lines then run up to
+/// 2x slower. -1 with fewer than two threads or without OpenMP.
+inline double sync_probe_us() {
+#ifdef _OPENMP
+  constexpr int kSyncProbeBarriers = 200;
+  if (omp_get_max_threads() < 2) return -1;
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel
+  for (int i = 0; i < kSyncProbeBarriers; ++i) {
+#pragma omp barrier
+  }
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
+#else
+  return -1;
+#endif
+}
+
+/// The synchronization guard of one process: the fastest probe seen, starting
+/// from the caller's baseline (Protocol::sync_baseline_us).
+struct SyncGuard {
+  double baseline_us = 0.0;  // 0: nothing measured yet
+
+  static SyncGuard& instance() {
+    static SyncGuard guard;
+    return guard;
+  }
+
+  /// One probe, folded into the baseline; true when it took more than
+  /// sync_limit x the baseline. Always false when the guard is off.
+  bool slow(const Protocol& protocol) {
+    if (protocol.sync_limit <= 0) return false;
+    const double probe = sync_probe_us();
+    if (probe <= 0) return false;
+    if (protocol.sync_baseline_us > 0 &&
+        (baseline_us <= 0 || protocol.sync_baseline_us < baseline_us))
+      baseline_us = protocol.sync_baseline_us;
+    if (baseline_us <= 0 || probe < baseline_us) baseline_us = probe;
+    return probe > protocol.sync_limit * baseline_us;
+  }
+};
+
 /// Times `fn` under `protocol`: warm up for warmup_ms (at least one call),
 /// size reps so one sample lasts >= min_sample_ms, then take `samples`
 /// samples of `reps` back-to-back calls, flushing caches before each sample
@@ -204,7 +267,12 @@ inline long long cpu_stall_us() {
 /// Contention guard: a sample during which tasks waited for a CPU for more than
 /// stall_limit of its duration shared the cores with someone else (on 2 cores an
 /// OpenMP kernel then runs 2x to 50x slower, as its barriers wait for a preempted
-/// thread); it is re-taken, at most `retakes` times per job, then kept and counted.
+/// thread); it is re-taken, at most `retakes` times per job, then kept and
+/// counted. Synchronization guard: a sample whose probe before or after it
+/// (SyncGuard, one probe between consecutive samples) took more than sync_limit
+/// x the baseline ran while the cores were slow to meet; such spells last
+/// seconds, so it is kept and counted as disturbed at once, not re-taken: the
+/// samples of the job's other rounds, taken seconds apart, decide its median.
 template <class F>
 Timing measure(const Protocol& protocol, F&& fn) {
   using clock = std::chrono::steady_clock;
@@ -228,6 +296,9 @@ Timing measure(const Protocol& protocol, F&& fn) {
   timing.reps = static_cast<int>(std::clamp(wanted, 1.0, double(protocol.max_reps)));
   timing.seconds_per_call.reserve(protocol.samples);
   std::vector<double> disturbed_seconds;  // kept once the allowance is spent; printed last
+  SyncGuard& sync = SyncGuard::instance();
+  for (int settle = 0; settle < 2; ++settle) sync.slow(protocol);  // the team's first barriers
+  bool slow_before = sync.slow(protocol);
   while (static_cast<int>(timing.seconds_per_call.size() + disturbed_seconds.size()) <
          protocol.samples) {
     if (protocol.flush) flush_caches();
@@ -236,13 +307,18 @@ Timing measure(const Protocol& protocol, F&& fn) {
     for (int rep = 0; rep < timing.reps; ++rep) fn();
     const double seconds = std::chrono::duration<double>(clock::now() - start).count();
     const long long stall_after = cpu_stall_us();
-    const bool disturbed = stall_before >= 0 && stall_after >= 0 &&
+    const bool slow_after = sync.slow(protocol);  // also the next sample's "before"
+    const bool slow = slow_before || slow_after;
+    slow_before = slow_after;
+    const bool contended = stall_before >= 0 && stall_after >= 0 &&
                            (stall_after - stall_before) * 1e-6 > protocol.stall_limit * seconds;
-    if (disturbed && timing.retaken < protocol.retakes) {
+    if (contended && timing.retaken < protocol.retakes) {
       ++timing.retaken;
       continue;
     }
-    (disturbed ? disturbed_seconds : timing.seconds_per_call).push_back(seconds / timing.reps);
+    // a slow spell lasts seconds: a retake would fall in the same one, so such a sample is
+    // kept apart at once
+    (contended || slow ? disturbed_seconds : timing.seconds_per_call).push_back(seconds / timing.reps);
   }
   timing.disturbed = static_cast<int>(disturbed_seconds.size());
   timing.seconds_per_call.insert(timing.seconds_per_call.end(), disturbed_seconds.begin(),
@@ -368,6 +444,9 @@ int run_jobs(int argc, char** argv, Handler handler, const std::vector<Param>& p
     } catch (...) {
       result = JobResult::error("non-standard exception");
     }
+    const double sync_baseline_us = SyncGuard::instance().baseline_us;
+    if (args.protocol.sync_limit > 0 && sync_baseline_us > 0)
+      std::printf("SYNC %.3f\n", sync_baseline_us);
     print_result(tokens[0], result);
   }
   return 0;
