@@ -99,7 +99,8 @@ def test_result_lines_carry_retake_counts():
     assert _parse_line("OK j7 12 0 3 1e-3 1e-3")[1].status == "crashed"  # more than it has
 
 
-def test_sync_guard_keeps_samples_taken_while_the_cores_are_slow_to_meet(tmp_path, faulty_binary):
+def test_sync_guard_keeps_samples_taken_while_the_cores_are_slow_to_meet(tmp_path, faulty_binary,
+                                                                        monkeypatch):
     """A baseline far below any real barrier probe makes every probe "slow": every sample is
     kept apart as disturbed at once (not re-taken), and the fastest probe comes back on a SYNC
     line for the next process. With the guard off nothing is kept apart for that reason."""
@@ -112,32 +113,24 @@ def test_sync_guard_keeps_samples_taken_while_the_cores_are_slow_to_meet(tmp_pat
     assert baseline.argv(2) == [] and baseline.report(2, "SYNC 0.001")
     assert not baseline.report(2, "OK j1 3 0 0 1e-3") and not baseline.report(2, "SYNC x")
     assert baseline.argv(2) == ["--sync-baseline-us", "0.001"] and baseline.argv(1) == []
-    original = measure.SYNC_BASELINE
-    measure.SYNC_BASELINE = baseline
-    try:
-        slow = run_binary(faulty_binary, jobs, protocol)["j31"]
-        assert slow.status == "ok" and slow.samples_s == [] and slow.disturbed == 4, slow
-        assert slow.retaken == 0
-        assert baseline.argv(2) == ["--sync-baseline-us", "0.001"]  # the SYNC line kept the min
-        # stall_limit 1: the pressure stall of a sample cannot exceed its duration
-        off = run_binary(faulty_binary, jobs, Protocol(**{**protocol.__dict__, "sync_limit": 0,
-                                                          "stall_limit": 1.0}))["j31"]
-        assert off.status == "ok" and len(off.samples_s) == 4 and off.disturbed == 0, off
-    finally:
-        measure.SYNC_BASELINE = original
+    monkeypatch.setattr(measure, "SYNC_BASELINE", baseline)
+    slow = run_binary(faulty_binary, jobs, protocol)["j31"]
+    assert slow.status == "ok" and slow.samples_s == [] and slow.disturbed == 4, slow
+    assert slow.retaken == 0
+    assert baseline.argv(2) == ["--sync-baseline-us", "0.001"]  # the SYNC line kept the min
+    # stall_limit 1: the pressure stall of a sample cannot exceed its duration
+    off = run_binary(faulty_binary, jobs, Protocol(**{**protocol.__dict__, "sync_limit": 0,
+                                                      "stall_limit": 1.0}))["j31"]
+    assert off.status == "ok" and len(off.samples_s) == 4 and off.disturbed == 0, off
 
 
-def test_sync_baseline_tracks_the_fastest_probe_reported(tmp_path, faulty_binary):
+def test_sync_baseline_tracks_the_fastest_probe_reported(tmp_path, faulty_binary, monkeypatch):
     from tilecast import measure
 
     _, jobs = _jobs(tmp_path, [31])
     baseline = measure.SyncBaseline()
-    original = measure.SYNC_BASELINE
-    measure.SYNC_BASELINE = baseline
-    try:
-        run_binary(faulty_binary, jobs, Protocol(warmup_ms=1, min_sample_ms=1, samples=2, threads=2))
-    finally:
-        measure.SYNC_BASELINE = original
+    monkeypatch.setattr(measure, "SYNC_BASELINE", baseline)
+    run_binary(faulty_binary, jobs, Protocol(warmup_ms=1, min_sample_ms=1, samples=2, threads=2))
     flag, value = baseline.argv(2)
     assert flag == "--sync-baseline-us" and 0 < float(value) < 100000  # a real barrier probe
 
@@ -149,9 +142,12 @@ def test_sync_limit_is_validated():
     assert Protocol().argv()[-2:] == ["--sync-limit", "1.5"]
 
 
-def test_a_binary_from_before_the_sync_guard_runs_without_it(tmp_path):
+def test_a_binary_from_before_the_sync_guard_runs_without_it(tmp_path, monkeypatch):
     """A rebenchmark of an older commit builds a harness that rejects --sync-limit (usage
     error, exit 2): run_binary runs it again without the guard's flags instead of failing."""
+    from tilecast import measure
+
+    monkeypatch.setattr(measure, "SYNC_BASELINE", measure.SyncBaseline())
     old = tmp_path / "old_harness"
     old.write_text("#!/bin/sh\n"
                    "prev=''; for arg in \"$@\"; do case $arg in --sync-*) "

@@ -144,10 +144,12 @@ def _release_affinity() -> None:
 class SyncBaseline:
     """The fastest synchronization probe (microseconds) the harness processes of this Python
     process reported, per thread count: handed to the next process as --sync-baseline-us, so a
-    process that starts inside a slow spell still knows what quiet looks like."""
+    process that starts inside a slow spell still knows what quiet looks like. Also the
+    binaries found to predate the guard, so each is tried with its flags only once."""
 
     def __init__(self) -> None:
         self._fastest_us: dict[int, float] = {}
+        self.predating: set[Path] = set()
 
     def argv(self, threads: int) -> list[str]:
         fastest = self._fastest_us.get(threads)
@@ -180,12 +182,16 @@ def run_binary(binary: Path, jobs: Sequence[tuple[str, Sequence[str]]], protocol
     """
     outcomes: dict[str, JobOutcome] = {}
     pending = list(jobs)
+    binary = Path(binary)
+    if binary in SYNC_BASELINE.predating:
+        protocol = replace(protocol, sync_limit=0)
     while pending:
         try:
-            done = _run_once(Path(binary), pending, protocol, samples)
+            done = _run_once(binary, pending, protocol, samples)
         except _PredatesSyncGuard:
             # a binary built before the guard (a rebenchmark of an older commit) rejects the
             # flag: it runs without it, as it was measured then
+            SYNC_BASELINE.predating.add(binary)
             protocol = replace(protocol, sync_limit=0)
             continue
         outcomes.update(done)
