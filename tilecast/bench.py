@@ -85,7 +85,7 @@ class _Recorder:
                 record.setdefault(key, value)  # problem fields (e.g. dtype) win: they are equal
         if outcome.status == "ok":
             # undisturbed samples decide; only a measurement with none falls back on the rest
-            usable = stats.usable(outcome.samples_s) or stats.usable(outcome.disturbed_samples_s)
+            usable = stats.scored_samples(outcome.samples_s, outcome.disturbed_samples_s)
             if usable:
                 median_s = stats.median(usable)
                 record.update(median_s=median_s, mad_s=stats.mad(usable),
@@ -117,8 +117,9 @@ def _validate(family, prepared: PreparedProblem, outcome: JobOutcome) -> tuple[J
 
 def _finalists(screen: dict[str, dict], settings: BenchSettings) -> list[tuple[str, int]]:
     """(kernel, confirmation samples) for the practical-tie set plus the next best."""
-    scores = [tune.score_samples(kernel, rec["samples_s"]) for kernel, rec in screen.items()
-              if rec["status"] == "ok"]
+    scores = [tune.score_samples(kernel, stats.scored_samples(rec["samples_s"],
+                                                              rec.get("disturbed_samples_s") or []))
+              for kernel, rec in screen.items() if rec["status"] == "ok"]
     usable = sorted((s for s in scores if s.usable), key=lambda s: (s.value, s.id))
     if not usable:
         return []
@@ -219,7 +220,7 @@ def _split(total: int, rounds: int) -> list[int]:
 def _round_median(round_medians: dict, key, outcome: JobOutcome) -> None:
     """One round's median: each round is a process of its own, so the spread of these is the
     run-to-run noise a comparison of two runs must beat (tilecast.regression)."""
-    usable = stats.usable(outcome.samples_s) or stats.usable(outcome.disturbed_samples_s)
+    usable = stats.scored_samples(outcome.samples_s, outcome.disturbed_samples_s)
     if outcome.status == "ok" and usable:
         round_medians[key].append(stats.median(usable))
 

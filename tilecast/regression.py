@@ -95,8 +95,8 @@ def required_samples(n_tests: int, alpha: float, margin: float = 4.0) -> int:
 
 def _samples(record: Mapping) -> list[float]:
     """The samples a record's median came from (undisturbed, else the disturbed ones)."""
-    return stats.usable(record.get("samples_s") or []) or \
-        stats.usable(record.get("disturbed_samples_s") or [])
+    return stats.scored_samples(record.get("samples_s") or [],
+                                record.get("disturbed_samples_s") or [])
 
 
 def _table(records: Iterable[Mapping]) -> dict[tuple[str, str], Mapping]:

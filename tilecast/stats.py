@@ -54,6 +54,13 @@ def usable(values: Iterable) -> list[float]:
     return [v for v in _as_floats(values, "usable") if math.isfinite(v) and v >= 0.0]
 
 
+def scored_samples(undisturbed: Iterable, disturbed: Iterable = ()) -> list[float]:
+    """The samples a measurement is scored on: its usable undisturbed samples, or, when it has
+    none (every one was kept apart by the contention or synchronization guard), its usable
+    disturbed ones."""
+    return usable(undisturbed) or usable(disturbed)
+
+
 def median(values: Iterable) -> float:
     """Return the median of ``values`` (mean of the two middle values for even counts).
 
