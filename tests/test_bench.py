@@ -54,6 +54,28 @@ def test_every_pair_measured_then_finalists_confirmed(tmp_path, builts):
     assert not (tmp_path / "scratch").exists() or not any((tmp_path / "scratch").iterdir())
 
 
+def test_pairs_the_sync_guard_kept_wholly_apart_get_one_more_pass(tmp_path, builts, monkeypatch):
+    """A baseline no real barrier probe can match makes every sample "disturbed": each pair
+    then gets `retry_disturbed` extra passes of one round's samples at the end of its batch
+    (its 3 samples + 1), and none with the retry turned off."""
+    from dataclasses import replace
+
+    from tilecast import measure
+
+    problems = _problems((16, 32, 64), (5, 7, 9))
+    for retries, expected in ((1, 4), (0, 3)):
+        baseline = measure.SyncBaseline()
+        baseline.report(2, "SYNC 0.001")
+        monkeypatch.setattr(measure, "SYNC_BASELINE", baseline)
+        raw = tmp_path / f"gemm{retries}.jsonl"
+        settings = replace(SETTINGS, finalists=0, measure_peer=False, retry_disturbed=retries)
+        benchmark(GEMM, builts, problems, raw, tmp_path / "scratch", RUN, settings)
+        screen = [r for r in read_records(raw) if r["phase"] == "screen"]
+        assert len(screen) == 4 and all(r["status"] == "ok" and not r["samples_s"] for r in screen)
+        assert [len(r["disturbed_samples_s"]) for r in screen] == [expected] * 4
+        assert all(len(r["round_medians_s"]) == expected for r in screen)
+
+
 def test_resume_after_a_crash_measures_only_what_is_missing(tmp_path, builts):
     raw = tmp_path / "gemm.jsonl"
     problems = _problems((8, 8, 8), (9, 10, 11), (12, 13, 14), (30, 31, 32))

@@ -51,6 +51,16 @@ class RunConfig:
     problems_per_batch: int
     rounds: int
     families: dict[str, FamilyConfig]
+    retry_disturbed: int = 1
+
+
+def _count(where: str, values: Mapping, key: str, default: int, minimum: int) -> int:
+    """An integer setting, `default` when absent; a clear error when it is not a whole number
+    or below `minimum`."""
+    value = values.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}.{key}: expected a whole number >= {minimum}, got {value!r}")
+    return value
 
 
 def _check_keys(where: str, values: Mapping, required: set, optional: set) -> None:
@@ -173,7 +183,8 @@ def load_config(path: str | Path) -> RunConfig:
     build_cfg = raw.get("build") or {}
     _check_keys(f"{where}.build", build_cfg, set(), {"jobs"})
     bench_cfg = raw.get("bench") or {}
-    _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch", "rounds"})
+    _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch", "rounds",
+                                                       "retry_disturbed"})
     families_raw = raw["families"]
     if not isinstance(families_raw, Mapping) or not families_raw:
         raise ConfigError(f"{where}.families: expected a non-empty mapping of family name -> settings")
@@ -186,9 +197,10 @@ def load_config(path: str | Path) -> RunConfig:
         families[name] = _family_config(f"{where}.families.{name}", name, values)
     return RunConfig(name=str(raw["name"]), path=path, protocol=protocol,
                      tie_threshold_pct=float(tune_cfg.get("tie_threshold_pct", 1.0)),
-                     finalists=int(tune_cfg.get("finalists", 3)),
-                     confirm_samples=int(tune_cfg.get("confirm_samples", 5)),
-                     build_jobs=int(build_cfg.get("jobs", 2)),
-                     problems_per_batch=int(bench_cfg.get("problems_per_batch", 8)),
-                     rounds=int(bench_cfg.get("rounds", 3)),
+                     finalists=_count(f"{where}.tune", tune_cfg, "finalists", 3, 0),
+                     confirm_samples=_count(f"{where}.tune", tune_cfg, "confirm_samples", 5, 0),
+                     build_jobs=_count(f"{where}.build", build_cfg, "jobs", 2, 1),
+                     problems_per_batch=_count(f"{where}.bench", bench_cfg, "problems_per_batch", 8, 1),
+                     rounds=_count(f"{where}.bench", bench_cfg, "rounds", 3, 1),
+                     retry_disturbed=_count(f"{where}.bench", bench_cfg, "retry_disturbed", 1, 0),
                      families=families)

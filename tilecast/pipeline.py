@@ -150,6 +150,7 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
     settings = BenchSettings(protocol=cfg.protocol, tie_threshold_pct=cfg.tie_threshold_pct,
                              finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
                              problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
+                             retry_disturbed=cfg.retry_disturbed,
                              seed=fc.seed)
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
                 "hardware": ctx.hardware["fingerprint"]}

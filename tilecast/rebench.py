@@ -377,7 +377,8 @@ def _measure(p: RebenchPlan, name: str, builts: list[build.Built],
     settings = BenchSettings(protocol=replace(p.config.protocol, samples=samples),
                              tie_threshold_pct=p.config.tie_threshold_pct, finalists=0,
                              confirm_samples=0, problems_per_batch=p.config.problems_per_batch,
-                             rounds=rounds, seed=fc.seed, measure_peer=False)
+                             rounds=rounds, retry_disturbed=p.config.retry_disturbed, seed=fc.seed,
+                             measure_peer=False)
     log.info("rebench %s: %d kernels x %d sentinel problems, %d samples per pair", name,
              len(builts), len(problems), samples)
     with exclusive(device or default_device()):

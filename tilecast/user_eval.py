@@ -82,7 +82,8 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
                                     jobs=cfg.build_jobs, progress=build.log_progress)
     settings = BenchSettings(protocol=cfg.protocol, tie_threshold_pct=cfg.tie_threshold_pct,
                              finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
-                             problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds)
+                             problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
+                             retry_disturbed=cfg.retry_disturbed)
     raw = workdir / "bench" / f"{model}.jsonl"
     run_info = {"run_id": f"evaluate-{model}-v{dispatcher.version}", "git_sha": "",
                 "hardware": profile["fingerprint"]}
