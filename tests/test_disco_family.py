@@ -23,9 +23,10 @@ from tilecast.disco import compute_psi, csr_from_psi, native, reference
 from tilecast.disco.kpacked import kpack_psi
 from tilecast.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields
 from tilecast.families import FamilyError, get_family
-from tilecast.families.disco import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
-                                     UNUSED_TILE_FIELD, VARIANTS, DiscoConfig, DiscoFamily,
-                                     kernel_name, parse_kernel_name)
+from tilecast.families.disco import DiscoFamily
+from tilecast.families.disco_kernels import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
+                                             UNUSED_TILE_FIELD, VARIANTS, DiscoConfig,
+                                             kernel_name, parse_kernel_name)
 from tilecast.measure import Protocol, run_binary
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")

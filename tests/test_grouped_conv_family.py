@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from tilecast.config import expand_problems
 from tilecast.families import FamilyError, get_family
-from tilecast.families.grouped_conv import (
-    DIRECTIONS, PIPELINE_VARIANTS, GroupedConvConfig, GroupedConvFamily, TileEngineConvConfig,
-    geometry_reason, kernel_name, parse_kernel_name)
+from tilecast.families.grouped_conv import GroupedConvFamily, geometry_reason
+from tilecast.families.grouped_conv_kernels import (
+    DIRECTIONS, PIPELINE_VARIANTS, GroupedConvConfig, TileEngineConvConfig, kernel_name,
+    parse_kernel_name)
 
 FAMILIES = {d: get_family(f"grouped_conv_{d}") for d in DIRECTIONS}
 FORWARD = FAMILIES["forward"]

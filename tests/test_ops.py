@@ -20,7 +20,7 @@ from tilecast.dispatch import Dispatcher
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
 from tilecast.families.gemm import GemmConfig
-from tilecast.families.grouped_conv import GroupedConvConfig
+from tilecast.families.grouped_conv_kernels import GroupedConvConfig
 
 GEMM = get_family("gemm")
 # small cache blocks, so that the shapes below cross several MC, NC and KC blocks

@@ -21,7 +21,7 @@ from .convert import ConvertSummary, records_frame, write_parquet
 from .dataset import SCHEMA_VERSION, DatasetError
 from .families import get_family
 from .families.base import FamilyError
-from .families.grouped_conv import parse_kernel_name
+from .families.grouped_conv_kernels import parse_kernel_name
 
 CK_COLUMNS = ("kernel", "problem_idx", "N", "C", "K", "G", "Di", "Hi", "Wi", "Z", "Y", "X",
               "stride_d", "stride_h", "stride_w", "pad_d", "pad_h", "pad_w", "dilation_d",

@@ -46,7 +46,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import ops, reference
 from .blocks import restrict_psi, split_rows
 from .conv import KernelShape, _DiscoConvBase
 from .exchange import (ShardPosition, Span, as_communicator, band_gather_plan, band_scatter_plan,

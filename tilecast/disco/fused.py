@@ -95,7 +95,7 @@ class _DiscoFusedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, plan, packed, groups):
         batch, channels = x.shape[:2]
-        out_channels, kernel_size = weight.shape[0], plan.kernel_size
+        out_channels = weight.shape[0]
         nlat_out, nlon_out = plan.out_shape
         mix = weight.reshape(groups, out_channels // groups, -1)
         out = x.new_empty(batch, out_channels, nlat_out, nlon_out,

@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..families.disco import (ELEMENT_BYTES, LANES, PRECISIONS, VARIANTS, DiscoConfig,
-                              DiscoProblem)
+from ..families.disco import ELEMENT_BYTES, PRECISIONS, DiscoProblem
+from ..families.disco_kernels import LANES, VARIANTS, DiscoConfig
 from .hardware import EngineBase
 
 BASIS_NAMES = ("harmonic", "piecewise_linear")

@@ -13,13 +13,13 @@ reduction length each thread runs.
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .hardware import EngineBase
 
-from ..families.grouped_conv import GroupedConvConfig, TileEngineConvConfig
+from ..families.grouped_conv_kernels import GroupedConvConfig, TileEngineConvConfig
 
 PROBLEM_FEATURES = (
     "N", "G", "C", "K", "Di", "Hi", "Wi", "Z", "Y", "X", "stride_d", "stride_h", "stride_w",

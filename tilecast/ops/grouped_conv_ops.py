@@ -12,7 +12,8 @@ import torch
 from torch import Tensor
 
 from ..families import get_family
-from ..families.grouped_conv import DIRECTIONS, JOB_FIELDS, geometry_reason
+from ..families.grouped_conv import JOB_FIELDS, geometry_reason
+from ..families.grouped_conv_kernels import DIRECTIONS
 from .choice import load_kernel, select
 
 CONV = {direction: get_family(f"grouped_conv_{direction}") for direction in DIRECTIONS}
