@@ -91,14 +91,28 @@ def _cmd_run(args) -> int:
         from tilecast.config import load_config
 
         load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
-        from flows.nightly import nightly
-        from tasks import orchestration
+        server = None
+        if "PREFECT_API_URL" not in os.environ:
+            from flows.embedded_server import EMBEDDED_ENV, EmbeddedServer
 
-        runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
-                                           address=args.dask_address)
-        summary = nightly.with_options(task_runner=runner)(
-            config=args.config, workdir=args.workdir, registry=args.registry,
-            run_id=args.run_id, device=args.device)
+            # boots while this process imports Prefect and the flows (see embedded_server.py)
+            server = EmbeddedServer(workdir / ".prefect" / "server.log")
+            os.environ["PREFECT_API_URL"] = server.api_url
+            os.environ[EMBEDDED_ENV] = "1"
+        try:
+            from flows.nightly import nightly
+            from tasks import orchestration
+
+            runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
+                                               address=args.dask_address)
+            if server is not None:
+                server.wait_ready()
+            summary = nightly.with_options(task_runner=runner)(
+                config=args.config, workdir=args.workdir, registry=args.registry,
+                run_id=args.run_id, device=args.device)
+        finally:
+            if server is not None:
+                server.stop()
     print(json.dumps(summary, indent=2, default=str))
     return 0
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
+
+from flows.embedded_server import EMBEDDED_ENV
 
 
 log = logging.getLogger("tilecast.orchestration")
@@ -32,8 +35,10 @@ def ensure_device_limit(device: str, limit: int = 1) -> None:
     from prefect.client.base import ServerType
 
     tag = device_tag(device)
+    # the command's own server (flows/embedded_server.py) is as private as Prefect's ephemeral one
+    own_server = os.environ.get(EMBEDDED_ENV) == "1"
     with get_client(sync_client=True) as client:
-        if client.server_type == ServerType.EPHEMERAL:
+        if own_server or client.server_type == ServerType.EPHEMERAL:
             # this process's own server: no one else holds the device's slot, but a killed
             # run of the same workdir left its slot taken (leases live in server memory)
             try:
