@@ -7,8 +7,7 @@
 
 For each config and precision, batch 1, same weights and threads: forward and forward+backward
 wall time (median of --reps after a warm-up) of torch-harmonics' module and of DiscoConvS2 on
-each of its paths (--paths: csr, kpacked, fused, fused+kpacked, and the fused ones with the mix on
-torch.matmul (:torch-mix) instead of a tilecast GEMM kernel; the kpacked ones where psi has
+each of its paths (--paths: csr, kpacked, fused, fused+kpacked; the kpacked ones where psi has
 the layout), the ratio th/tilecast, GFLOP/s of the whole conv, and each module's forward error
 against a float64 reference (tilecast.disco.reference on the same weights; "skipped" where that
 would take too long or too much memory). Then each contraction kernel alone (the CSR and
@@ -33,8 +32,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
-from tilecast.disco import fused as fused_path  # noqa: E402
-from tilecast.disco import mix as mix_path  # noqa: E402
 
 from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402
 # the float64 reference rolls the whole input once per output longitude: skip it beyond this
@@ -160,61 +157,20 @@ def bench_precision(work: Workload, x32: torch.Tensor, precision: str, reps: int
     if modules:
         bench_modules(work, x, precision, reps, reference_out, paths)
     bench_kernels(work, x, precision, reps)
-    if precision == "fp32":
-        bench_mix(work, reps)
 
 
-def bench_mix(work: Workload, reps: int) -> None:
-    """The fused path's three matrix products per block of output latitudes (the mix, the
-    weight gradient, the slab gradient), torch.matmul against the GEMM kernel the fused path
-    runs them on (tilecast.disco.mix.default_mix), each alone at the block's shape."""
-    mixer = mix_path.default_mix()
-    if mixer is None:
-        print("  fp32  mix: this CPU has no AVX-512; the fused path mixes with torch.matmul")
-        return
-    ours, (_, nlon_out) = work.ours, work.config["out_shape"]
-    rows = fused_path.block_rows(ours.groupsize, ours.kernel_size, nlon_out)
-    blocks = -(-work.config["out_shape"][0] // rows)
-    generator = torch.Generator().manual_seed(1)
-    weight = torch.randn(ours.out_channels // ours.groups, ours.groupsize * ours.kernel_size,
-                         generator=generator)
-    slab = torch.randn(weight.shape[1], rows * nlon_out, generator=generator)
-    grad = torch.randn(weight.shape[0], rows * nlon_out, generator=generator)
-    products = {"mix W @ slab": (weight, slab), "weight grad @ slab^T": (grad, slab.t()),
-                "slab grad W^T @ grad": (weight.t(), grad)}
-    total = {"torch": 0.0, "tilecast": 0.0}
-    for label, (a, b) in products.items():
-        flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
-        error = rel_error(mixer(a, b), (a.double() @ b.double()))
-        times = interleaved_medians({"torch": lambda: torch.matmul(a, b),
-                                     "tilecast": lambda: mixer(a, b)}, max(reps, 5) * 3)
-        for who, seconds in times.items():
-            total[who] += seconds * blocks * ours.groups
-        print(f"  fp32  {label:21s} {a.shape[0]}x{b.shape[1]}x{a.shape[1]}: torch "
-              f"{flops / times['torch'] / 1e9:6.1f} GFLOP/s, {mixer.kernel} "
-              f"{flops / times['tilecast'] / 1e9:6.1f} GFLOP/s ({times['torch'] / times['tilecast']:.2f}x), "
-              f"error vs fp64 {error:.1e}")
-    print(f"  fp32  mix products of one fused forward+backward ({blocks} blocks of {rows} rows): "
-          f"torch {total['torch']:.2f} s, tilecast GEMM {total['tilecast']:.2f} s")
-
-
-#: DiscoConvS2's paths: (fused, kpacked, the fused path's mix_kernel); "auto" runs the mix on
-#: a tilecast GEMM kernel where the CPU has AVX-512 (tilecast.disco.mix), ":torch-mix" on
-#: torch.matmul, as the unfused paths do
-PATHS = {"csr": (False, False, "torch"), "kpacked": (False, True, "torch"),
-         "fused": (True, False, "auto"), "fused+kpacked": (True, True, "auto"),
-         "fused:torch-mix": (True, False, "torch"),
-         "fused+kpacked:torch-mix": (True, True, "torch")}
+#: DiscoConvS2's paths: (fused, kpacked)
+PATHS = {"csr": (False, False), "kpacked": (False, True), "fused": (True, False),
+         "fused+kpacked": (True, True)}
 
 
 def on_path(module: DiscoConvS2, path: str) -> DiscoConvS2 | None:
     """A copy of `module` set to take `path`; None if psi has no kpacked layout for it."""
-    fused, kpacked, mix_kernel = PATHS[path]
+    fused, kpacked = PATHS[path]
     if kpacked and module.psi_kpacked_K_pad is None:
         return None
     copied = copy.deepcopy(module)
     copied.fused = fused
-    copied.mixer = mix_path.resolve(mix_kernel)
     if not kpacked and copied.psi_kpacked_K_pad is not None:
         copied.psi_kpacked_K_pad = 24   # ineligible: the CSR fallback
     return copied

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilecast.disco import DiscoConvS2, compute_psi, fused, mix, native, ops, reference
+from tilecast.disco import DiscoConvS2, compute_psi, fused, native, ops, reference
 from tilecast.disco.blocks import restrict_psi, split_rows
 from tilecast.disco.kpacked import kpack_psi
 
@@ -254,50 +254,3 @@ def test_module_moves_and_casts_keep_the_kpacked_values_exact():
     vals = conv._kpacked().vals.clone()
     conv = conv.bfloat16().float()
     assert torch.equal(conv._kpacked().vals, vals)
-
-
-# ---------------------------------------------------------------- the mix on GEMM kernels
-
-AVX2_GEMM = "gemm_fp32_avx2_4x24_mc192_nc504_kc512_park_pa0_pf0"
-
-
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("groups", [1, 2])
-def test_fused_mix_on_a_gemm_kernel_equals_the_torch_mix(rows, groups, monkeypatch):
-    """Every product of the fused forward and backward (the mix, the weight gradient, the
-    slab gradient) runs on the GEMM kernel, written straight into the output's rows, and
-    gives torch.matmul's result."""
-    monkeypatch.setattr(fused, "block_rows", lambda *args, **kwargs: rows)
-    on_torch, on_gemm = _module(True, groups=groups), _module(True, groups=groups)
-    on_torch.mixer = None
-    on_gemm.mixer = mix.resolve(AVX2_GEMM)
-    x, grad = torch.randn(2, 4, *on_torch.in_shape), torch.randn(2, 6, *on_torch.out_shape)
-    for a, b in zip(_run(on_torch, x, grad), _run(on_gemm, x, grad)):
-        assert _rel_error(b, a) < 1e-6
-    chosen = on_gemm.mixer._choices
-    assert len(chosen) >= 3 and set(chosen.values()) == {AVX2_GEMM}, chosen
-
-
-def test_mix_gemm_reads_strided_operands_and_writes_into_a_view():
-    gemm = mix.MixGemm(AVX2_GEMM)
-    a = torch.randn(40, 70)[:, 3:60]            # row-major, leading dimension 70
-    b = torch.randn(90, 57).t()                  # column-major
-    out = torch.full((5, 40, 90), 7.0)
-    view = out[2]                                # rows 90 apart inside a bigger tensor
-    gemm(a, b, out=view)
-    torch.testing.assert_close(out[2], a @ b, rtol=1e-5, atol=1e-4)
-    assert torch.all(out[1] == 7.0) and torch.all(out[3] == 7.0)
-    # what the kernel cannot take goes to torch.matmul: bfloat16, a non-strided operand
-    half = gemm(a.bfloat16(), b.bfloat16())
-    assert half.dtype == torch.bfloat16
-    every_other = torch.randn(57, 180)[:, ::2]   # columns 2 apart: neither layout
-    torch.testing.assert_close(gemm(a, every_other), a @ every_other)
-
-
-def test_mix_kernel_argument_is_checked():
-    assert mix.resolve("torch") is None and mix.resolve(None) is None
-    assert mix.resolve(AVX2_GEMM).kernel == AVX2_GEMM
-    with pytest.raises(ValueError, match="gemm_fp32_avx9"):
-        mix.resolve("gemm_fp32_avx9_4x24_mc192_nc504_kc512_park_pa0_pf0")
-    with pytest.raises(TypeError, match="mix_kernel"):
-        mix.resolve(42)

@@ -36,7 +36,6 @@ import torch
 from torch import Tensor, nn
 
 from . import fused as fused_path
-from . import mix as mix_path
 from . import ops, reference, selector
 from .basis import get_basis
 from .csr import DiscoCSR, csr_from_psi
@@ -180,8 +179,7 @@ class _DiscoConvBase(nn.Module):
         packed = self._kpacked()
         if self.fused:
             plan = self._fused_plan(x.device)
-            return fused_path.fused_conv(x, self.weight, plan, packed, self.groups,
-                                         getattr(self, "mixer", None))
+            return fused_path.fused_conv(x, self.weight, plan, packed, self.groups)
         psi = self._psi_tensors()
         forward, backward = self._chosen_kernels(x)
         tile = None if forward is None else list(forward["tile"])
@@ -235,9 +233,7 @@ class DiscoConvS2(_DiscoConvBase):
     output grid), optimized_kernel=False the pure-torch reference, fused=True the fused
     path. nlon_in must be a multiple of nlon_out. registry (a path or fsspec URL) and
     registry_alias: the published DISCO selector whose kernel choices the forward follows
-    (module docstring); SelectorError at construction if it cannot answer. mix_kernel: what
-    runs the fused path's channel/basis mix: "auto" (tilecast.disco.mix.default_mix), "torch"
-    (torch.matmul), a GEMM kernel name, or a gemm Dispatcher (which picks per shape).
+    (module docstring); SelectorError at construction if it cannot answer.
     """
 
     def __init__(self, in_channels: int, out_channels: int, in_shape: tuple[int, int],
@@ -246,12 +242,10 @@ class DiscoConvS2(_DiscoConvBase):
                  groups: int = 1, grid_in: str = "equiangular", grid_out: str = "equiangular",
                  bias: bool = True, theta_cutoff: Optional[float] = None,
                  optimized_kernel: bool = True, fused: bool = False,
-                 registry: Optional[str] = None, registry_alias: Union[str, int] = "production",
-                 mix_kernel: Union[str, object] = "auto"):
+                 registry: Optional[str] = None, registry_alias: Union[str, int] = "production"):
         super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
                          optimized_kernel)
         self.fused = bool(fused) and self.optimized_kernel
-        self.mixer = mix_path.resolve(mix_kernel)
         self.grid_in, self.grid_out = grid_in, grid_out
         self.registry, self.registry_alias = registry, registry_alias
         self._forward_geometry(in_shape, out_shape, theta_cutoff, grid_out)

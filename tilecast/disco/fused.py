@@ -11,7 +11,6 @@ the input gradient is accumulated band by band. Forward and backward run differe
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,7 +21,6 @@ from . import ops
 from .blocks import restrict_psi
 from .csr import csr_from_psi
 from .kpacked import KPacked
-from .mix import MixGemm
 from .psi import Psi
 
 #: float32 bytes of one block's slab per batch element (C * K * rows * nlon_out * 4): a few
@@ -95,7 +93,7 @@ class _DiscoFusedFn(torch.autograd.Function):
     """out = mix(weight, contraction(x)) block by block; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, x, weight, plan, packed, groups, mixer):
+    def forward(ctx, x, weight, plan, packed, groups):
         batch, channels = x.shape[:2]
         out_channels = weight.shape[0]
         nlat_out, nlon_out = plan.out_shape
@@ -106,25 +104,16 @@ class _DiscoFusedFn(torch.autograd.Function):
             h0, h1 = block.out_rows
             slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, (h1 - h0) * nlon_out)
             dtype = mix_dtype(slab)
-            if mixer is not None:
-                # straight into the output's rows: (out_channels / groups, rows * nlon_out)
-                # blocks whose rows are nlat_out * nlon_out apart
-                rows = out[:, :, h0:h1].flatten(-2).unflatten(1, (groups, -1))
-                for b in range(batch):
-                    for g in range(groups):
-                        mixer(mix[g].to(dtype), slab[b, g].to(dtype), out=rows[b, g])
-                continue
             mixed = torch.matmul(mix.to(dtype), slab.to(dtype))
             out[:, :, h0:h1] = mixed.reshape(batch, out_channels, h1 - h0, nlon_out)
         ctx.save_for_backward(x, weight)
-        ctx.plan, ctx.packed, ctx.groups, ctx.mixer = plan, packed, groups, mixer
+        ctx.plan, ctx.packed, ctx.groups = plan, packed, groups
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        plan, packed, groups, mixer = ctx.plan, ctx.packed, ctx.groups, ctx.mixer
-        matmul = _batched(mixer)
+        plan, packed, groups = ctx.plan, ctx.packed, ctx.groups
         batch, channels = x.shape[:2]
         out_channels = weight.shape[0]
         nlon_in = plan.in_shape[1]
@@ -136,44 +125,27 @@ class _DiscoFusedFn(torch.autograd.Function):
         for block in plan.blocks:
             (h0, h1), (lo, hi) = block.out_rows, block.in_rows
             rows = h1 - h0
-            grad_rows = grad_out[:, :, h0:h1].flatten(-2).unflatten(1, (groups, -1))
+            grad_rows = grad_out[:, :, h0:h1].reshape(batch, groups, -1, rows * nlon_out)
             grad_rows = grad_rows.to(mix_dtype(grad_rows))
             if want_w:
                 slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, rows * nlon_out)
-                grad_mix += matmul(grad_rows, slab.to(grad_rows.dtype).transpose(-1, -2)).sum(0)
+                grad_mix += torch.matmul(grad_rows, slab.to(grad_rows.dtype).transpose(-1, -2)).sum(0)
             if want_x:
-                grad_slab = matmul(mix.transpose(-1, -2).to(grad_rows.dtype), grad_rows)
+                grad_slab = torch.matmul(mix.transpose(-1, -2).to(grad_rows.dtype), grad_rows)
                 grad_slab = grad_slab.to(x.dtype).reshape(batch, channels, plan.kernel_size, rows,
                                                           nlon_out)
                 grad_band = ops.disco_transpose_contraction(grad_slab, *block.band_csr, hi - lo,
                                                             nlon_in)
                 grad_x[:, :, lo:hi] += grad_band
         grad_weight = grad_mix.reshape(weight.shape).to(weight.dtype) if want_w else None
-        return (grad_x.to(x.dtype) if want_x else None), grad_weight, None, None, None, None
-
-
-def _batched(mixer):
-    """torch.matmul over (batch, group) matrices, each product on `mixer` when given."""
-    if mixer is None:
-        return torch.matmul
-
-    def matmul(a: Tensor, b: Tensor) -> Tensor:
-        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a, b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
-        out = torch.empty(*lead, a.shape[-2], b.shape[-1], dtype=torch.result_type(a, b))
-        for index in itertools.product(*map(range, lead)):
-            mixer(a[index], b[index], out=out[index])
-        return out
-
-    return matmul
+        return (grad_x.to(x.dtype) if want_x else None), grad_weight, None, None, None
 
 
 def fused_conv(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optional[KPacked],
-               groups: int, mixer: Optional[MixGemm] = None) -> Tensor:
+               groups: int) -> Tensor:
     """The convolution without bias, x (B, C, nlat_in, nlon_in) -> (B, C_out, nlat_out,
     nlon_out), weight (C_out, C / groups, K), fused block by block; `packed` (kpacked psi, or
-    None for CSR) picks the forward contraction kernel; `mixer` (tilecast.disco.mix) runs the
-    channel/basis mix's products on a tilecast GEMM kernel, torch.matmul when None."""
+    None for CSR) picks the forward contraction kernel."""
     if x.device.type != "cpu":
-        packed = mixer = None  # the kpacked and GEMM kernels are CPU only
-    return _DiscoFusedFn.apply(x, weight, plan, packed, groups, mixer)
+        packed = None  # the kpacked kernel is CPU only
+    return _DiscoFusedFn.apply(x, weight, plan, packed, groups)
