@@ -1,6 +1,7 @@
 """The `tilecast` console script: the library's subcommands plus `run` (the Prefect flow)."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -95,24 +96,23 @@ def _cmd_run(args) -> int:
         if "PREFECT_API_URL" not in os.environ:
             from flows.embedded_server import EMBEDDED_ENV, EmbeddedServer
 
-            # boots while this process imports Prefect and the flows (see embedded_server.py)
+            # boots while this process imports Prefect and the flows (see embedded_server.py);
+            # stopped at exit, after the exit handlers Prefect registers later (they run
+            # first) have sent the run's last logs and events to it
             server = EmbeddedServer(workdir / ".prefect" / "server.log")
+            atexit.register(server.stop)
             os.environ["PREFECT_API_URL"] = server.api_url
             os.environ[EMBEDDED_ENV] = "1"
-        try:
-            from flows.nightly import nightly
-            from tasks import orchestration
+        from flows.nightly import nightly
+        from tasks import orchestration
 
-            runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
-                                               address=args.dask_address)
-            if server is not None:
-                server.wait_ready()
-            summary = nightly.with_options(task_runner=runner)(
-                config=args.config, workdir=args.workdir, registry=args.registry,
-                run_id=args.run_id, device=args.device)
-        finally:
-            if server is not None:
-                server.stop()
+        runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
+                                           address=args.dask_address)
+        if server is not None:
+            server.wait_ready()
+        summary = nightly.with_options(task_runner=runner)(
+            config=args.config, workdir=args.workdir, registry=args.registry,
+            run_id=args.run_id, device=args.device)
     print(json.dumps(summary, indent=2, default=str))
     return 0
 
