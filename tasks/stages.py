@@ -3,6 +3,7 @@
 inputs + source, tags (the benchmark's device tag for concurrency limits) and logging."""
 from __future__ import annotations
 
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
 from prefect import task
@@ -21,7 +22,9 @@ _COMPUTE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tilecast-comput
 
 
 def _compute(fn, *args):
-    return _COMPUTE.submit(fn, *args).result()
+    # the task's run context goes along, so the stage's logs reach the API under its task run
+    # (without it they reached stderr only, with a warning per record)
+    return _COMPUTE.submit(contextvars.copy_context().run, fn, *args).result()
 
 
 def _ctx(config: str, workdir: str, registry: str, run_id: str) -> pipeline.RunContext:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,12 @@ def test_run_then_select_then_rerun(tmp_path):
     summary = json.loads(first.stdout)
     assert summary["published"]["gemm"]["version"] == 1
     assert "bench gemm: batch" in first.stderr  # progress shown during the benchmark
+    # ... and sent to the run's embedded server, under the benchmark's task run
+    assert "without a flow run id" not in first.stderr and "Error logging to API" not in first.stderr
+    with sqlite3.connect(work / ".prefect" / "prefect.db") as db:
+        logged = db.execute("SELECT count(*) FROM log WHERE message LIKE 'bench gemm: batch%' "
+                            "AND task_run_id IS NOT NULL").fetchone()[0]
+    assert logged >= 1
 
     evaluation = json.loads((work / "report" / "evaluation.json").read_text())
     gemm = evaluation["models"]["gemm"]
