@@ -94,7 +94,8 @@ def _cmd_run(args) -> int:
         load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
         server = None
         if "PREFECT_API_URL" not in os.environ:
-            from flows.embedded_server import EMBEDDED_ENV, EmbeddedServer
+            from flows.embedded_server import EmbeddedServer
+            from tasks.orchestration import EMBEDDED_ENV
 
             # boots while this process imports Prefect and the flows (see embedded_server.py);
             # stopped at exit, after the exit handlers Prefect registers later (they run

@@ -22,9 +22,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-#: set (to "1") in the command's environment while it runs its own embedded server: the
-#: device's concurrency slot a killed run of the same workdir left taken is then stale
-EMBEDDED_ENV = "TILECAST_EMBEDDED_SERVER"
 #: uvicorn's exit status when the port is taken (another process bound it first)
 PORT_IN_USE = 3
 

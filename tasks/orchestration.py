@@ -13,10 +13,13 @@ import base64
 import logging
 import os
 
-from flows.embedded_server import EMBEDDED_ENV
-
 
 log = logging.getLogger("tilecast.orchestration")
+
+#: set (to "1") by `tilecast run` while it runs its own embedded server
+#: (flows/embedded_server.py): the device's concurrency slot a killed run of the same
+#: workdir left taken is then stale
+EMBEDDED_ENV = "TILECAST_EMBEDDED_SERVER"
 
 TASK_RUNNERS = ("threads", "dask")
 
