@@ -148,9 +148,6 @@ JobResult run_kpacked(const std::vector<std::string>& tokens, const Dims& d,
   if (nbr == 0)
     return JobResult::unsupported("psi has no kpacked layout (its basis functions' supports "
                                   "differ, or it has no entries)");
-  if (d.k > TC_KREG)
-    return JobResult::unsupported("K=" + std::to_string(d.k) + " basis functions exceed the "
-                                  "register tile's KREG=" + std::to_string(TC_KREG));
   if ((kpad != 8 && kpad != 16) || kpad < d.k)
     return JobResult::error("kpad=" + std::to_string(kpad) + " must be 8 or 16 and at least k");
   const auto offset = read_binary<std::int64_t>(tokens[14], std::size_t(d.ho + 1));

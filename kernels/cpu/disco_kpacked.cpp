@@ -19,16 +19,16 @@ namespace {
 
 enum Status : int {
   kOk = 0, kBadShape = 1, kBadOffsets = 2, kEntryOutOfRange = 3, kBadStorage = 4, kBadKPad = 5,
-  kBadVariant = 6  // a (KREG, NV) tile the library lacks, KREG < K, or lat_block < 1
+  kBadVariant = 6  // a (KREG, NV) tile the library lacks, or lat_block < 1
 };
 enum Storage : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 /// The tile for one storage type: (kreg, nv), or the per-call choice when kreg == 0; nullptr
-/// when the table has no such tile or it holds fewer than k basis functions.
+/// when the table has no such tile.
 template <typename Elem>
 const PackedVariant<PackedFn<Elem>>* select_packed(int kreg, int nv, index_t k) {
   if (kreg == 0) return choose_packed(PackedVariants<Elem>::tiles, k);
-  return kreg >= k ? find_packed(PackedVariants<Elem>::tiles, kreg, nv) : nullptr;
+  return find_packed(PackedVariants<Elem>::tiles, kreg, nv);
 }
 
 /// offset must start at 0, never decrease and end at nbr.
@@ -103,8 +103,8 @@ int tc_disco_kpacked_contraction(const void* x, void* y, index_t bc, index_t hi,
 }
 
 /// tc_disco_kpacked_contraction with the register tile (kreg, nv) and lat_block output
-/// latitudes per work item; kBadVariant (6) when the library has no such tile, kreg < k or
-/// lat_block < 1.
+/// latitudes per work item (KREG < K runs ceil(K / KREG) passes); kBadVariant (6) when the
+/// library has no such tile or lat_block < 1.
 int tc_disco_kpacked_contraction_variant(const void* x, void* y, index_t bc, index_t hi,
                                          index_t wi, index_t k, index_t ho, index_t wo,
                                          index_t ho_begin, index_t ho_count,
@@ -126,8 +126,8 @@ int tc_disco_kpacked_variant_tiles(int* kreg, int* nv, int capacity) {
   return count;
 }
 
-/// (basis functions in registers << 16) | longitudes of the kpacked tile for k basis
-/// functions; 0 if none.
+/// (basis functions in registers per pass << 16) | longitudes of the kpacked tile the library
+/// runs for k basis functions; 0 if none.
 int tc_disco_kpacked_tile(index_t k) {
   using namespace tc::disco;
   const auto* variant = choose_packed(PackedVariants<float>::tiles, k);

@@ -5,10 +5,13 @@
 //   y[bc, k, ho, wo] = sum_{n in ho's neighbours} vals[n, k] * x[bc, lat_n, (lon_n + s*wo) mod Wi]
 //
 // Because every basis function shares the neighbour, one input slice feeds all K of them:
-// the register tile is KREG x NV vectors (KREG >= K basis functions x NV * kLanes output
-// longitudes), and each neighbour costs NV loads and K broadcasts for K * NV FMAs, where the
-// CSR forward (one row per basis function) pays one load per FMA. Rows k >= K are skipped,
-// so the padding to K_PAD costs no arithmetic. The input comes from the CSR forward's
+// the register tile is KREG x NV vectors (KREG basis functions x NV * kLanes output
+// longitudes), and each neighbour costs NV loads and KREG broadcasts for KREG * NV FMAs, where the
+// CSR forward (one row per basis function) pays one load per FMA. A tile with KREG < K runs
+// the basis functions in passes of KREG (ceil(K / KREG) passes over the neighbours): with
+// AVX2's 16 registers, K = 9 fits only as 9 x 1, whose single slice per neighbour leaves the
+// FMA units waiting on the broadcasts, while 3 x 3 or 4 x 3 passes keep them busy. Rows
+// k >= K are skipped, so the padding to K_PAD costs no arithmetic. The input comes from the CSR forward's
 // float32 band of phase lines (fill_band), so every slice is contiguous whatever the stride.
 //
 //   template <int KREG, int NV, typename Elem>
@@ -18,7 +21,7 @@
 //                                const float* vals, index_t kpad, int threads,
 //                                index_t lat_block)
 //
-// vals holds K_PAD (kpad) values per neighbour; d.k <= KREG. lat_block output latitudes form
+// vals holds K_PAD (kpad) values per neighbour. lat_block output latitudes form
 // one OpenMP work item (the automatic entry uses kKpackedBlock).
 //
 // d.ho is psi's full output latitude count; the call computes output latitudes
@@ -48,10 +51,12 @@ struct PackedEntry {
   const float* vals;  // K_PAD values
 };
 
-/// out[k][0:T] for k < K: sum over the entries of vals_e[k] * band slice e, T = NV * kLanes.
+/// out[k][0:T] for k < kernels (<= KREG): sum over the entries of vals_e[k0 + k] * band slice
+/// e, T = NV * kLanes.
 template <int KREG, int NV>
 TC_INLINE void packed_tile(const PackedEntry* __restrict entries, index_t count, int kernels,
-                           const float* band, index_t w0, index_t wo, float* __restrict out) {
+                           int k0, const float* band, index_t w0, index_t wo,
+                           float* __restrict out) {
   reg acc[KREG][NV];
 #pragma GCC unroll 16
   for (int k = 0; k < KREG; ++k)
@@ -64,7 +69,7 @@ TC_INLINE void packed_tile(const PackedEntry* __restrict entries, index_t count,
     reg slice[NV];
 #pragma GCC unroll 16
     for (int u = 0; u < NV; ++u) slice[u] = Vec::load(src + u * kLanes);
-    const float* vals = entries[e].vals;
+    const float* vals = entries[e].vals + k0;
 #pragma GCC unroll 16
     for (int k = 0; k < KREG; ++k) {
       if (k < kernels) {
@@ -141,11 +146,14 @@ void kpacked_forward_blocked(const Elem* x, Elem* y, const Dims& d, index_t ho_b
             entries.push_back({(line[n - first] - hi_lo * s) * rowlen, quot[n - first], vals + n * kpad});
           const index_t count = static_cast<index_t>(entries.size());
           for (index_t w0 = 0; w0 < d.wo; w0 += T) {
-            packed_tile<KREG, NV>(entries.data(), count, kernels, band.data(), w0, d.wo, tile);
             const index_t width = std::min(T, d.wo - w0);
-            for (index_t k = 0; k < d.k; ++k) {
-              Elem* dst = y + ((bc * d.k + k) * ho_count + (ho - ho_begin)) * d.wo + w0;
-              store_floats(dst, tile + k * T, width);
+            for (int k0 = 0; k0 < kernels; k0 += KREG) {
+              const int pass = std::min(KREG, kernels - k0);
+              packed_tile<KREG, NV>(entries.data(), count, pass, k0, band.data(), w0, d.wo, tile);
+              for (int k = 0; k < pass; ++k) {
+                Elem* dst = y + ((bc * d.k + k0 + k) * ho_count + (ho - ho_begin)) * d.wo + w0;
+                store_floats(dst, tile + k * T, width);
+              }
             }
           }
         }

@@ -5,6 +5,7 @@
 // tests/test_disco_family.py checks the two agree (tc_disco_kpacked_variant_tiles).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -17,8 +18,8 @@ using PackedFn = void (*)(const Elem*, Elem*, const Dims&, index_t, index_t, con
                           const std::int32_t*, const std::int32_t*, const float*, index_t, int,
                           index_t);
 
-/// One instantiation: basis functions held in registers (KREG >= K), vectors of output
-/// longitudes per tile, entry point.
+/// One instantiation: basis functions held in registers per pass (KREG; K > KREG takes
+/// ceil(K / KREG) passes), vectors of output longitudes per tile, entry point.
 template <typename Fn>
 struct PackedVariant {
   int kernels;
@@ -39,7 +40,8 @@ struct PackedVariants {
 #else
   static constexpr PackedVariant<PackedFn<Elem>> tiles[] = {
       {16, 1, kpacked_forward_blocked<16, 1, Elem>}, {12, 1, kpacked_forward_blocked<12, 1, Elem>},
-      {6, 2, kpacked_forward_blocked<6, 2, Elem>},   {4, 3, kpacked_forward_blocked<4, 3, Elem>},
+      {6, 2, kpacked_forward_blocked<6, 2, Elem>},   {5, 2, kpacked_forward_blocked<5, 2, Elem>},
+      {4, 3, kpacked_forward_blocked<4, 3, Elem>},   {3, 3, kpacked_forward_blocked<3, 3, Elem>},
       {3, 4, kpacked_forward_blocked<3, 4, Elem>},   {1, 8, kpacked_forward_blocked<1, 8, Elem>}};
 #endif
 };
@@ -61,12 +63,22 @@ const PackedVariant<Fn>* find_packed(const PackedVariant<Fn> (&variants)[N], int
   return nullptr;
 }
 
-/// The variant with the fewest register rows holding k basis functions; nullptr if k > 16.
+/// The tile the library runs for k basis functions when told none: among tiles of at least
+/// two vectors (with one, each FMA waits on its own broadcast: 9 x 1 ran the self_256 forward
+/// at 56 GFLOP/s on AVX2 where 5 x 2 ran it at 84), the fewest passes over the neighbours,
+/// then the fewest idle register rows in the last pass, then the fewest accumulators;
+/// nullptr if the table has none (k < 1).
 template <typename Fn, std::size_t N>
 const PackedVariant<Fn>* choose_packed(const PackedVariant<Fn> (&variants)[N], index_t k) {
   const PackedVariant<Fn>* best = nullptr;
+  auto rank = [k](const PackedVariant<Fn>& v) {
+    const index_t passes = (k + v.kernels - 1) / v.kernels;
+    return std::array<index_t, 3>{passes, passes * v.kernels - k,
+                                  static_cast<index_t>(v.kernels) * v.vectors};
+  };
+  if (k < 1) return nullptr;
   for (const PackedVariant<Fn>& variant : variants)
-    if (variant.kernels >= k && (best == nullptr || variant.kernels < best->kernels)) best = &variant;
+    if (variant.vectors >= 2 && (best == nullptr || rank(variant) < rank(*best))) best = &variant;
   return best;
 }
 

@@ -236,7 +236,7 @@ KPACKED_SOURCE = SOURCE.with_name("disco_kpacked.cpp")
 #: extra statuses of the kpacked entry points (enum Status in disco_kpacked.cpp)
 KPACKED_STATUS = {5: "K_PAD must be 8 or 16 and at least kernel_size",
                   6: "no such (kreg, nv) register tile in the kpacked library "
-                     "(kpacked_variant_tiles lists them), kreg < kernel_size, or lat_block < 1"}
+                     "(kpacked_variant_tiles lists them), or lat_block < 1"}
 _kpacked_library: ctypes.CDLL | None = None
 _KPACKED_ARGS = [_PTR, _PTR, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX,
                  _PTR, _PTR, _PTR, _INDEX, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -275,8 +275,9 @@ def kpacked_contraction(x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
 
     tile None: the library picks the register tile per call. Else (kreg, nv, lat_block), or a
     mapping with those keys (tilecast.disco.selector.choose_variant's result for a kpacked
-    kernel): run that tile with lat_block output latitudes per work item; ValueError if the
-    library lacks the tile or kreg < kernel_size. The result is the same bit for bit."""
+    kernel): run that tile with lat_block output latitudes per work item (kreg < kernel_size
+    runs the basis functions in passes of kreg); ValueError if the library lacks the tile.
+    The result is the same bit for bit."""
     batch, channels, nlat_in, nlon_in = x.shape
     ho_count = nlat_out - ho_begin if ho_count is None else ho_count
     y = torch.empty(batch, channels, kernel_size, ho_count, nlon_out, dtype=x.dtype)
@@ -287,10 +288,6 @@ def kpacked_contraction(x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
         status = kpacked_library().tc_disco_kpacked_contraction(*args)
     else:
         kreg, nv, lat_block = _tile_args(tile, KPACKED_TILE_FIELDS, "disco kpacked contraction")
-        if kreg < kernel_size:
-            raise ValueError(f"disco kpacked contraction tile {tile!r}: kreg={kreg} holds fewer "
-                             f"basis functions than kernel_size={kernel_size}; choose a tile "
-                             f"with kreg >= {kernel_size} (kpacked_variant_tiles lists them)")
         status = kpacked_library().tc_disco_kpacked_contraction_variant(
             *args, kreg, nv, lat_block)
     if status != 0:
@@ -303,7 +300,7 @@ def kpacked_contraction(x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
 
 def kpacked_variant_tiles() -> tuple[tuple[int, int], ...]:
     """The (KREG, NV) register tiles the kpacked library instantiates, in its table order:
-    what kpacked_contraction's `tile` may name (with kreg >= kernel_size)."""
+    what kpacked_contraction's `tile` may name."""
     capacity = 64
     kreg, nv = (ctypes.c_int * capacity)(), (ctypes.c_int * capacity)()
     count = kpacked_library().tc_disco_kpacked_variant_tiles(kreg, nv, capacity)
@@ -311,7 +308,7 @@ def kpacked_variant_tiles() -> tuple[tuple[int, int], ...]:
 
 
 def kpacked_tile(kernel_size: int) -> tuple[int, int]:
-    """(basis functions, output longitudes) of the kpacked kernel's register tile for
-    kernel_size basis functions; (0, 0) if none fits."""
+    """(basis functions per pass, output longitudes) of the register tile the kpacked kernel
+    runs for kernel_size basis functions when given none; (0, 0) if none."""
     packed = int(kpacked_library().tc_disco_kpacked_tile(kernel_size))
     return packed >> 16, packed & 0xFFFF

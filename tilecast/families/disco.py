@@ -14,11 +14,11 @@ work item, a run-time argument of the kernels). Variants:
   csr      psi in CSR, one row per basis function; tile BT channels x NV vectors of output
            longitudes (kernels/cpu/disco_csr_variants.hpp), both directions.
   kpacked  the forward with psi in the kpacked layout (tilecast/disco/kpacked.py): one entry per
-           neighbour carrying all K basis values; tile KREG >= K basis functions x NV vectors
-           (kernels/cpu/disco_kpacked_variants.hpp). The layout exists only where every basis
-           function has the same support (harmonic bases), so kpacked kernels are not
-           applicable (`unsupported_reason` says why) to piecewise-linear problems, nor to
-           problems with more basis functions than KREG.
+           neighbour carrying all K basis values; tile KREG basis functions x NV vectors
+           (kernels/cpu/disco_kpacked_variants.hpp), in ceil(K / KREG) passes over the
+           neighbours where KREG < K. The layout exists only where every basis function has
+           the same support (harmonic bases), so kpacked kernels are not applicable
+           (`unsupported_reason` says why) to piecewise-linear problems.
 
 `kernels/cpu/disco_bench.cpp` runs exactly the named tile through the shared harness; the
 runtime runs the same tile through the tilecast.disco.native entry RUNTIME names, with
@@ -230,9 +230,6 @@ def _field_reason(direction: str, cfg: DiscoConfig, problem: DiscoProblem) -> st
             return (f"{cfg.variant} kernels need psi in the kpacked layout, which a "
                     f"{problem.basis} basis lacks (its basis functions' supports differ); "
                     "csr kernels run it")
-        if cfg.kreg < problem.kernel_size:
-            return (f"register tile KREG={cfg.kreg} holds fewer basis functions than the "
-                    f"problem's K={problem.kernel_size} ({problem.basis} {problem.kernel_shape})")
     return None
 
 

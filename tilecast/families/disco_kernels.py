@@ -43,7 +43,8 @@ TILES: dict[tuple[str, str, str], tuple[tuple[int, int], ...]] = {
                                     (1, 5), (1, 4)),
     ("backward", "csr", "avx2"): ((8, 1), (4, 3), (4, 2), (1, 12), (1, 10), (1, 8), (1, 6)),
     ("forward", "kpacked", "avx512"): ((16, 1), (12, 2), (9, 3), (6, 4), (4, 6), (3, 8), (1, 8)),
-    ("forward", "kpacked", "avx2"): ((16, 1), (12, 1), (6, 2), (4, 3), (3, 4), (1, 8)),
+    ("forward", "kpacked", "avx2"): ((16, 1), (12, 1), (6, 2), (5, 2), (4, 3), (3, 3), (3, 4),
+                                    (1, 8)),
 }
 # (direction, variant) -> the tilecast.disco.native function running a named tile, and the
 # config fields its `tile` argument takes

@@ -7,7 +7,7 @@ estimate, precision and basis one-hots. Kernels: variant one-hots (csr, kpacked)
 tile (BT channels, KREG basis functions for kpacked, 0 for csr, NV, longitudes per tile,
 accumulators) and the latitude block. Interactions: padded-longitude waste of the tile on
 nlon_out (and whether nlon_out is narrower than one tile, the slow wrap path), channel-tile
-waste, KREG padding waste (KREG - K, kpacked only), work items and their balance over the
+waste, KREG padding waste (idle rows of the last pass over K, kpacked only), work items and their balance over the
 threads, entries and band bytes per work item against the caches, FMAs per loaded slice, and a
 roofline-like time estimate.
 """
@@ -127,8 +127,10 @@ class DiscoFeatureEngine(EngineBase):
         kreg = kf["kreg"]
         kernels = pf["kernel_size"]
         packed = kreg > 0
-        # register rows computing nothing: the kernel skips them, but they cost registers
-        kreg_waste = np.where(packed, kreg - kernels, 0.0)
+        # register rows idle in the last of a kpacked tile's ceil(K / KREG) passes: the kernel
+        # skips them, but they cost registers
+        passes = np.ceil(kernels / np.maximum(kreg, 1.0))
+        kreg_waste = np.where(packed, passes * kreg - kernels, 0.0)
         block = np.maximum(kf["lat_block"], 1.0)
         # work items run over output latitudes forward, input latitudes backward
         lats = np.where(backward > 0, float(p.nlat_in), float(p.nlat_out))
