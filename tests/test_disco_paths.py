@@ -1,7 +1,7 @@
 """The kpacked and fused DISCO paths and DiscoConvS2's four-way dispatch (the seed's test
 matrix): every path in its enabled and disabled state (the K_PAD = 24 monkeypatch), fused ==
 unfused in outputs and gradients, the kpacked kernel against the float64 reference in three
-precisions, psi blocks, and opcheck."""
+precisions, psi blocks, opcheck, and the fused path's transposed backward (psi's adjoint)."""
 from __future__ import annotations
 
 import pytest
@@ -254,3 +254,96 @@ def test_module_moves_and_casts_keep_the_kpacked_values_exact():
     vals = conv._kpacked().vals.clone()
     conv = conv.bfloat16().float()
     assert torch.equal(conv._kpacked().vals, vals)
+
+
+# ---------------------------------------------------------------- the transposed backward
+
+@pytest.mark.parametrize("grid", ["same", "wide"])
+def test_transposed_psi_is_the_adjoint_filter(grid):
+    """Contracting gy with transpose_psi(psi) gives T[c, k] with sum_k a_k T[c, k] equal to
+    the transpose contraction of the K-expanded a_k * gy, for any weights a_k (float64)."""
+    psi = _psi(grid)
+    transposed = fused.transpose_psi(psi)
+    assert transposed.in_shape == psi.out_shape and transposed.out_shape == psi.in_shape
+    assert transposed.nnz == psi.nnz
+    gen = torch.Generator().manual_seed(3)
+    gy = torch.randn(2, 3, *psi.out_shape, generator=gen, dtype=torch.float64)
+    weights = torch.randn(psi.kernel_size, generator=gen, dtype=torch.float64)
+    expanded = weights.reshape(1, 1, -1, 1, 1) * gy.unsqueeze(2)
+    expected = reference.disco_transpose_contraction(expanded, psi, psi.in_shape[1])
+    contracted = reference.disco_contraction(gy, transposed, psi.in_shape[1])
+    actual = (weights.reshape(1, 1, -1, 1, 1) * contracted).sum(2)
+    assert _rel_error(actual, expected) < 1e-12
+    with pytest.raises(ValueError, match="same longitudes"):
+        fused.transpose_psi(_psi("down"))
+
+
+def _self_module(in_shape, out_shape, channels=6, out_channels=4, groups=1, seed=0):
+    torch.manual_seed(seed)
+    return DiscoConvS2(channels, out_channels, in_shape, out_shape, (3, 3), basis_type="harmonic",
+                       basis_norm_mode="mean", grid_in="equiangular", grid_out="legendre-gauss",
+                       theta_cutoff=0.4, groups=groups, fused=True)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("in_shape", [(12, 24), (9, 24)])
+def test_transposed_backward_matches_the_reference_and_runs_no_csr_transpose(in_shape, groups,
+                                                                               monkeypatch):
+    """fused + kpacked on grids of one longitude count with C_out <= C_in: the backward runs
+    the kpacked kernel on gy and two matmuls, no CSR transpose, and every gradient matches
+    the float64 reference."""
+    conv = _self_module(in_shape, (12, 24), groups=groups)
+    assert conv._fused_plan(torch.device("cpu")).transposed is not None
+    x, grad = torch.randn(2, 6, *conv.in_shape), torch.randn(2, 4, *conv.out_shape)
+    spy = _Spy(monkeypatch)
+    results = _run(conv, x, grad)
+    assert spy.calls.get("disco_kpacked_contraction", 0) >= 2, spy.calls   # forward, backward
+    assert "disco_transpose_contraction" not in spy.calls and "disco_contraction" not in spy.calls
+    for actual, expected in zip(results, _reference(conv, x, grad)):
+        assert _rel_error(actual, expected) < 1e-5
+    # input-gradient-only and weight-gradient-only backwards
+    xg = x.clone().requires_grad_()
+    conv.weight.requires_grad_(False)
+    conv(xg).backward(grad)
+    assert _rel_error(xg.grad, results[1]) < 1e-6
+    conv.weight.requires_grad_(True)
+    conv.zero_grad()
+    conv(x).backward(grad)
+    assert _rel_error(conv.weight.grad, results[2]) < 1e-6
+
+
+@pytest.mark.parametrize("shapes, channels, applies", [
+    (((12, 24), (12, 24)), (6, 4), True),
+    (((12, 24), (12, 24)), (4, 6), False),    # more output channels: the blockwise backward
+    (((16, 24), (12, 24)), (6, 4), False),    # more input latitudes
+    (((24, 48), (12, 24)), (6, 4), False),    # longitudes differ
+])
+def test_transposed_backward_applies_only_where_it_saves_work(shapes, channels, applies,
+                                                              monkeypatch):
+    conv = _self_module(*shapes, *channels)
+    assert (conv._fused_plan(torch.device("cpu")).transposed is not None) == applies
+    x = torch.randn(1, channels[0], *conv.in_shape)
+    grad = torch.randn(1, channels[1], *conv.out_shape)
+    spy = _Spy(monkeypatch)
+    results = _run(conv, x, grad)
+    assert ("disco_transpose_contraction" in spy.calls) != applies
+    for actual, expected in zip(results, _reference(conv, x, grad)):
+        assert _rel_error(actual, expected) < 1e-5
+    conv.psi_kpacked_K_pad = 24          # kpacked off: the blockwise CSR backward
+    spy = _Spy(monkeypatch)
+    _run(conv, x, grad)
+    assert "disco_transpose_contraction" in spy.calls and "disco_kpacked_contraction" not in spy.calls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transposed_backward_in_half_precision(dtype):
+    """16-bit input on the transposed backward: gradients in the input's dtype, within its
+    rounding of the float32 module's."""
+    conv = _self_module((12, 24), (12, 24))
+    x, grad = torch.randn(2, 6, *conv.in_shape), torch.randn(2, 4, *conv.out_shape)
+    expected = _run(conv, x, grad)
+    half = _self_module((12, 24), (12, 24)).to(dtype)
+    results = _run(half, x.to(dtype), grad.to(dtype))
+    assert results[1].dtype == dtype and results[2].dtype == dtype
+    for actual, want in zip(results, expected):
+        assert _rel_error(actual, want) < 8 * PRECISIONS[dtype]

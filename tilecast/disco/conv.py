@@ -219,8 +219,8 @@ class _DiscoConvBase(nn.Module):
         """psi cut into the fused path's latitude blocks, built once per device."""
         key = str(device)
         if key not in self._fused_plans:
-            self._fused_plans[key] = fused_path.plan_blocks(self.psi, self.in_channels,
-                                                            device)
+            self._fused_plans[key] = fused_path.plan_blocks(
+                self.psi, self.in_channels, device, out_channels=self.out_channels)
         return self._fused_plans[key]
 
 
