@@ -150,6 +150,38 @@ def mix_dtype(tensor: Tensor) -> torch.dtype:
     return tensor.dtype
 
 
+#: batch * groups up to which the per-matrix loops below beat one batched matmul and a copy
+MAX_LOOPED_MATMULS = 8
+
+
+def _matmul_into(out: Tensor, h0: int, h1: int, mix: Tensor, slab: Tensor) -> None:
+    """out[:, :, h0:h1] = mix (G, M, N) @ slab (B, G, N, rows * nlon) per batch element and
+    group, the product written straight into out's rows (a strided matrix torch.mm writes in
+    place) where the dtypes agree and there are few products, else through a copy."""
+    batch, groups = slab.shape[:2]
+    rows, nlon = h1 - h0, out.shape[-1]
+    if out.dtype != slab.dtype or batch * groups > MAX_LOOPED_MATMULS:
+        mixed = torch.matmul(mix, slab)
+        out[:, :, h0:h1] = mixed.reshape(batch, -1, rows, nlon)
+        return
+    m = mix.shape[1]
+    for b in range(batch):
+        for g in range(groups):
+            torch.mm(mix[g], slab[b, g], out=out[b, g * m:(g + 1) * m, h0:h1].view(m, rows * nlon))
+
+
+def _accumulate_products(total: Tensor, left: Tensor, right: Tensor) -> None:
+    """total (G, M, N) += sum over the batch of left (B, G, M, K) @ right (B, G, K, N), in place
+    (addmm_) where the dtypes agree and there are few products."""
+    batch, groups = left.shape[:2]
+    if total.dtype != left.dtype or batch * groups > MAX_LOOPED_MATMULS:
+        total += torch.matmul(left, right).sum(0).to(total.dtype)
+        return
+    for b in range(batch):
+        for g in range(groups):
+            total[g].addmm_(left[b, g], right[b, g])
+
+
 class _DiscoFusedFn(torch.autograd.Function):
     """out = mix(weight, contraction(x)) block by block; see the module docstring."""
 
@@ -165,8 +197,7 @@ class _DiscoFusedFn(torch.autograd.Function):
             h0, h1 = block.out_rows
             slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, (h1 - h0) * nlon_out)
             dtype = mix_dtype(slab)
-            mixed = torch.matmul(mix.to(dtype), slab.to(dtype))
-            out[:, :, h0:h1] = mixed.reshape(batch, out_channels, h1 - h0, nlon_out)
+            _matmul_into(out, h0, h1, mix.to(dtype), slab.to(dtype))
         ctx.save_for_backward(x, weight)
         ctx.plan, ctx.packed, ctx.groups = plan, packed, groups
         return out
@@ -193,7 +224,7 @@ class _DiscoFusedFn(torch.autograd.Function):
             grad_rows = grad_rows.to(mix_dtype(grad_rows))
             if want_w:
                 slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, rows * nlon_out)
-                grad_mix += torch.matmul(grad_rows, slab.to(grad_rows.dtype).transpose(-1, -2)).sum(0)
+                _accumulate_products(grad_mix, grad_rows, slab.to(grad_rows.dtype).transpose(-1, -2))
             if want_x:
                 grad_slab = torch.matmul(mix.transpose(-1, -2).to(grad_rows.dtype), grad_rows)
                 grad_slab = grad_slab.to(x.dtype).reshape(batch, channels, plan.kernel_size, rows,
@@ -229,11 +260,10 @@ def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: Fuse
                                                  kernel_size, nlat_in, nlon, h0, h1 - h0)
         expanded = expanded.reshape(batch, groups, cout * kernel_size, width).to(dtype)
         if want_x:
-            mixed = torch.matmul(w_x, expanded)
-            grad_x[:, :, h0:h1] = mixed.reshape(batch, channels, h1 - h0, nlon)
+            _matmul_into(grad_x, h0, h1, w_x, expanded)
         if want_w:
             rows_x = x[:, :, h0:h1].reshape(batch, groups, cin, width).to(dtype)
-            grad_w += torch.matmul(expanded, rows_x.transpose(-1, -2)).sum(0)
+            _accumulate_products(grad_w, expanded, rows_x.transpose(-1, -2))
     grad_weight = None
     if want_w:
         grad_weight = grad_w.reshape(groups, cout, kernel_size, cin).permute(0, 1, 3, 2)
