@@ -318,3 +318,21 @@ def test_module_bad_input_names_the_shapes():
         DiscoConvTransposeS2(4, 6, (12, 24), (24, 50), (3, 3))
     with pytest.raises(ValueError, match=r"multiples of groups \(4\)"):
         DiscoConvS2(6, 6, (12, 24), (12, 24), (3, 3), groups=4)
+
+
+@pytest.mark.parametrize("batch, channels", BATCH_CHANNELS)
+def test_every_transpose_channel_tile_matches_the_reference_at_its_boundaries(batch, channels):
+    """BC_TILE boundaries: each instantiated channel tile (1, 4, 8; the automatic choice may
+    use only some of them on this ISA) on channel counts below, at and past its size, against
+    the float64 reference."""
+    psi = _psi("stride3")
+    csr = csr_from_psi(psi)
+    y = torch.randn(batch, channels, psi.kernel_size, *psi.out_shape, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(batch * 31 + channels))
+    expected = reference.disco_transpose_contraction(y, psi, psi.in_shape[1])
+    tiles = native.variant_tiles("transpose")
+    assert {bt for bt, _ in tiles} >= {1, 4, 8}
+    for bt, nv in tiles:
+        back = native.transpose_contraction(y.float(), csr.troff, csr.tcol, csr.tvals,
+                                            *psi.in_shape, tile=(bt, nv, 2))
+        assert _rel_error(back, expected) < 1e-5, (bt, nv)
