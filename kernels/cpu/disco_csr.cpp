@@ -30,6 +30,7 @@
 
 #include "disco_csr_decode.hpp"
 #include "disco_csr_variants.hpp"
+#include "disco_lines_transpose.hpp"
 
 namespace tc::disco {
 namespace {
@@ -129,6 +130,36 @@ int transpose_contraction(const void* gy, void* gx, const Dims& d, const std::in
   return transpose_entry<float>(gy, gx, d, troff, tcol, q, tvals, threads, bt, nv, lat_block);
 }
 
+/// The line-blocked transpose (disco_lines_transpose.hpp): boff over the blocks of
+/// kLineBlock input lines must start at 0, never decrease and end at keys; every bcol must
+/// address gy.
+int transpose_lines_contraction(const void* gy, void* gx, const Dims& d,
+                                const std::int64_t* boff, const std::int64_t* bcol,
+                                const float* bvals, index_t keys, int storage, int threads) {
+  if (check_dims(d) != kOk) return kBadShape;
+  if (!valid_storage(storage)) return kBadStorage;
+  if (check_offsets(boff, ceil_div(d.hi * d.stride(), kLineBlock), keys) != kOk)
+    return kBadOffsets;
+  const index_t columns = d.k * d.ho * d.wo;
+  for (index_t e = 0; e < keys; ++e)
+    if (bcol[e] < 0 || bcol[e] >= columns) return kEntryOutOfRange;
+  threads = resolve_threads(threads);
+  if (storage == kBFloat16) {
+    advise_huge_pages(gx, sizeof(BFloat16) * d.bc * d.hi * d.wi);
+    transpose_lines(static_cast<const BFloat16*>(gy), static_cast<BFloat16*>(gx), d, boff, bcol,
+                    bvals, threads);
+  } else if (storage == kFloat16) {
+    advise_huge_pages(gx, sizeof(Float16) * d.bc * d.hi * d.wi);
+    transpose_lines(static_cast<const Float16*>(gy), static_cast<Float16*>(gx), d, boff, bcol,
+                    bvals, threads);
+  } else {
+    advise_huge_pages(gx, sizeof(float) * d.bc * d.hi * d.wi);
+    transpose_lines(static_cast<const float*>(gy), static_cast<float*>(gx), d, boff, bcol, bvals,
+                    threads);
+  }
+  return kOk;
+}
+
 /// Copies a tile table's (BT, NV) pairs into bt / nv (at most capacity); returns its length.
 template <typename Fn, std::size_t N>
 int list_tiles(const Variant<Fn> (&variants)[N], int* bt, int* nv, int capacity) {
@@ -188,6 +219,20 @@ int tc_disco_transpose_contraction_variant(const void* gy, void* gx, index_t bc,
   return tc::disco::transpose_contraction(gy, gx, Dims{bc, hi, wi, k, ho, wo}, troff, tcol, tvals,
                                           nnz, storage, threads, bt, nv, lat_block);
 }
+
+/// gx (bc, hi, wi) = tc_disco_transpose_contraction's result, computed from psi's transpose
+/// regrouped by blocks of tc_disco_line_block() input lines (boff [blocks + 1], bcol
+/// [keys] = (k*ho_n + ho)*wo_n + q, bvals [keys, line block]; tilecast/disco/lines.py).
+int tc_disco_transpose_lines(const void* gy, void* gx, index_t bc, index_t hi, index_t wi,
+                             index_t k, index_t ho, index_t wo, const std::int64_t* boff,
+                             const std::int64_t* bcol, const float* bvals, index_t keys,
+                             int storage, int threads) {
+  return tc::disco::transpose_lines_contraction(gy, gx, Dims{bc, hi, wi, k, ho, wo}, boff, bcol,
+                                                bvals, keys, storage, threads);
+}
+
+/// Input lines per block of the line-blocked layout.
+int tc_disco_line_block() { return tc::disco::kLineBlock; }
 
 /// The (BT, NV) tiles instantiated for direction 0 (forward) or 1 (transpose), in table
 /// order, copied into bt / nv up to capacity; returns the table's length (-1: bad direction).

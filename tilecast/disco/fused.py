@@ -5,8 +5,9 @@ Each block contracts x into a (B, C, K, rows, nlon_out) slab sized to stay in ca
 (TARGET_SLAB_BYTES per batch element), mixes it with the weight by one matmul per group and
 writes its rows of the output. The backward recomputes each slab instead of keeping it,
 then runs the weight gradient and the slab's gradient as matmuls and the CSR transpose
-contraction on the block's band of input latitudes (psi re-based to the band, blocks.py), so
-the input gradient is accumulated band by band. Forward and backward run different kernels
+contraction on the block's band of input latitudes (psi re-based to the band, blocks.py; the
+line-blocked kernel where the band's filter is several input lines tall, tilecast.disco.lines),
+so the input gradient is accumulated band by band. Forward and backward run different kernels
 (the kpacked forward where eligible, CSR backward), hence an autograd.Function.
 
 The transposed backward. Where kpacked is eligible, both grids have the same longitudes and
@@ -35,10 +36,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import ops
+from . import native, ops
 from .blocks import restrict_psi
 from .csr import csr_from_psi
 from .kpacked import KPacked, kpack_psi
+from .lines import LineBlocked, line_blocked
 from .psi import Psi
 
 #: float32 bytes of one block's slab per batch element (C * K * rows * nlon_out * 4): most of
@@ -53,11 +55,14 @@ TARGET_SLAB_BYTES = 24 << 20
 class FusedBlock:
     """Output latitudes [h0, h1) reading input latitudes [lo, hi): `forward_csr` is the
     block's psi over the whole input grid (the forward reads x in place), `band_csr` the same
-    re-based to the band (the backward's transpose writes the band only)."""
+    re-based to the band (the backward's transpose writes the band only), `band_lines` the
+    band's transpose in the line-blocked layout where that kernel is the faster one (CPU;
+    tilecast.disco.lines), else None."""
     out_rows: tuple[int, int]
     in_rows: tuple[int, int]
     forward_csr: tuple[Tensor, ...]
     band_csr: tuple[Tensor, ...]
+    band_lines: Optional[LineBlocked] = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,6 +122,7 @@ def plan_blocks(psi: Psi, channels: int, device: torch.device | str,
     applies (transposed_backward_applies) and psi has the kpacked layout."""
     nlat_out, nlon_out = psi.out_shape
     rows = rows or block_rows(channels, psi.kernel_size, nlon_out)
+    on_cpu = torch.device(device).type == "cpu"
     transposed = None
     if out_channels is not None and transposed_backward_applies(psi, channels, out_channels):
         packed = kpack_psi(transpose_psi(psi))
@@ -127,9 +133,11 @@ def plan_blocks(psi: Psi, channels: int, device: torch.device | str,
         h1 = min(nlat_out, h0 + rows)
         whole = restrict_psi(psi, (h0, h1), rebase=False)
         band = restrict_psi(psi, (h0, h1), rebase=True)
+        band_csr = csr_from_psi(band.psi)
+        lines = line_blocked(band_csr, native.line_block()) if on_cpu else None
         blocks.append(FusedBlock((h0, h1), band.in_rows,
                                  tuple(t.to(device) for t in csr_from_psi(whole.psi).tensors()),
-                                 tuple(t.to(device) for t in csr_from_psi(band.psi).tensors())))
+                                 tuple(t.to(device) for t in band_csr.tensors()), lines))
     return FusedPlan(tuple(blocks), psi.kernel_size, psi.in_shape, psi.out_shape, transposed)
 
 
@@ -229,8 +237,12 @@ class _DiscoFusedFn(torch.autograd.Function):
                 grad_slab = torch.matmul(mix.transpose(-1, -2).to(grad_rows.dtype), grad_rows)
                 grad_slab = grad_slab.to(x.dtype).reshape(batch, channels, plan.kernel_size, rows,
                                                           nlon_out)
-                grad_band = ops.disco_transpose_contraction(grad_slab, *block.band_csr, hi - lo,
-                                                            nlon_in)
+                if block.band_lines is not None and grad_slab.device.type == "cpu":
+                    grad_band = native.transpose_lines(grad_slab.contiguous(),
+                                                       *block.band_lines.tensors(), hi - lo, nlon_in)
+                else:
+                    grad_band = ops.disco_transpose_contraction(grad_slab, *block.band_csr,
+                                                                hi - lo, nlon_in)
                 grad_x[:, :, lo:hi] += grad_band
         grad_weight = grad_mix.reshape(weight.shape).to(weight.dtype) if want_w else None
         return (grad_x.to(x.dtype) if want_x else None), grad_weight, None, None, None

@@ -122,6 +122,9 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib.tc_disco_variant_tiles.argtypes = [ctypes.c_int, _PTR, _PTR, ctypes.c_int]
     lib.tc_disco_variant_tiles.restype = lib.tc_disco_lanes.restype = ctypes.c_int
     lib.tc_disco_lanes.argtypes = []
+    lib.tc_disco_transpose_lines.argtypes = _KERNEL_ARGS
+    lib.tc_disco_transpose_lines.restype = lib.tc_disco_line_block.restype = ctypes.c_int
+    lib.tc_disco_line_block.argtypes = []
     return lib
 
 
@@ -202,6 +205,29 @@ def transpose_contraction(y: torch.Tensor, troff: torch.Tensor, tcol: torch.Tens
             *args, *_tile_args(tile, ("bt", "nv", "lat_block"), "disco transpose contraction"))
     _check_status(status, "disco transpose contraction", tuple(y.shape))
     return x
+
+
+def transpose_lines(y: torch.Tensor, boff: torch.Tensor, bcol: torch.Tensor,
+                    bvals: torch.Tensor, nlat_in: int, nlon_in: int) -> torch.Tensor:
+    """transpose_contraction's result, bit for bit (gy finite), computed from psi's transpose
+    in the line-blocked layout of tilecast.disco.lines (boff, bcol int64, bvals float32
+    [keys, line_block()]). All contiguous, on the CPU."""
+    batch, channels, kernel_size, nlat_out, nlon_out = y.shape
+    if bvals.dim() != 2 or bvals.shape != (bcol.numel(), line_block()):
+        raise ValueError(f"disco line-blocked transpose: bvals must be [keys={bcol.numel()}, "
+                         f"{line_block()}], got {tuple(bvals.shape)}")
+    x = torch.empty(batch, channels, nlat_in, nlon_in, dtype=y.dtype)
+    status = library().tc_disco_transpose_lines(
+        y.data_ptr(), x.data_ptr(), batch * channels, nlat_in, nlon_in, kernel_size, nlat_out,
+        nlon_out, boff.data_ptr(), bcol.data_ptr(), bvals.data_ptr(), bcol.numel(), _storage(y),
+        torch.get_num_threads())
+    _check_status(status, "disco line-blocked transpose", tuple(y.shape))
+    return x
+
+
+def line_block() -> int:
+    """Input lines per block of the line-blocked layout the library's kernel reads."""
+    return int(library().tc_disco_line_block())
 
 
 def forward_tile_width(nlon_out: int) -> int:
