@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
+from tilecast.disco.lines import regroup  # noqa: E402
 
 from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402
 # the float64 reference rolls the whole input once per output longitude: skip it beyond this
@@ -223,7 +224,14 @@ def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) ->
                 inp, *packed.tensors(), ours.kernel_size, nlat_out, nlon_out, 0, nlat_out)
             kernels["kpacked"] = lambda: kp_fwd(x)
         forwards = interleaved_medians(kernels, reps)
-        transposes = interleaved_medians({"tilecast": lambda: ours_bwd(y), "th": lambda: peer_bwd(y)}, reps)
+        transpose_kernels = {"tilecast": lambda: ours_bwd(y), "th": lambda: peer_bwd(y)}
+        # the line-blocked transpose on the whole grid, whatever its fill (the fused backward
+        # uses it on the bands whose fill reaches tilecast.disco.lines.MIN_FILL)
+        lines = regroup(psi[3], psi[4], psi[5], native.line_block())
+        ours_lines = lambda y: native.transpose_lines(y, *lines.tensors(), *config["in_shape"])  # noqa: E731
+        transpose_kernels["lines"] = lambda: ours_lines(y)
+        transposes = interleaved_medians(transpose_kernels, reps)
+        lines_time = transposes["lines"]
         times = {label: (forwards[label], transposes[label]) for label in ("tilecast", "th")}
         if packed is not None:
             kp_time = forwards["kpacked"]
@@ -236,12 +244,15 @@ def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) ->
     for label, (forward, transpose) in times.items():
         print(f"  {precision:5s} {label:9s} contraction {forward * 1e3:8.1f} ms ({flops / forward / 1e9:6.1f} GFLOP/s)"
               f"  transpose {transpose * 1e3:8.1f} ms ({flops / transpose / 1e9:6.1f} GFLOP/s)")
+    print(f"  {precision:5s} tc:lines  transpose {lines_time * 1e3:8.1f} ms ({flops / lines_time / 1e9:6.1f} GFLOP/s)"
+          f", fill {lines.fill:.2f}")
     if packed is not None:
         print(f"  {precision:5s} tc:kpacked contraction {kp_time * 1e3:8.1f} ms ({flops / kp_time / 1e9:6.1f} GFLOP/s)"
               f", differs from the CSR kernel by {kp_error:.1e}")
     print(f"  {precision:5s} kernel ratio th/tilecast: contraction {times['th'][0] / times['tilecast'][0]:.2f}x"
           + (f" (kpacked {times['th'][0] / kp_time:.2f}x)" if packed is not None else "")
-          + f", transpose {times['th'][1] / times['tilecast'][1]:.2f}x; outputs differ by {agreement:.1e} "
+          + f", transpose {times['th'][1] / times['tilecast'][1]:.2f}x (lines {times['th'][1] / lines_time:.2f}x)"
+          f"; outputs differ by {agreement:.1e} "
           f"(first {min(AGREEMENT_CHANNELS, x.shape[1])} channels)")
 
 

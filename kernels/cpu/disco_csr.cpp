@@ -13,8 +13,7 @@
 // Both directions gather: a work item owns its outputs, so there are no atomics. The
 // transpose reads the transposed CSR (rows = input lines hi*s+p, columns (k*Ho+ho)*Wo + q,
 // built once by the caller) and processes BT channels per work item so that every decoded
-// entry feeds BT * NV FMAs (channel_tile_for: on AVX-512 BT = 8 if BC >= 8, 4 if BC >= 4,
-// else 1; on AVX2 1, where the wider tile measured faster). NV, the vectors per
+// entry feeds BT * NV FMAs (BT = 8 if BC >= 8, 4 if BC >= 4, else 1). NV, the vectors per
 // tile, is picked per call from a short table to waste the fewest padded longitudes.
 //
 // Files: disco_csr_simd.hpp (registers, storage types), disco_csr_tile.hpp (the register

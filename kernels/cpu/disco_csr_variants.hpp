@@ -86,15 +86,12 @@ const Variant<Fn>& choose(const Variant<Fn> (&variants)[N], int channels, index_
   return *best;
 }
 
-/// The transpose's channel tile (BC_TILE) for bc = batch * channels. AVX-512: 8 channels per
-/// work item if there are 8, else 4, else 1 (the seed's rule; its 8 x 2 tile holds 16
-/// accumulators). AVX2: 1, whatever bc: its 16 registers leave BT = 8 one vector of
-/// longitudes and BT = 4 two or three, and the wider 1 x 10 tile ran faster here (down_73,
-/// 80 channels: 1 x 10 53 GFLOP/s, 4 x 2 51, 8 x 1 40; self_256 at 64 channels: 44, 40, 38).
-#ifdef __AVX512F__
+/// The transpose's channel tile (BC_TILE): 8 channels per work item if there are 8, else 4,
+/// else 1 (the seed's rule). On the AVX2 CPU a 1 x 10 tile ran full-size float32 problems
+/// (nlon_out 720) up to 1.3x faster than 8 x 1, but 8 x 1 ran the same problems at a quarter
+/// of the size (nlon_out 180, where wide tiles wrap often) 1.45x faster, and 16-bit storage
+/// (whose wrapped slices go through a copy) 4-7x faster; a published selector picks per
+/// problem (tilecast.disco.selector).
 inline int channel_tile_for(index_t bc) { return bc >= 8 ? 8 : bc >= 4 ? 4 : 1; }
-#else
-inline int channel_tile_for(index_t) { return 1; }
-#endif
 
 }  // namespace tc::disco
