@@ -71,6 +71,26 @@ def compiler_version(compiler: str) -> str:
     return out.stdout.splitlines()[0].strip()
 
 
+@functools.lru_cache(maxsize=None)
+def native_target(compiler: str) -> str:
+    """The target -march=native resolves to for `compiler` on this CPU (e.g. "znver3"), and
+    the AVX-512 flag it enables: part of the cache key of a -march=native build, so that a
+    cache shared across machines (or moved to another CPU) never hands one CPU's binary to
+    another (an AVX-512 binary on an AVX2 CPU dies of SIGILL). "" if the compiler does not
+    say."""
+    try:
+        out = subprocess.run([compiler, "-march=native", "-Q", "--help=target"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    wanted = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("-march=", "-mavx512f", "-mavx2", "-mfma"):
+            wanted[parts[0]] = parts[1]
+    return ",".join(f"{key}{value}" for key, value in sorted(wanted.items()))
+
+
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
@@ -98,10 +118,13 @@ def _sources_digest(source: Path) -> str:
 
 
 def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str) -> str:
-    """Content hash of source + headers, compiler version, flags and defines."""
-    payload = json.dumps({"src": _sources_digest(source), "cc": compiler_version(compiler),
-                          "flags": list(flags), "defines": dict(sorted(defines.items()))},
-                         sort_keys=True)
+    """Content hash of source + headers, compiler version, flags and defines (and, with
+    -march=native, the target it resolves to here)."""
+    fields = {"src": _sources_digest(source), "cc": compiler_version(compiler),
+              "flags": list(flags), "defines": dict(sorted(defines.items()))}
+    if "-march=native" in flags:
+        fields["native"] = native_target(compiler)
+    payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 

@@ -7,7 +7,8 @@
 //   TC_DIR       0 forward, 1 bwd_data, 2 bwd_weight
 //   TC_NDIM      2 or 3 (2 drops the depth loops; the depth of every shape must be trivial)
 //   TC_BM TC_BN TC_BK  implicit-GEMM blocks; BM % 8 == 0 (MR = 8), BN % 16 == 0
-//                (NR = 32 when BN % 32 == 0, else 16), 1 <= BK <= 4096, BM, BN <= 4096.
+//                (NR = 32 when BN % 32 == 0, else 16, with AVX-512; 8 with AVX2),
+//                1 <= BK <= 4096, BM, BN <= 4096.
 //                dw pipeline: BM = output pixels (bwd_weight: taps) per block,
 //                BN = groups per block, BK = taps (bwd_weight: pixels) per block.
 //   TC_PIPELINE  0 direct, 1 im2col, 2 dw (depthwise: C == K == 1 per group)
@@ -31,8 +32,8 @@
 #error "missing -D parameter: all of TC_DIR TC_NDIM TC_BM TC_BN TC_BK TC_PIPELINE TC_WAVE TC_DSB TC_SI are required"
 #endif
 
-#ifndef __AVX512F__
-#error "grouped_conv needs AVX-512F: compile with -march=native on an AVX-512 machine"
+#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
+#error "grouped_conv needs AVX-512F, or AVX2 with FMA: compile with -march=native"
 #endif
 
 #if TC_DIR != 0 && TC_DIR != 1 && TC_DIR != 2
@@ -86,10 +87,18 @@ constexpr bool kInterWave = TC_WAVE == 1;
 constexpr bool kDoubleBuffer = TC_DSB == 1;
 constexpr bool kSplitInput = TC_SI == 1;
 
-/// Register micro-tile: MR rows x NR columns of fp32 accumulators (8 x 2 or 8 x 1 zmm).
+/// Register micro-tile: MR rows x NR columns of fp32 accumulators: 8 x 2 or 8 x 1 zmm with
+/// AVX-512; 8 x 1 ymm with AVX2, whose 16 registers hold the 8 accumulators beside a B vector
+/// and a broadcast (8 x 2 would spill).
 constexpr int kMR = 8;
+#ifdef __AVX512F__
+constexpr int kSimdLanes = 16;
 constexpr int kNR = TC_BN % 32 == 0 ? 32 : 16;
-constexpr int kNV = kNR / 16;
+#else
+constexpr int kSimdLanes = 8;
+constexpr int kNR = 8;
+#endif
+constexpr int kNV = kNR / kSimdLanes;
 constexpr index_t kPanelsPerBlock = kBN / kNR;
 
 /// The one table `--describe` prints.

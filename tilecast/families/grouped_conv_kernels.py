@@ -35,7 +35,9 @@ TILE_ENGINE_PIPELINES = ("basic_vN", "basic_async_vN", "comp_async", "compvN", "
 # Block-size rules of kernels/cpu/grouped_conv_config.hpp, field -> (multiple of, min, max):
 # BM is a multiple of the micro-tile's MR = 8, BN of its NR = 16.
 TILE_RULES = {"bm": (8, 8, 4096), "bn": (16, 16, 4096), "bk": (1, 1, 4096)}
-REQUIRED_FLAGS = ("avx512f",)       # the kernels are written with AVX-512 intrinsics
+# the kernels' SIMD (kernels/cpu/grouped_conv_microkernel.hpp): AVX-512 where -march=native
+# has it, else AVX2 with FMA
+REQUIRED_FLAGS = ("avx2", "fma")
 
 @dataclass(frozen=True, order=True)
 class GroupedConvConfig:
