@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tilecast import build, kernel_library, ops, registry
+from tilecast import build, hardware, kernel_library, ops, registry
 from tilecast.dispatch import Dispatcher
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
@@ -23,13 +23,23 @@ from tilecast.families.gemm import GemmConfig
 from tilecast.families.grouped_conv_kernels import GroupedConvConfig
 
 GEMM = get_family("gemm")
+CPU_FLAGS = set(hardware.profile(1)["flags"])
 # small cache blocks, so that the shapes below cross several MC, NC and KC blocks
-GEMM_VARIANTS = [GemmConfig("fp32", "avx512", 14, 32, 28, 64, 48, "m", True, True),
-                 GemmConfig("fp32", "avx512", 6, 48, 12, 96, 32, "k", False, False),
-                 GemmConfig("fp32", "avx2", 6, 16, 12, 32, 40, "n", False, True),
-                 GemmConfig("bf16", "avx512", 14, 32, 28, 64, 48, "n", True, False)]
-FP32_KERNEL = GEMM.kernel_name(GEMM_VARIANTS[0])
-BF16_KERNEL = GEMM.kernel_name(GEMM_VARIANTS[3])
+ALL_GEMM_VARIANTS = [GemmConfig("fp32", "avx512", 14, 32, 28, 64, 48, "m", True, True),
+                     GemmConfig("fp32", "avx512", 6, 48, 12, 96, 32, "k", False, False),
+                     GemmConfig("fp32", "avx2", 6, 16, 12, 32, 40, "n", False, True),
+                     GemmConfig("fp32", "avx2", 4, 24, 16, 48, 64, "m", True, False),
+                     GemmConfig("bf16", "avx512", 14, 32, 28, 64, 48, "n", True, False)]
+# the variants this CPU runs (AVX-512 and bf16 ones only where it has those)
+GEMM_VARIANTS = [c for c in ALL_GEMM_VARIANTS if GEMM.candidate_space(
+    {"dtype": [c.dtype], "isa": [c.isa], "tiles": [f"{c.mr}x{c.nr}"], "mc": [c.mc], "nc": [c.nc],
+     "kc": [c.kc], "parallel": [c.parallel], "pack_a": [c.pack_a], "prefetch": [c.prefetch]},
+    {"flags": sorted(CPU_FLAGS)})]
+FP32_CONFIG = next(c for c in ALL_GEMM_VARIANTS if c in GEMM_VARIANTS and c.dtype == "fp32")
+FP32_KERNEL = GEMM.kernel_name(FP32_CONFIG)
+BF16_KERNEL = GEMM.kernel_name(ALL_GEMM_VARIANTS[-1])   # run only where the CPU has avx512_bf16
+needs_bf16 = pytest.mark.skipif("avx512_bf16" not in CPU_FLAGS,
+                                reason="the bf16 GEMM variant needs avx512_bf16, which this CPU lacks")
 GEMM_SHAPES = [(1, 1, 1), (7, 13, 5), (33, 65, 100), (64, 130, 97)]
 
 CONV_VARIANTS = {
@@ -55,8 +65,8 @@ def rel_error(output: torch.Tensor, reference: torch.Tensor) -> float:
 def libraries(build_cache, hw):
     """Every variant of this file compiled in shared mode (two compilers at once) into the
     session's build cache, which tilecast.ops then loads from."""
-    if "avx512f" not in hw["flags"]:
-        pytest.skip("the variants here need AVX-512F, which this CPU lacks")
+    if not {"avx2", "fma"} <= set(hw["flags"]):
+        pytest.skip("the variants here need AVX2 and FMA, which this CPU lacks")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(build.BUILD_CACHE_ENV, str(build_cache))
         # one grouped-conv family builds every direction's variant (the config names it)
@@ -116,6 +126,7 @@ def test_gemm_gradients_match_torch(transposed):
     assert rel_error(a.grad, a_ref.grad) < 1e-4 and rel_error(b.grad, b_ref.grad) < 1e-4
 
 
+@needs_bf16
 def test_bf16_gradients_have_the_inputs_dtype():
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(16, 24, generator=gen).bfloat16().requires_grad_()
@@ -187,7 +198,7 @@ def test_bad_gemm_calls_are_clear_errors(call, error, fragment):
 def test_libraries_are_built_once_loaded_once_and_report_their_parameters(libraries, monkeypatch,
                                                                          build_cache):
     built = libraries[FP32_KERNEL]
-    again = build.build_library(GEMM, GEMM_VARIANTS[0], build_cache)
+    again = build.build_library(GEMM, FP32_CONFIG, build_cache)
     assert again.cached and again.binary == built.binary and again.binary.name.endswith(".so")
     # four threads load a kernel not yet loaded in this process: one build call, one object
     key = (GEMM.name, FP32_KERNEL, str(build_cache), kernel_library.compiler())
@@ -206,7 +217,7 @@ def test_libraries_are_built_once_loaded_once_and_report_their_parameters(librar
     for thread in threads:
         thread.join()
     assert len(calls) == 1 and all(k is loaded[0] for k in loaded)
-    cfg = GEMM_VARIANTS[0]
+    cfg = FP32_CONFIG
     assert (loaded[0].param("MR"), loaded[0].param("NR"), loaded[0].param("KC")) == (cfg.mr, cfg.nr, cfg.kc)
     assert loaded[0].param("NO_SUCH") is None
 
