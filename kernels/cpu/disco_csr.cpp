@@ -129,6 +129,14 @@ int transpose_contraction(const void* gy, void* gx, const Dims& d, const std::in
   return transpose_entry<float>(gy, gx, d, troff, tcol, q, tvals, threads, bt, nv, lat_block);
 }
 
+template <typename Elem>
+void run_lines(const void* gy, void* gx, const Dims& d, const std::int64_t* boff,
+               const std::int64_t* bcol, const float* bvals, int threads) {
+  advise_huge_pages(gx, sizeof(Elem) * d.bc * d.hi * d.wi);
+  transpose_lines(static_cast<const Elem*>(gy), static_cast<Elem*>(gx), d, boff, bcol, bvals,
+                  threads);
+}
+
 /// The line-blocked transpose (disco_lines_transpose.hpp): boff over the blocks of
 /// kLineBlock input lines must start at 0, never decrease and end at keys; every bcol must
 /// address gy.
@@ -143,19 +151,9 @@ int transpose_lines_contraction(const void* gy, void* gx, const Dims& d,
   for (index_t e = 0; e < keys; ++e)
     if (bcol[e] < 0 || bcol[e] >= columns) return kEntryOutOfRange;
   threads = resolve_threads(threads);
-  if (storage == kBFloat16) {
-    advise_huge_pages(gx, sizeof(BFloat16) * d.bc * d.hi * d.wi);
-    transpose_lines(static_cast<const BFloat16*>(gy), static_cast<BFloat16*>(gx), d, boff, bcol,
-                    bvals, threads);
-  } else if (storage == kFloat16) {
-    advise_huge_pages(gx, sizeof(Float16) * d.bc * d.hi * d.wi);
-    transpose_lines(static_cast<const Float16*>(gy), static_cast<Float16*>(gx), d, boff, bcol,
-                    bvals, threads);
-  } else {
-    advise_huge_pages(gx, sizeof(float) * d.bc * d.hi * d.wi);
-    transpose_lines(static_cast<const float*>(gy), static_cast<float*>(gx), d, boff, bcol, bvals,
-                    threads);
-  }
+  if (storage == kBFloat16) run_lines<BFloat16>(gy, gx, d, boff, bcol, bvals, threads);
+  else if (storage == kFloat16) run_lines<Float16>(gy, gx, d, boff, bcol, bvals, threads);
+  else run_lines<float>(gy, gx, d, boff, bcol, bvals, threads);
   return kOk;
 }
 

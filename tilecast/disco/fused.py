@@ -57,7 +57,8 @@ class FusedBlock:
     block's psi over the whole input grid (the forward reads x in place), `band_csr` the same
     re-based to the band (the backward's transpose writes the band only), `band_lines` the
     band's transpose in the line-blocked layout where that kernel is the faster one (CPU;
-    tilecast.disco.lines), else None."""
+    tilecast.disco.lines) and the blockwise backward runs (no transposed backward), else
+    None."""
     out_rows: tuple[int, int]
     in_rows: tuple[int, int]
     forward_csr: tuple[Tensor, ...]
@@ -134,7 +135,9 @@ def plan_blocks(psi: Psi, channels: int, device: torch.device | str,
         whole = restrict_psi(psi, (h0, h1), rebase=False)
         band = restrict_psi(psi, (h0, h1), rebase=True)
         band_csr = csr_from_psi(band.psi)
-        lines = line_blocked(band_csr, native.line_block()) if on_cpu else None
+        # the line-blocked bands serve the blockwise backward only (CPU)
+        lines = (line_blocked(band_csr, native.line_block())
+                 if on_cpu and transposed is None else None)
         blocks.append(FusedBlock((h0, h1), band.in_rows,
                                  tuple(t.to(device) for t in csr_from_psi(whole.psi).tensors()),
                                  tuple(t.to(device) for t in band_csr.tensors()), lines))
