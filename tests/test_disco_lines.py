@@ -1,12 +1,13 @@
 """The line-blocked transpose (kernels/cpu/disco_lines_transpose.hpp, tilecast.disco.lines):
 its layout against the transpose CSR it regroups, the kernel bit for bit against the CSR
-transpose in three precisions, its bad input refused, and the fused backward's use of it."""
+transpose in three precisions, its bad input refused, and its use by the fused and the
+kpacked paths' backwards."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tilecast.disco import DiscoConvS2, compute_psi, csr_from_psi, fused, native, reference
+from tilecast.disco import DiscoConvS2, compute_psi, csr_from_psi, fused, native, ops, reference
 from tilecast.disco.lines import MIN_FILL, line_blocked, regroup
 
 GRIDS = {  # (in_shape, out_shape, theta_cutoff): strides 1, 2, 3; tiles wider than nlon_out
@@ -130,3 +131,79 @@ def test_the_fused_backward_runs_the_line_blocked_bands_and_matches_the_referenc
     expected.backward(grad.double())
     for actual, want in ((out, expected), (x.grad, xd.grad), (conv.weight.grad, weight.grad)):
         assert float((actual.detach().double() - want).norm() / want.norm()) < 1e-5
+
+
+def _unfused(grid, seed=0, basis_type="harmonic", kernel_shape=(3, 3)):
+    in_shape, out_shape, cutoff = GRIDS[grid]
+    torch.manual_seed(seed)
+    return DiscoConvS2(3, 5, in_shape, out_shape, kernel_shape, basis_type=basis_type,
+                       basis_norm_mode="mean", grid_in="equiangular", grid_out="legendre-gauss",
+                       theta_cutoff=cutoff)
+
+
+def _gradients(conv, x, grad):
+    x = x.clone().requires_grad_()
+    conv.zero_grad()
+    conv(x).backward(grad)
+    return x.grad, conv.weight.grad.clone()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("forward", ["kpacked", "csr", "csr_piecewise_linear"])
+def test_the_unfused_backward_runs_the_line_blocked_transpose_bit_for_bit(forward, dtype,
+                                                                          monkeypatch):
+    """On a dense filter the unfused paths' backward (after the kpacked or the CSR forward)
+    is the line-blocked kernel, with the CSR transpose's gradients exactly; on a sparse one
+    (fill < MIN_FILL) it stays CSR."""
+    # piecewise linear (3,) on wide_down: no kpacked layout, fill 0.77
+    basis, shape = (("piecewise linear", (3,)) if forward == "csr_piecewise_linear"
+                    else ("harmonic", (3, 3)))
+    conv = _unfused("wide_down", basis_type=basis, kernel_shape=shape).to(dtype)
+    if forward == "csr":
+        conv.psi_kpacked_K_pad = 24   # the seed's monkeypatch: kpacked ineligible
+    assert (conv._kpacked() is not None) == (forward == "kpacked")
+    spy = {}
+    for name, module in (("transpose_lines", native), ("disco_transpose_contraction", ops),
+                         ("disco_contraction", ops), ("disco_kpacked_contraction", ops)):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _f=original, **k:
+                            spy.__setitem__(_n, spy.get(_n, 0) + 1) or _f(*a, **k))
+    x = torch.randn(2, 3, *conv.in_shape, dtype=dtype)
+    grad = torch.randn(2, 5, *conv.out_shape, dtype=dtype)
+    lines_grads = _gradients(conv, x, grad)
+    forward_op = "disco_kpacked_contraction" if forward == "kpacked" else "disco_contraction"
+    assert spy == {forward_op: 1, "transpose_lines": 1}, spy
+    assert conv._line_layout(torch.device("cpu")) is not None
+    conv._line_layouts["cpu"] = None   # what line_blocked answers below MIN_FILL: CSR
+    csr_grads = _gradients(conv, x, grad)
+    assert spy == {forward_op: 2, "transpose_lines": 1, "disco_transpose_contraction": 1}, spy
+    for actual, expected in zip(lines_grads, csr_grads):
+        assert torch.equal(actual, expected)
+
+    sparse = _unfused("same", basis_type=basis, kernel_shape=shape)
+    sparse(torch.randn(1, 3, *sparse.in_shape, requires_grad=True)).sum().backward()
+    assert spy["transpose_lines"] == 1 and sparse._line_layout(torch.device("cpu")) is None
+
+
+def test_the_line_layout_is_built_only_for_an_input_gradient():
+    conv = _unfused("wide_down")
+    x = torch.randn(1, 3, *conv.in_shape)
+    conv(x).sum().backward()                      # weight gradient only
+    with torch.no_grad():
+        conv(x.requires_grad_())
+    assert conv._line_layouts == {}
+    conv(x).sum().backward()
+    assert conv._line_layouts["cpu"] is not None
+
+
+def test_a_chosen_csr_tile_and_the_line_layout_are_not_both_accepted():
+    conv = _unfused("wide_down")
+    packed = conv._kpacked()
+    lines = conv._line_layout(torch.device("cpu"))
+    x = torch.randn(1, 3, *conv.in_shape, requires_grad=True)
+    with pytest.raises(ValueError, match="give one of them"):
+        ops.disco_contraction_kpacked(x, *packed.tensors(), *conv._psi_tensors(),
+                                      conv.kernel_size, *conv.out_shape, None, [1, 1, 1], lines)
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        ops.disco_contraction_lines(x.to("meta"), *conv._psi_tensors(), conv.kernel_size,
+                                    *conv.out_shape, lines)

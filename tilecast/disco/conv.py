@@ -11,10 +11,14 @@ optimized_kernel=False, run the pure-torch reference instead.
 DiscoConvS2's forward picks one of four paths (`_contract_and_mix`), symmetric in its two
 switches as the seed prescribes:
 
-    fused + kpacked   fused.fused_conv with the kpacked contraction, CSR backward
+    fused + kpacked   fused.fused_conv with the kpacked contraction (its backward: fused.py)
     fused only        fused.fused_conv with the CSR contraction
-    kpacked only      ops.disco_contraction_kpacked (CSR backward), then the mix
+    kpacked only      ops.disco_contraction_kpacked, then the mix
     neither           ops.disco_contraction, then the mix
+
+The unfused paths' backward runs the line-blocked transpose where psi's transpose has that
+layout (CPU, tilecast.disco.lines: dense filters such as the downsampling ones; built at the
+first forward that needs the input's gradient), else the CSR transpose.
 
 kpacked is eligible when psi has the layout (kpacked.kpack_psi: shared supports) and
 `psi_kpacked_K_pad` is in kpacked.SUPPORTED_K_PAD; setting that attribute to anything else
@@ -24,8 +28,9 @@ method on its shard's psi, so both dispatch alike.
 With `registry=` (a tilecast registry holding the disco_forward and disco_backward models,
 `tilecast run --config disco`), the unfused paths run the kernels the published selector
 chooses for each input's batch size and dtype (tilecast.disco.selector): CSR or kpacked for
-the forward where both are eligible, and each kernel's register tile; without one, kpacked
-where eligible and the library's own tiles.
+the forward where both are eligible, and each kernel's register tile (the CSR transpose,
+whose tile the selector names, then serves the backward); without one, kpacked where
+eligible and the library's own tiles.
 """
 from __future__ import annotations
 
@@ -36,11 +41,12 @@ import torch
 from torch import Tensor, nn
 
 from . import fused as fused_path
-from . import ops, reference, selector
+from . import native, ops, reference, selector
 from .basis import get_basis
 from .csr import DiscoCSR, csr_from_psi
 from .grids import default_theta_cutoff
 from .kpacked import SUPPORTED_K_PAD, KPacked, kpack_psi
+from .lines import LineBlocked, line_blocked
 from .psi import Psi, compute_psi
 
 KernelShape = Union[int, tuple[int], tuple[int, int]]
@@ -112,6 +118,7 @@ class _DiscoConvBase(nn.Module):
                 self.register_buffer(f"psi_kpacked_{name}", tensor, persistent=False)
             self.psi_kpacked_K_pad = packed.k_pad
         self._fused_plans = {}
+        self._line_layouts = {}
         self._choices = {}
 
     def _kpacked(self) -> Optional[KPacked]:
@@ -184,14 +191,22 @@ class _DiscoConvBase(nn.Module):
         forward, backward = self._chosen_kernels(x)
         tile = None if forward is None else list(forward["tile"])
         backward_tile = None if backward is None else list(backward["tile"])
+        lines = None
+        if backward is None and x.requires_grad and torch.is_grad_enabled():
+            lines = self._line_layout(x.device)
         if packed is not None and (forward is None or forward["variant"] == "kpacked"):
             expanded = ops.disco_contraction_kpacked(x, *packed.tensors(), *psi, self.kernel_size,
-                                                     nlat_out, nlon_out, tile, backward_tile)
+                                                     nlat_out, nlon_out, tile, backward_tile,
+                                                     lines)
         else:
             if forward is not None and forward["variant"] != "csr":
                 tile = None   # a kpacked choice where the path is not eligible
-            expanded = ops.disco_contraction(x, *psi, self.kernel_size, nlat_out, nlon_out, tile,
-                                             backward_tile)
+            if lines is not None:
+                expanded = ops.disco_contraction_lines(x, *psi, self.kernel_size, nlat_out,
+                                                       nlon_out, lines, tile)
+            else:
+                expanded = ops.disco_contraction(x, *psi, self.kernel_size, nlat_out, nlon_out,
+                                                 tile, backward_tile)
         batch = x.shape[0]
         expanded = expanded.reshape(batch, self.groups, self.groupsize, self.kernel_size,
                                     nlat_out, nlon_out)
@@ -214,6 +229,17 @@ class _DiscoConvBase(nn.Module):
                 selector.choose_variant(registry, problem, model, self.registry_alias)
                 for model in ("disco_forward", "disco_backward"))
         return self._choices[key]
+
+    def _line_layout(self, device: torch.device) -> Optional[LineBlocked]:
+        """psi's transpose in the line-blocked layout, for the unfused paths' backward where
+        that kernel is the faster one (tilecast.disco.lines: CPU, fill >= MIN_FILL), else
+        None; built once per device, at the first forward that needs the input's gradient."""
+        if device.type != "cpu":
+            return None
+        key = str(device)
+        if key not in self._line_layouts:
+            self._line_layouts[key] = line_blocked(self.csr(), native.line_block())
+        return self._line_layouts[key]
 
     def _fused_plan(self, device: torch.device) -> "fused_path.FusedPlan":
         """psi cut into the fused path's latitude blocks, built once per device."""

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from . import cuda, native
+from .lines import LineBlocked
 
 #: the dtypes the kernels read and write (all computed in float32)
 SUPPORTED_DTYPES = tuple(native.STORAGE)
@@ -228,6 +229,46 @@ def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in,
                                            backward_tile)
 
 
+class _DiscoCsrLinesFn(torch.autograd.Function):
+    """The CSR forward paired with the line-blocked transpose (native.transpose_lines) as its
+    backward: different kernels, so an autograd.Function, as for the kpacked forward below."""
+
+    @staticmethod
+    def forward(ctx, x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out,
+                tile, lines):
+        ctx.in_shape = tuple(x.shape)
+        ctx.lines = lines
+        return disco_contraction(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out,
+                                 nlon_out, tile)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _lines_transpose(grad, ctx.lines, ctx.in_shape)
+        return (grad_x,) + (None,) * 11
+
+
+def _lines_transpose(grad: Tensor, lines: LineBlocked, in_shape: tuple[int, ...]) -> Tensor:
+    """The input gradient by the line-blocked transpose (CPU)."""
+    grad = grad.contiguous()
+    _check_dtype("the gradient", grad)
+    return native.transpose_lines(grad, *lines.tensors(), *in_shape[-2:])
+
+
+def disco_contraction_lines(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, troff: Tensor,
+                            tcol: Tensor, tvals: Tensor, kernel_size: int, nlat_out: int,
+                            nlon_out: int, lines: LineBlocked,
+                            tile: Optional[list[int]] = None) -> Tensor:
+    """disco_contraction (CPU), differentiable through the line-blocked transpose: `lines` is
+    psi's transpose in that layout (tilecast.disco.lines), whose result is bit for bit the
+    CSR transpose's. tile: the forward kernel's (nv, lat_block)."""
+    if x.device.type != "cpu":
+        raise ValueError(f"x is on {x.device}; the line-blocked transpose runs on the CPU")
+    return _DiscoCsrLinesFn.apply(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out,
+                                  nlon_out, tile, lines)
+
+
 # ------------------------------------------------------------------ the kpacked forward
 @torch.library.custom_op("tilecast::disco_kpacked_contraction", mutates_args=(),
                          device_types=("cpu",))
@@ -277,15 +318,17 @@ def _(x, idx, vals, offset, kernel_size, nlat_out, nlon_out, ho_begin, ho_count,
 
 
 class _DiscoKpackedFn(torch.autograd.Function):
-    """The kpacked forward paired with the CSR backward (the transpose contraction): the two
-    run different kernels, so the pairing is an autograd.Function (the seed's rule)."""
+    """The kpacked forward paired with the transpose contraction as its backward: the CSR
+    one, or the line-blocked one (native.transpose_lines) where `lines` holds psi's transpose
+    in that layout. The two directions run different kernels, so the pairing is an
+    autograd.Function (the seed's rule)."""
 
     @staticmethod
     def forward(ctx, x, idx, vals, offset, roff, col, csr_vals, troff, tcol, tvals,
-                kernel_size, nlat_out, nlon_out, tile, backward_tile):
+                kernel_size, nlat_out, nlon_out, tile, backward_tile, lines):
         ctx.save_for_backward(roff, col, csr_vals, troff, tcol, tvals)
         ctx.in_shape = tuple(x.shape)
-        ctx.backward_tile = backward_tile
+        ctx.backward_tile, ctx.lines = backward_tile, lines
         return disco_kpacked_contraction(x, idx, vals, offset, kernel_size, nlat_out, nlon_out,
                                          0, nlat_out, tile)
 
@@ -293,18 +336,28 @@ class _DiscoKpackedFn(torch.autograd.Function):
     def backward(ctx, grad):
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = disco_transpose_contraction(grad.contiguous(), *ctx.saved_tensors,
-                                                 *ctx.in_shape[-2:], ctx.backward_tile)
-        return (grad_x,) + (None,) * 14
+            if ctx.lines is not None and grad.device.type == "cpu":
+                grad_x = _lines_transpose(grad, ctx.lines, ctx.in_shape)
+            else:
+                grad_x = disco_transpose_contraction(grad.contiguous(), *ctx.saved_tensors,
+                                                     *ctx.in_shape[-2:], ctx.backward_tile)
+        return (grad_x,) + (None,) * 15
 
 
 def disco_contraction_kpacked(x: Tensor, idx: Tensor, vals: Tensor, offset: Tensor,
                               roff: Tensor, col: Tensor, csr_vals: Tensor, troff: Tensor,
                               tcol: Tensor, tvals: Tensor, kernel_size: int, nlat_out: int,
                               nlon_out: int, tile: Optional[list[int]] = None,
-                              backward_tile: Optional[list[int]] = None) -> Tensor:
+                              backward_tile: Optional[list[int]] = None,
+                              lines: Optional[LineBlocked] = None) -> Tensor:
     """disco_contraction through the kpacked kernel, differentiable: the gradient runs the
-    CSR transpose contraction on psi's six CSR tensors (roff ... tvals). tile: the kpacked
-    kernel's (kreg, nv, lat_block); backward_tile: the transpose's (bt, nv, lat_block)."""
+    transpose contraction, the CSR kernel on psi's six CSR tensors (roff ... tvals), or with
+    `lines` (psi's transpose in the line-blocked layout, tilecast.disco.lines; CPU) the
+    line-blocked kernel, bit for bit the same result. tile: the kpacked kernel's (kreg, nv,
+    lat_block); backward_tile: the CSR transpose's (bt, nv, lat_block), for the CSR kernel
+    only (give one or `lines`, not both)."""
+    if lines is not None and backward_tile is not None:
+        raise ValueError("backward_tile names a CSR transpose tile, lines asks for the "
+                         "line-blocked transpose: give one of them")
     return _DiscoKpackedFn.apply(x, idx, vals, offset, roff, col, csr_vals, troff, tcol, tvals,
-                                 kernel_size, nlat_out, nlon_out, tile, backward_tile)
+                                 kernel_size, nlat_out, nlon_out, tile, backward_tile, lines)
