@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilecast.disco import DiscoConvS2, compute_psi, csr_from_psi, fused, native, ops, reference
+from tilecast.disco import (DiscoConvS2, DiscoConvTransposeS2, compute_psi, csr_from_psi, fused,
+                            native, ops, reference)
 from tilecast.disco.lines import MIN_FILL, line_blocked, regroup
 
 GRIDS = {  # (in_shape, out_shape, theta_cutoff): strides 1, 2, 3; tiles wider than nlon_out
@@ -207,3 +208,38 @@ def test_a_chosen_csr_tile_and_the_line_layout_are_not_both_accepted():
     with pytest.raises(ValueError, match="runs on the CPU"):
         ops.disco_contraction_lines(x.to("meta"), *conv._psi_tensors(), conv.kernel_size,
                                     *conv.out_shape, lines)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_transpose_convolution_runs_the_line_blocked_transpose_bit_for_bit(dtype,
+                                                                               monkeypatch):
+    """DiscoConvTransposeS2 (upsampling) on a dense filter: its forward is the line-blocked
+    kernel, with the CSR transpose's output and gradients exactly."""
+    in_shape, out_shape, cutoff = GRIDS["wide_down"]
+    torch.manual_seed(0)
+    conv = DiscoConvTransposeS2(3, 5, out_shape, in_shape, (3, 3), basis_type="harmonic",
+                                basis_norm_mode="mean", grid_in="legendre-gauss",
+                                grid_out="equiangular", theta_cutoff=cutoff).to(dtype)
+    calls = []
+    original = native.transpose_lines
+    monkeypatch.setattr(native, "transpose_lines", lambda *args: calls.append(1) or original(*args))
+    x = torch.randn(2, 3, *out_shape, dtype=dtype)
+    grad = torch.randn(2, 5, *in_shape, dtype=dtype)
+
+    def run():
+        xr = x.clone().requires_grad_()
+        conv.zero_grad()
+        out = conv(xr)
+        out.backward(grad)
+        return out.detach(), xr.grad, conv.weight.grad.clone()
+
+    with_lines = run()
+    assert len(calls) == 1 and conv._line_layout(torch.device("cpu")) is not None
+    conv._line_layouts["cpu"] = None
+    with_csr = run()
+    assert len(calls) == 1
+    for actual, expected in zip(with_lines, with_csr):
+        assert torch.equal(actual, expected)
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        ops.disco_transpose_contraction_lines(grad.to("meta").unsqueeze(2), *conv._psi_tensors(),
+                                              *in_shape, conv._line_layout(torch.device("cpu")))

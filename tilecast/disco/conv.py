@@ -167,13 +167,18 @@ class _DiscoConvBase(nn.Module):
     def _mix_and_transpose(self, x: Tensor, nlon_out: int) -> Tensor:
         """The transpose convolution without its bias: the channel/basis mix of x (B, C,
         nlat, nlon) on psi's output grid, then the transpose contraction into psi's input
-        grid with nlon_out longitudes."""
+        grid with nlon_out longitudes (the line-blocked kernel where psi's transpose has that
+        layout, as for the unfused backward; else CSR)."""
         batch, _, nlat_in, nlon_in = x.shape
         grouped = x.reshape(batch, self.groups, self.groupsize, nlat_in, nlon_in)
         expanded = self._mix("bgcxy,gock->bgokxy", grouped)
         expanded = expanded.reshape(batch, self.out_channels, self.kernel_size, nlat_in, nlon_in)
         if x.dtype == torch.float64 or not self.optimized_kernel:
             return reference.disco_transpose_contraction(expanded, self.psi, nlon_out)
+        lines = self._line_layout(x.device)
+        if lines is not None:
+            return ops.disco_transpose_contraction_lines(expanded, *self._psi_tensors(),
+                                                         self.psi.in_shape[0], nlon_out, lines)
         return ops.disco_transpose_contraction(expanded, *self._psi_tensors(),
                                                self.psi.in_shape[0], nlon_out)
 
@@ -231,9 +236,10 @@ class _DiscoConvBase(nn.Module):
         return self._choices[key]
 
     def _line_layout(self, device: torch.device) -> Optional[LineBlocked]:
-        """psi's transpose in the line-blocked layout, for the unfused paths' backward where
-        that kernel is the faster one (tilecast.disco.lines: CPU, fill >= MIN_FILL), else
-        None; built once per device, at the first forward that needs the input's gradient."""
+        """psi's transpose in the line-blocked layout where that kernel is the faster one
+        (tilecast.disco.lines: CPU, fill >= MIN_FILL), else None; built once per device, at
+        the first call that runs a transpose contraction (the unfused backward, the transpose
+        convolution's forward)."""
         if device.type != "cpu":
             return None
         key = str(device)

@@ -269,6 +269,41 @@ def disco_contraction_lines(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, 
                                   nlon_out, tile, lines)
 
 
+class _DiscoLinesTransposeFn(torch.autograd.Function):
+    """The line-blocked transpose contraction as a forward (the transpose convolution's),
+    paired with the CSR forward contraction as its backward."""
+
+    @staticmethod
+    def forward(ctx, y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in, lines,
+                backward_tile):
+        ctx.save_for_backward(roff, col, vals, troff, tcol, tvals)
+        ctx.out_shape, ctx.backward_tile = tuple(y.shape), backward_tile
+        return _lines_transpose(y, lines, (nlat_in, nlon_in))
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_y = None
+        if ctx.needs_input_grad[0]:
+            grad_y = disco_contraction(grad.contiguous(), *ctx.saved_tensors,
+                                       *ctx.out_shape[-3:], ctx.backward_tile)
+        return (grad_y,) + (None,) * 10
+
+
+def disco_transpose_contraction_lines(y: Tensor, roff: Tensor, col: Tensor, vals: Tensor,
+                                      troff: Tensor, tcol: Tensor, tvals: Tensor, nlat_in: int,
+                                      nlon_in: int, lines: LineBlocked,
+                                      backward_tile: Optional[list[int]] = None) -> Tensor:
+    """disco_transpose_contraction (CPU) on the line-blocked kernel, bit for bit the CSR
+    kernel's result, differentiable: the gradient runs the CSR forward contraction on psi's
+    six tensors. lines: psi's transpose in the line-blocked layout (tilecast.disco.lines);
+    backward_tile: the forward kernel's (nv, lat_block)."""
+    if y.device.type != "cpu":
+        raise ValueError(f"y is on {y.device}; the line-blocked transpose runs on the CPU")
+    _transpose_shape(y, (roff, col, vals, troff, tcol, tvals), nlat_in, nlon_in)
+    return _DiscoLinesTransposeFn.apply(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in,
+                                        lines, backward_tile)
+
+
 # ------------------------------------------------------------------ the kpacked forward
 @torch.library.custom_op("tilecast::disco_kpacked_contraction", mutates_args=(),
                          device_types=("cpu",))
