@@ -240,6 +240,13 @@ def test_the_transpose_convolution_runs_the_line_blocked_transpose_bit_for_bit(d
     assert len(calls) == 1
     for actual, expected in zip(with_lines, with_csr):
         assert torch.equal(actual, expected)
+    conv._line_layouts.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):   # float32 out, as the CSR op's autocast
+        autocast_lines = conv(x)
+        assert len(calls) == 2
+        conv._line_layouts["cpu"] = None
+        autocast_csr = conv(x)
+    assert autocast_lines.dtype == autocast_csr.dtype and torch.equal(autocast_lines, autocast_csr)
     with pytest.raises(ValueError, match="runs on the CPU"):
         ops.disco_transpose_contraction_lines(grad.to("meta").unsqueeze(2), *conv._psi_tensors(),
                                               *in_shape, conv._line_layout(torch.device("cpu")))

@@ -300,6 +300,8 @@ def disco_transpose_contraction_lines(y: Tensor, roff: Tensor, col: Tensor, vals
     if y.device.type != "cpu":
         raise ValueError(f"y is on {y.device}; the line-blocked transpose runs on the CPU")
     _transpose_shape(y, (roff, col, vals, troff, tcol, tvals), nlat_in, nlon_in)
+    if torch.is_autocast_enabled("cpu") and y.dtype != torch.float64:
+        y = y.float()   # as the CSR op's AutocastCPU implementation: float32 in and out
     return _DiscoLinesTransposeFn.apply(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in,
                                         lines, backward_tile)
 
