@@ -11,9 +11,13 @@ each of its paths (--paths: csr, kpacked, fused, fused+kpacked; the kpacked ones
 the layout), the ratio th/tilecast, GFLOP/s of the whole conv, and each module's forward error
 against a float64 reference (tilecast.disco.reference on the same weights; "skipped" where that
 would take too long or too much memory). Then each contraction kernel alone (the CSR and
-kpacked forward, the transpose) against the peer's custom ops. The configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes
-by s and divides theta_cutoff by s, so each filter keeps about as many grid points. Figures,
-not a test.
+kpacked forward, the transpose) against the peer's custom ops. Last, the bound the channel
+mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.probe) and torch's sgemm at
+the fused path's block shape, both read in every round of the module timings, and the best
+ratio th/tilecast any implementation could reach that spends at least that long on the mix,
+with its sparse contractions for free. The configs are
+DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes by s and divides
+theta_cutoff by s, so each filter keeps about as many grid points. Figures, not a test.
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tilecast import probe  # noqa: E402
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
+from tilecast.disco.fused import block_rows  # noqa: E402
 from tilecast.disco.lines import regroup  # noqa: E402
 
 from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402
@@ -155,9 +161,44 @@ def peer_kernels(peer: torch.nn.Module, config: dict):
 def bench_precision(work: Workload, x32: torch.Tensor, precision: str, reps: int, reference_out,
                     modules: bool, paths: list[str]) -> None:
     x = x32.to(PRECISIONS[precision])
+    machine = MachineRates(work, threads=torch.get_num_threads()) if precision == "fp32" else None
+    peer_times = None
     if modules:
-        bench_modules(work, x, precision, reps, reference_out, paths)
+        peer_times = bench_modules(work, x, precision, reps, reference_out, paths, machine)
     bench_kernels(work, x, precision, reps)
+    if machine is not None and peer_times is not None:
+        print_mix_bound(work, machine, peer_times)
+
+
+class MachineRates:
+    """The FMA peak and torch's sgemm at the channel mix's block shape, read once per round
+    of the module timings (`sample`, about 0.2 s) so that they see the same spells of the
+    shared machine as the modules."""
+
+    PROBES_PER_SAMPLE = 4
+    GEMMS_PER_SAMPLE = 3
+
+    def __init__(self, work: "Workload", threads: int):
+        config = work.config
+        nlon_out = config["out_shape"][1]
+        depth = work.ours.groupsize * work.ours.kernel_size
+        rows = min(config["out_shape"][0], block_rows(work.ours.groupsize, work.ours.kernel_size, nlon_out))
+        generator = torch.Generator().manual_seed(1)
+        self.threads = threads
+        self.mix = torch.randn(config["out_channels"] // work.ours.groups, depth, generator=generator)
+        self.slab = torch.randn(depth, rows * nlon_out, generator=generator)
+        self.out = torch.empty(self.mix.shape[0], self.slab.shape[1])
+        self.gemm_flops = 2.0 * self.mix.shape[0] * depth * self.slab.shape[1]
+        self.peaks: list[float] = []
+        self.sgemms: list[float] = []
+
+    def sample(self) -> None:
+        self.peaks.extend(probe.fma_peak_gflops(self.threads) for _ in range(self.PROBES_PER_SAMPLE))
+        torch.mm(self.mix, self.slab, out=self.out)
+        start = time.perf_counter()
+        for _ in range(self.GEMMS_PER_SAMPLE):
+            torch.mm(self.mix, self.slab, out=self.out)
+        self.sgemms.append(self.GEMMS_PER_SAMPLE * self.gemm_flops / (time.perf_counter() - start) / 1e9)
 
 
 #: DiscoConvS2's paths: (fused, kpacked)
@@ -178,9 +219,10 @@ def on_path(module: DiscoConvS2, path: str) -> DiscoConvS2 | None:
 
 
 def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, reference_out,
-                  paths: list[str]) -> None:
+                  paths: list[str], machine: MachineRates | None = None) -> tuple[float, float]:
     """torch-harmonics and each of our paths, forward and forward+backward, with their errors
-    against float64."""
+    against float64; `machine` sampled in every round. Returns torch-harmonics' forward and
+    forward+backward seconds."""
     candidates = [(f"tc:{path}", on_path(work.ours, path)) for path in paths] + [("th", work.peer)]
     # copies, so that the fp32 weights survive the cast
     modules = {label: copy.deepcopy(module).to(x.dtype) for label, module in candidates
@@ -192,9 +234,11 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
         errors[label] = "skipped" if reference_out is None else f"{rel_error(out, reference_out):.2e}"
         grad = torch.randn_like(out)
         del out
-    forwards = interleaved_medians({label: forward_only(m, x) for label, m in modules.items()}, reps)
-    boths = interleaved_medians({label: forward_backward(m, x, grad) for label, m in modules.items()},
-                                reps)
+    extra = {} if machine is None else {"machine": machine.sample}
+    forwards = interleaved_medians({**{label: forward_only(m, x) for label, m in modules.items()},
+                                    **extra}, reps)
+    boths = interleaved_medians({**{label: forward_backward(m, x, grad) for label, m in modules.items()},
+                                 **extra}, reps)
     rows = {label: (forwards[label], boths[label], errors[label]) for label in modules}
     conv_flops = work.contraction_flops + work.einsum_flops
     train_flops = 2 * work.contraction_flops + 3 * work.einsum_flops
@@ -205,6 +249,7 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
     for label, (forward, both, _) in rows.items():
         if label != "th":
             print(f"  {precision:5s} ratio th/{label}: fwd {peer[0] / forward:.2f}x, fwd+bwd {peer[1] / both:.2f}x")
+    return peer[0], peer[1]
 
 
 def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) -> None:
@@ -254,6 +299,28 @@ def bench_kernels(work: Workload, x: torch.Tensor, precision: str, reps: int) ->
           + f", transpose {times['th'][1] / times['tilecast'][1]:.2f}x (lines {times['th'][1] / lines_time:.2f}x)"
           f"; outputs differ by {agreement:.1e} "
           f"(first {min(AGREEMENT_CHANNELS, x.shape[1])} channels)")
+
+
+def print_mix_bound(work: Workload, machine: MachineRates, peer_times: tuple[float, float]) -> None:
+    """The channel mix's bound on th/tilecast (module docstring): the mix runs once in a
+    forward and three times in a forward+backward (the output, the input's and the weight's
+    gradients), at best at this run's FMA peak (the highest probe of the run, the most
+    generous bound) or at the sgemm's median rate. The contractions count for nothing: their
+    whole-grid kernel times above include the first touch of a fresh output, which the fused
+    path does not pay, so adding them would understate the bound."""
+    mix_gflop = work.einsum_flops / 1e9
+    peak, peak_median = max(machine.peaks), statistics.median(machine.peaks)
+    sgemm = statistics.median(machine.sgemms)
+    th_forward, th_both = peer_times
+    print(f"  fp32  mix bound: {mix_gflop:.4g} GFLOP per pass; this run's FMA peak {peak:.0f} GFLOP/s "
+          f"(max of {len(machine.peaks)} probes, median {peak_median:.0f}), torch sgemm at the mix's "
+          f"block {machine.mix.shape[0]}x{machine.mix.shape[1]}x{machine.slab.shape[1]} "
+          f"{sgemm:.0f} GFLOP/s (median of {len(machine.sgemms)})")
+    for label, passes, th_time in (("fwd", 1, th_forward), ("fwd+bwd", 3, th_both)):
+        at_peak, at_sgemm = passes * mix_gflop / peak, passes * mix_gflop / sgemm
+        print(f"  fp32  {label:7s} mix alone {at_peak * 1e3:8.1f} ms at the peak, {at_sgemm * 1e3:8.1f} ms at "
+              f"the sgemm; th {th_time * 1e3:8.1f} ms: th/tilecast at most {th_time / at_peak:.2f}x "
+              f"with the mix at the peak, {th_time / at_sgemm:.2f}x at the sgemm (contractions free)")
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,69 @@
+// The CPU's fused multiply-add throughput, measured: each thread runs CHAINS independent
+// chains of vector FMAs on registers (no memory traffic), enough chains to cover the FMA
+// latency on both FMA ports of the cores tilecast runs on (4 cycles x 2 ports = 8 chains on
+// Zen 3/4 and Skylake). No GEMM on this machine can run faster than this rate, at that
+// moment; tilecast.probe.fma_peak_gflops reads it beside the benchmarks that quote a GEMM bound.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int CHAINS = 10;
+
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int LANES = 16;
+inline Vec splat(float v) { return _mm512_set1_ps(v); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float first(Vec v) { return _mm512_cvtss_f32(v); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using Vec = __m256;
+constexpr int LANES = 8;
+inline Vec splat(float v) { return _mm256_set1_ps(v); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float first(Vec v) { return _mm256_cvtss_f32(v); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+#else
+#error "fma_peak.cpp needs AVX2 with FMA, or AVX-512"
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// Vector lanes of one FMA (float32).
+int tc_fma_lanes() { return LANES; }
+
+// Runs `iterations` rounds of CHAINS FMAs on each of `threads` threads; writes the wall
+// seconds of the parallel region to *seconds and returns the float32 flops done (2 per lane
+// per FMA, over the threads that ran), or -1 for threads or iterations below 1. *sink
+// receives a value that depends on every chain, so the compiler cannot drop the work.
+double tc_fma_peak(int threads, int64_t iterations, double* seconds, float* sink) {
+  if (threads < 1 || iterations < 1) return -1.0;
+  float total = 0.0f;
+  int ran = 0;  // the threads the runtime gave, which may be fewer than asked
+  double start = omp_get_wtime();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+#pragma omp single nowait
+    ran = omp_get_num_threads();
+    Vec acc[CHAINS];
+    const Vec scale = splat(1.0000001f), shift = splat(-1e-7f);
+    for (int i = 0; i < CHAINS; ++i) acc[i] = splat(1.0f + 0.01f * i + 0.001f * omp_get_thread_num());
+    for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 10
+      for (int i = 0; i < CHAINS; ++i) acc[i] = fma(acc[i], scale, shift);
+    }
+    Vec s = acc[0];
+    for (int i = 1; i < CHAINS; ++i) s = add(s, acc[i]);
+    total += first(s);
+  }
+  *seconds = omp_get_wtime() - start;
+  *sink = total;
+  return 2.0 * LANES * CHAINS * static_cast<double>(iterations) * ran;
+}
+
+}  // extern "C"
