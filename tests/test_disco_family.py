@@ -23,7 +23,7 @@ from tilecast.disco import compute_psi, csr_from_psi, native, reference
 from tilecast.disco.kpacked import kpack_psi
 from tilecast.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields
 from tilecast.families import FamilyError, get_family
-from tilecast.families.disco import DiscoFamily
+from tilecast.families.disco import LINE_BLOCK, DiscoFamily
 from tilecast.families.disco_kernels import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
                                              UNUSED_TILE_FIELD, VARIANTS, DiscoConfig,
                                              kernel_name, parse_kernel_name)
@@ -63,13 +63,15 @@ def test_families_are_registered_under_their_names():
 
 def test_every_valid_config_round_trips_and_names_are_unique():
     names = set()
+    blocks = {variant: range(1, MAX_LAT_BLOCK + 1) if spec.lat_blocked else (1,)
+              for variant, spec in VARIANTS.items()}
     for (direction, variant, isa), tiles in TILES.items():
-        for tile, lat_block in itertools.product(tiles, range(1, MAX_LAT_BLOCK + 1)):
+        for tile, lat_block in itertools.product(tiles, blocks[variant]):
             cfg = _config(direction, variant, isa, tile, lat_block)
             name = kernel_name(cfg)
             assert FAMILIES[direction].parse_name(name) == cfg
             names.add(name)
-    assert len(names) == sum(len(t) for t in TILES.values()) * MAX_LAT_BLOCK
+    assert len(names) == sum(len(t) * len(blocks[variant]) for (_, variant, _), t in TILES.items())
     assert kernel_name(DiscoConfig("backward", "csr", "avx512", 4, 3, 8)) == \
         "disco_backward_csr_avx512_bt4_nv3_lat8"
     assert set(RUNTIME) == {(direction, variant) for direction, variant, _ in TILES}
@@ -78,6 +80,9 @@ def test_every_valid_config_round_trips_and_names_are_unique():
     assert (kpacked.tile(), kpacked.runtime_entry()) == ((12, 1, 16), "kpacked_contraction")
     assert parse_kernel_name("disco_forward_csr_avx2_bt1_nv8_lat4").tile() == (8, 4)
     assert parse_kernel_name("disco_backward_csr_avx2_bt4_nv3_lat4").tile() == (4, 3, 4)
+    lines = parse_kernel_name("disco_backward_lines_avx2_lb4_nv3_lat1")
+    assert lines == DiscoConfig("backward", "lines", "avx2", 1, 3, 1, lb=4)
+    assert (lines.tile(), lines.runtime_entry()) == ((), "transpose_lines")
 
 
 def test_candidate_space_is_the_table():
@@ -86,12 +91,18 @@ def test_candidate_space_is_the_table():
         rows = {(c.direction, c.variant, c.isa, _tile_of(c)) for c in space}
         assert rows == {(*key, tile) for key, tiles in TILES.items() if key[0] == direction
                         for tile in tiles}
-        assert {c.lat_block for c in space} == set(LAT_BLOCKS[direction])
+        for variant in {c.variant for c in space}:
+            blocks = LAT_BLOCKS[direction] if VARIANTS[variant].lat_blocked else (1,)
+            assert {c.lat_block for c in space if c.variant == variant} == set(blocks)
     avx512 = FORWARD.candidate_space({}, {"flags": ["avx2", "fma", "avx512f"]})
     assert {c.isa for c in avx512} == {"avx512"}
+    # 4x3 is a csr tile (BT 4, NV 3) and the AVX2 lines tile (LB 4, NV 3); lines take no block
     avx2 = BACKWARD.candidate_space({"tiles": ["4x3"], "lat_block": [5]}, {"flags": ["avx2", "fma"]})
-    assert avx2 == [DiscoConfig("backward", "csr", "avx2", 4, 3, 5)]
-    assert {c.variant for c in BACKWARD.candidate_space({}, {})} == {"csr"}   # kpacked: forward
+    assert avx2 == [DiscoConfig("backward", "csr", "avx2", 4, 3, 5),
+                    DiscoConfig("backward", "lines", "avx2", 1, 3, 1, lb=4)]
+    # kpacked: forward only; lines: backward only
+    assert {c.variant for c in BACKWARD.candidate_space({}, {})} == {"csr", "lines"}
+    assert {c.variant for c in FORWARD.candidate_space({}, {})} == {"csr", "kpacked"}
     packed = FORWARD.candidate_space({"variant": ["kpacked"], "tiles": ["9x3", "1x8"],
                                       "lat_block": [8]}, {"flags": ["avx2", "fma", "avx512f"]})
     assert packed == [DiscoConfig("forward", "kpacked", "avx512", 1, 3, 8, kreg=9),
@@ -109,6 +120,10 @@ def test_table_matches_the_runtime_library():
     assert native.variant_tiles("forward") == TILES[("forward", "csr", isa)]
     assert native.variant_tiles("transpose") == TILES[("backward", "csr", isa)]
     assert native.kpacked_variant_tiles() == TILES[("forward", "kpacked", isa)]
+    # the lines tile's LB is the kernel's line block and the layout's (its NV the bench
+    # binary checks at compile time: the tiny run builds it)
+    assert {tile[0] for tile in TILES[("backward", "lines", isa)]} == {native.line_block()}
+    assert LINE_BLOCK == native.line_block()
 
 
 @pytest.mark.parametrize("name, fragment", [
@@ -126,20 +141,27 @@ def test_table_matches_the_runtime_library():
     ("disco_sideways_csr_avx512_bt1_nv4_lat8", "unknown direction 'sideways'"),
     ("disco_backward_csr_avx512_bt8_nv2_lat4", "use disco_backward"),
     ("gemm_fp32_avx2_6x16_mc96_nc512_kc128_parm_pa1_pf1", "not a disco kernel name"),
+    ("disco_forward_lines_avx2_lb4_nv3_lat1", "no lines forward kernels"),
+    ("disco_backward_lines_avx2_lb4_nv3_lat4", "lines kernels take no latitude block"),
+    ("disco_backward_lines_avx2_lb2_nv3_lat1", "tile lb2 x nv3 is not instantiated"),
+    ("disco_backward_lines_avx2_bt4_nv3_lat1", "lines tiles are lb<int>_nv<int>"),
 ])
 def test_bad_kernel_names_are_named(name, fragment):
     with pytest.raises(FamilyError, match=re.escape(fragment)):
-        FORWARD.parse_name(name)
+        (BACKWARD if name.startswith("disco_backward_lines") else FORWARD).parse_name(name)
 
 
 def test_build_spec_sets_every_define():
     spec = BACKWARD.build_spec(parse_kernel_name("disco_backward_csr_avx2_bt4_nv3_lat6"))
     assert spec.source.name == "disco_bench.cpp" and spec.source.exists()
     assert spec.defines == {"TC_DISCO_DIR": 1, "TC_DISCO_VARIANT": 0, "TC_DISCO_ISA": 0,
-                            "TC_BT": 4, "TC_KREG": 0, "TC_NV": 3, "TC_LAT_BLOCK": 6}
+                            "TC_BT": 4, "TC_KREG": 0, "TC_LB": 0, "TC_NV": 3, "TC_LAT_BLOCK": 6}
     packed = FORWARD.build_spec(parse_kernel_name("disco_forward_kpacked_avx512_kreg12_nv2_lat4"))
     assert packed.defines == {"TC_DISCO_DIR": 0, "TC_DISCO_VARIANT": 1, "TC_DISCO_ISA": 1,
-                              "TC_BT": 1, "TC_KREG": 12, "TC_NV": 2, "TC_LAT_BLOCK": 4}
+                              "TC_BT": 1, "TC_KREG": 12, "TC_LB": 0, "TC_NV": 2, "TC_LAT_BLOCK": 4}
+    lines = BACKWARD.build_spec(parse_kernel_name("disco_backward_lines_avx512_lb4_nv6_lat1"))
+    assert lines.defines == {"TC_DISCO_DIR": 1, "TC_DISCO_VARIANT": 2, "TC_DISCO_ISA": 1,
+                             "TC_BT": 1, "TC_KREG": 0, "TC_LB": 4, "TC_NV": 6, "TC_LAT_BLOCK": 1}
     with pytest.raises(FamilyError, match="csr tiles do not name kreg; it must be 0"):
         FORWARD.build_spec(DiscoConfig("forward", "csr", "avx512", 1, 8, 8, kreg=9))
 
@@ -293,15 +315,19 @@ def test_features_have_one_named_finite_column_each():
             widest = configs.index(max(configs, key=lambda c: c.tile_lons))
             assert column["narrow_lon"][widest] == 1.0     # 24 longitudes < one wide tile
             packed = np.array([c.variant == "kpacked" for c in configs])
-            assert (column["is_kpacked"] == packed).all() and (column["is_csr"] == ~packed).all()
+            lined = np.array([c.variant == "lines" for c in configs])
+            assert (column["is_kpacked"] == packed).all() and (column["is_lines"] == lined).all()
+            assert (column["is_csr"] == ~(packed | lined)).all()
+            assert lined.any() == (direction == "backward")
             kreg = np.array([c.kreg for c in configs])
             # K = 9: rows idle in the last pass (KREG 9: none; 12: 3; 6: 6 + 3, so 3; 4: 3)
             last_pass = -(-9 // np.maximum(kreg, 1)) * kreg - 9
             assert (column["kreg_waste"] == np.where(packed, last_pass, 0)).all()
             assert (column["kreg_waste"] >= 0).all()
-            # a kpacked neighbour feeds min(KREG, K) basis functions per loaded slice
+            # a kpacked neighbour feeds min(KREG, K) basis functions per loaded slice, a lines
+            # key the LB lines of its block
             assert (column["psi_reuse"] == np.where(packed, np.minimum(kreg, 9), 1)
-                    * np.array([c.bt * c.nv for c in configs])).all()
+                    * np.array([c.bt * c.nv * max(c.lb, 1) for c in configs])).all()
 
 
 # -- the pipeline on a tiny real run ------------------------------------------------------------
@@ -329,7 +355,8 @@ def test_every_tile_of_this_cpu_matches_the_reference(tiny_run, direction):
     records = _records(ctx, f"disco_{direction}")
     candidates = [r for r in records if r["role"] == "candidate"]
     isa = _machine_isa()
-    tiles = {kernel_name(_config(direction, variant, isa, tile, 3))
+    tiles = {kernel_name(_config(direction, variant, isa, tile,
+                                 3 if VARIANTS[variant].lat_blocked else 1))
              for (d, variant, i), rows in TILES.items() if (d, i) == (direction, isa)
              for tile in rows}
     assert {r["kernel"] for r in candidates} == tiles
@@ -518,3 +545,18 @@ def test_the_quick_forward_slice_compares_csr_with_a_kpacked_tile_that_runs(isa_
     problems = [FORWARD.problem(v) for ps in ("train", "holdout")
                 for v in family_config.problems[ps]]
     assert all(FORWARD.applicable(c, p) for c in chosen for p in problems)
+
+
+@pytest.mark.parametrize("isa_flags", [["avx2", "fma", "avx512f"], ["avx2", "fma"]])
+def test_the_quick_backward_slice_compares_csr_with_the_lines_tile(isa_flags):
+    """On either ISA the quick run's backward candidates hold a csr tile and the line-blocked
+    transpose, both applicable to every problem."""
+    family_config = load_config(CONFIGS / "quick.yaml").families["disco_backward"]
+    space = {BACKWARD.kernel_name(c): c
+             for c in BACKWARD.candidate_space(family_config.candidates, {"flags": isa_flags})}
+    chosen = [space[name] for name in
+              tune.seeded_order(list(space), family_config.seed)[:family_config.budget]]
+    assert {c.variant for c in chosen} == {"csr", "lines"}
+    problems = [BACKWARD.problem(v) for ps in ("train", "holdout")
+                for v in family_config.problems[ps]]
+    assert all(BACKWARD.applicable(c, p) for c in chosen for p in problems)

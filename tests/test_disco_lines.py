@@ -186,6 +186,48 @@ def test_the_unfused_backward_runs_the_line_blocked_transpose_bit_for_bit(forwar
     assert spy["transpose_lines"] == 1 and sparse._line_layout(torch.device("cpu")) is None
 
 
+@pytest.mark.parametrize("chosen", ["lines", "csr"])
+def test_a_registry_choice_of_the_lines_kernel_runs_it_whatever_the_fill(chosen, monkeypatch):
+    """Where a published disco_backward selector chose the lines kernel, the unfused backward
+    runs it even on a sparse filter (fill < MIN_FILL, where it would run CSR on its own), with
+    the CSR transpose's gradients exactly; a chosen CSR tile runs CSR."""
+    from dataclasses import asdict
+
+    from tilecast.families.disco_kernels import LANES, TILES, DiscoConfig, kernel_name
+
+    isa = {lanes: name for name, lanes in LANES.items()}[native.lanes()]
+    if chosen == "lines":
+        (lb, nv), = TILES[("backward", "lines", isa)]
+        config = DiscoConfig("backward", "lines", isa, 1, nv, 1, lb=lb)
+    else:
+        bt, nv = TILES[("backward", "csr", isa)][0]
+        config = DiscoConfig("backward", "csr", isa, bt, nv, 4)
+    choice = {"kernel": kernel_name(config), **asdict(config), "entry": config.runtime_entry(),
+              "tile": config.tile()}
+    calls = {}
+    for name in ("transpose_lines", "transpose_contraction"):
+        original = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _n=name, _f=original, **k:
+                            calls.__setitem__(_n, calls.get(_n, 0) + 1) or _f(*a, **k))
+    conv = _unfused("same")
+    assert conv._line_layout(torch.device("cpu")) is None     # sparse: CSR on its own
+    x = torch.randn(2, 3, *conv.in_shape)
+    grad = torch.randn(2, 5, *conv.out_shape)
+    csr_grads = _gradients(conv, x, grad)
+    assert calls == {"transpose_contraction": 1}, calls
+    # what DiscoConvS2(registry=...) asks the published selectors: no forward choice (the
+    # library's tile), the backward kernel below
+    monkeypatch.setattr(conv, "_chosen_kernels", lambda x: (None, choice))
+    chosen_grads = _gradients(conv, x, grad)
+    expected = {"lines": {"transpose_contraction": 1, "transpose_lines": 1},
+                "csr": {"transpose_contraction": 2}}[chosen]
+    assert calls == expected, calls
+    if chosen == "lines":
+        assert conv._chosen_line_layout(torch.device("cpu")).fill < MIN_FILL
+    for actual, reference_grad in zip(chosen_grads, csr_grads):
+        assert torch.equal(actual, reference_grad)
+
+
 def test_the_line_layout_is_built_only_for_an_input_gradient():
     conv = _unfused("wide_down")
     x = torch.randn(1, 3, *conv.in_shape)

@@ -28,9 +28,10 @@ method on its shard's psi, so both dispatch alike.
 With `registry=` (a tilecast registry holding the disco_forward and disco_backward models,
 `tilecast run --config disco`), the unfused paths run the kernels the published selector
 chooses for each input's batch size and dtype (tilecast.disco.selector): CSR or kpacked for
-the forward where both are eligible, and each kernel's register tile (the CSR transpose,
-whose tile the selector names, then serves the backward); without one, kpacked where
-eligible and the library's own tiles.
+the forward where both are eligible, each kernel's register tile, and the backward's kernel:
+the CSR transpose with the tile the selector names, or the line-blocked transpose (whatever
+its fill) where the selector chose it; without one, kpacked where eligible and the library's
+own tiles.
 """
 from __future__ import annotations
 
@@ -119,6 +120,7 @@ class _DiscoConvBase(nn.Module):
             self.psi_kpacked_K_pad = packed.k_pad
         self._fused_plans = {}
         self._line_layouts = {}
+        self._chosen_line_layouts = {}
         self._choices = {}
 
     def _kpacked(self) -> Optional[KPacked]:
@@ -197,8 +199,12 @@ class _DiscoConvBase(nn.Module):
         tile = None if forward is None else list(forward["tile"])
         backward_tile = None if backward is None else list(backward["tile"])
         lines = None
-        if backward is None and x.requires_grad and torch.is_grad_enabled():
-            lines = self._line_layout(x.device)
+        if x.requires_grad and torch.is_grad_enabled():
+            if backward is None:
+                lines = self._line_layout(x.device)
+            elif backward["variant"] == "lines":
+                # the selector's choice: the line-blocked layout whatever its fill
+                lines, backward_tile = self._chosen_line_layout(x.device), None
         if packed is not None and (forward is None or forward["variant"] == "kpacked"):
             expanded = ops.disco_contraction_kpacked(x, *packed.tensors(), *psi, self.kernel_size,
                                                      nlat_out, nlon_out, tile, backward_tile,
@@ -246,6 +252,16 @@ class _DiscoConvBase(nn.Module):
         if key not in self._line_layouts:
             self._line_layouts[key] = line_blocked(self.csr(), native.line_block())
         return self._line_layouts[key]
+
+    def _chosen_line_layout(self, device: torch.device) -> Optional[LineBlocked]:
+        """The line-blocked layout whatever its fill, for a registry's selector that chose
+        the lines kernel (CPU only, as the selector is asked; None where psi has no
+        entries); built once per device."""
+        key = str(device)
+        if key not in self._chosen_line_layouts:
+            self._chosen_line_layouts[key] = line_blocked(self.csr(), native.line_block(),
+                                                          min_fill=0.0)
+        return self._chosen_line_layouts[key]
 
     def _fused_plan(self, device: torch.device) -> "fused_path.FusedPlan":
         """psi cut into the fused path's latitude blocks, built once per device."""

@@ -19,6 +19,12 @@ work item, a run-time argument of the kernels). Variants:
            neighbours where KREG < K. The layout exists only where every basis function has
            the same support (harmonic bases), so kpacked kernels are not applicable
            (`unsupported_reason` says why) to piecewise-linear problems.
+  lines    the transpose with psi's transpose regrouped by blocks of LB input lines
+           (tilecast/disco/lines.py): one loaded gy slice feeds every line of the block, a zero
+           where a line lacks it; its one tile LB lines x NV vectors
+           (kernels/cpu/disco_lines_transpose.hpp), no latitude block (lat_block 1). It runs
+           any problem; where it pays (the share of non-zeros in its layout, which the
+           problem's grids decide) is what the model learns. Bit for bit the csr transpose.
 
 `kernels/cpu/disco_bench.cpp` runs exactly the named tile through the shared harness; the
 runtime runs the same tile through the tilecast.disco.native entry RUNTIME names, with
@@ -53,6 +59,9 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
 BASES = {"harmonic": "harmonic", "piecewise_linear": "piecewise linear"}
 BASIS_ALIASES = {"piecewise linear": "piecewise_linear"}
 NORM_MODE = "mean"
+#: input lines per block of the lines variant's layout: its tiles' LB, the kernels'
+#: kLineBlock (tests/test_disco_family.py checks both)
+LINE_BLOCK = 4
 
 
 @dataclass(frozen=True, order=True)
@@ -207,6 +216,16 @@ def _kpacked(psi_key: tuple):
     return kpack_psi(_psi_and_csr(psi_key)[0])
 
 
+@functools.lru_cache(maxsize=8)
+def _lines(psi_key: tuple):
+    """psi's transpose regrouped by blocks of the lines tile's LB input lines (every ISA's
+    lines tile has the same LB: the layout is the kernel's)."""
+    from ..disco.lines import regroup
+
+    csr = _psi_and_csr(psi_key)[1]
+    return regroup(csr.troff, csr.tcol, csr.tvals, LINE_BLOCK)
+
+
 @functools.lru_cache(maxsize=1024)
 def _has_kpacked(psi_key: tuple) -> bool:
     """Whether psi has the kpacked layout (asked per candidate and problem: kept apart from
@@ -280,8 +299,9 @@ class DiscoFamily:
     def candidate_space(self, options: Mapping[str, Sequence], hardware: Mapping) -> list[DiscoConfig]:
         """Every TILES row of this direction the options allow (variant, isa: lists of names;
         tiles: 'AxB' strings in each variant's tile-field order, BTxNV for csr, KREGxNV for
-        kpacked; lat_block: ints, default LAT_BLOCKS), sorted. ISAs the hardware's flags (when
-        known) cannot build are left out."""
+        kpacked, LBxNV for lines; lat_block: ints, default LAT_BLOCKS, and 1 alone for the
+        variants that take none), sorted. ISAs the hardware's flags (when known) cannot build
+        are left out."""
         unknown = set(options) - set(self.CANDIDATE_OPTIONS)
         if unknown:
             raise FamilyError(f"unknown disco candidate option(s) {sorted(unknown)}; "
@@ -299,11 +319,13 @@ class DiscoFamily:
                     rows, nv = (int(v) for v in str(tile).split("x"))
                 except ValueError:
                     raise FamilyError(f"candidate tile {tile!r} is not AxB (BTxNV for csr, "
-                                      "KREGxNV for kpacked, e.g. 4x3)") from None
+                                      "KREGxNV for kpacked, LBxNV for lines, e.g. 4x3)") from None
                 wanted_tiles.add((rows, nv))
         blocks = [int(b) for b in options.get("lat_block") or LAT_BLOCKS[self.direction]]
         configs = set()
         for variant, isa, lat_block in itertools.product(variants, isas, blocks):
+            if not VARIANTS[variant].lat_blocked:
+                lat_block = 1
             tile_fields = VARIANTS[variant].tile_fields
             for tile in TILES.get((self.direction, variant, isa), ()):
                 if wanted_tiles is None or tile in wanted_tiles:
@@ -317,7 +339,8 @@ class DiscoFamily:
         return BuildSpec(source=self.source, defines={
             "TC_DISCO_DIR": DIRECTIONS[cfg.direction],
             "TC_DISCO_VARIANT": VARIANTS[cfg.variant].code, "TC_DISCO_ISA": ISAS[cfg.isa],
-            "TC_BT": cfg.bt, "TC_KREG": cfg.kreg, "TC_NV": cfg.nv, "TC_LAT_BLOCK": cfg.lat_block})
+            "TC_BT": cfg.bt, "TC_KREG": cfg.kreg, "TC_LB": cfg.lb, "TC_NV": cfg.nv,
+            "TC_LAT_BLOCK": cfg.lat_block})
 
     # -- problems -------------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> DiscoProblem:
@@ -381,7 +404,8 @@ class DiscoFamily:
     def prepare(self, problem: DiscoProblem, directory: Path, seed: int) -> PreparedProblem:
         """Write psi's CSR (transposed for the backward), for the forward also its kpacked
         layout where it has one (the job line's <nbr> <kpad> <kp_offset> <kp_idx> <kp_vals>,
-        `0 0 - - -` without), and the input in its storage precision; the reference is
+        `0 0 - - -` without), for the backward also its line-blocked layout (<keys> <boff>
+        <bcol> <bvals>), and the input in its storage precision; the reference is
         tilecast.disco.reference in float64 on the stored values."""
         import torch
 
@@ -409,7 +433,8 @@ class DiscoFamily:
         values.numpy().tofile(paths["values"])
         raw = stored if dtype == torch.float32 else stored.view(torch.int16)
         raw.contiguous().numpy().tofile(paths["in"])
-        layout = self._write_kpacked(p, directory) if self.direction == "forward" else ()
+        layout = (self._write_kpacked(p, directory) if self.direction == "forward"
+                  else self._write_lines(p, directory))
         job = (p.precision, str(p.bc), str(p.nlat_in), str(p.nlon_in), str(psi.kernel_size),
                str(p.nlat_out), str(p.nlon_out), str(int(columns.numel())),
                *(str(paths[n]) for n in ("offsets", "columns", "values")), *layout,
@@ -429,6 +454,17 @@ class DiscoFamily:
             paths.append(directory / f"kpacked_{name}.bin")
             tensor.contiguous().numpy().tofile(paths[-1])
         return (str(packed.idx.shape[0]), str(packed.k_pad), *map(str, paths))
+
+    @staticmethod
+    def _write_lines(problem: DiscoProblem, directory: Path) -> tuple[str, ...]:
+        """psi's transpose in the line-blocked layout as files, and its job tokens: (keys,
+        boff, bcol, bvals) paths."""
+        layout = _lines(problem.psi_key())
+        paths = []
+        for name, tensor in zip(("boff", "bcol", "bvals"), layout.tensors()):
+            paths.append(directory / f"lines_{name}.bin")
+            tensor.contiguous().numpy().tofile(paths[-1])
+        return (str(int(layout.bcol.numel())), *map(str, paths))
 
     def read_output(self, prepared: PreparedProblem) -> np.ndarray:
         return read_float32_output(prepared)

@@ -16,16 +16,20 @@ DIRECTIONS = {"forward": 0, "backward": 1}          # name -> TC_DISCO_DIR
 @dataclass(frozen=True)
 class VariantSpec:
     """What a variant's kernels need: its TC_DISCO_VARIANT code, the config fields a TILES row
-    gives (in kernel-name order), and whether psi must have the kpacked layout."""
+    gives (in kernel-name order), whether psi must have the kpacked layout, and whether the
+    kernel takes a latitude block (the line-blocked transpose's work item is fixed: one
+    channel by one block of input lines; its configs have lat_block 1)."""
     code: int
     tile_fields: tuple[str, ...]
     kpacked_layout: bool
+    lat_blocked: bool = True
 
 
 VARIANTS = {"csr": VariantSpec(0, ("bt", "nv"), False),
-            "kpacked": VariantSpec(1, ("kreg", "nv"), True)}
+            "kpacked": VariantSpec(1, ("kreg", "nv"), True),
+            "lines": VariantSpec(2, ("lb", "nv"), False, lat_blocked=False)}
 # the value a config field takes in variants whose tiles do not name it
-UNUSED_TILE_FIELD = {"bt": 1, "kreg": 0}
+UNUSED_TILE_FIELD = {"bt": 1, "kreg": 0, "lb": 0}
 ISAS = {"avx512": 1, "avx2": 0}                     # name -> TC_DISCO_ISA
 # what an ISA's build needs of the CPU; -march=native targets AVX-512 where the CPU has it, so
 # an avx2 build only exists on a CPU without it
@@ -35,7 +39,8 @@ LANES = {"avx512": 16, "avx2": 8}                   # float32 lanes per vector
 # The single source of truth for valid kernels: (direction, variant, isa) -> tiles in the
 # variant's tile_fields order: (BT, NV) in the order of Variants<Elem> in
 # kernels/cpu/disco_csr_variants.hpp, (KREG, NV) in that of PackedVariants<Elem> in
-# kernels/cpu/disco_kpacked_variants.hpp.
+# kernels/cpu/disco_kpacked_variants.hpp, (LB, NV) the line-blocked transpose's one tile
+# (kLineBlock x kLineVectors in kernels/cpu/disco_lines_transpose.hpp).
 TILES: dict[tuple[str, str, str], tuple[tuple[int, int], ...]] = {
     ("forward", "csr", "avx512"): ((1, 8), (1, 6), (1, 5), (1, 4)),
     ("forward", "csr", "avx2"): ((1, 12), (1, 10), (1, 8), (1, 6)),
@@ -45,18 +50,21 @@ TILES: dict[tuple[str, str, str], tuple[tuple[int, int], ...]] = {
     ("forward", "kpacked", "avx512"): ((16, 1), (12, 2), (9, 3), (6, 4), (4, 6), (3, 8), (1, 8)),
     ("forward", "kpacked", "avx2"): ((16, 1), (12, 1), (6, 2), (5, 2), (4, 3), (3, 3), (3, 4),
                                     (1, 8)),
+    ("backward", "lines", "avx512"): ((4, 6),),
+    ("backward", "lines", "avx2"): ((4, 3),),
 }
 # (direction, variant) -> the tilecast.disco.native function running a named tile, and the
 # config fields its `tile` argument takes
 RUNTIME = {("forward", "csr"): ("contraction", ("nv", "lat_block")),
            ("backward", "csr"): ("transpose_contraction", ("bt", "nv", "lat_block")),
-           ("forward", "kpacked"): ("kpacked_contraction", ("kreg", "nv", "lat_block"))}
+           ("forward", "kpacked"): ("kpacked_contraction", ("kreg", "nv", "lat_block")),
+           ("backward", "lines"): ("transpose_lines", ())}
 # latitude blocks built by default (the runtime's own defaults: 8 forward, 4 backward)
 LAT_BLOCKS = {"forward": (4, 8, 16), "backward": (2, 4, 8)}
 MAX_LAT_BLOCK = 64
 
 # {tile}: the variant's tile fields with their values, bt{BT}_nv{NV} (csr), kreg{KREG}_nv{NV}
-# (kpacked)
+# (kpacked), lb{LB}_nv{NV} (lines)
 NAME_GRAMMAR = "disco_{direction}_{variant}_{isa}_{tile}_lat{lat_block}"
 NAME_RE = re.compile(r"^disco_(?P<direction>[a-z]+)_(?P<variant>[a-z0-9]+)_(?P<isa>[a-z0-9]+)"
                      r"_(?P<tile>(?:[a-z]+\d+_)+)lat(?P<lat>\d+)$")
@@ -66,7 +74,8 @@ TILE_PART_RE = re.compile(r"([a-z]+)(\d+)_")
 @dataclass(frozen=True, order=True)
 class DiscoConfig:
     """Every compile-time parameter of one DISCO kernel binary. bt: channels per register
-    tile; kreg: basis functions per register tile (kpacked; 0 for csr, whose rows hold one)."""
+    tile; kreg: basis functions per register tile (kpacked; 0 for csr, whose rows hold one);
+    lb: input lines per register tile (lines; 0 for the others)."""
     direction: str
     variant: str
     isa: str
@@ -74,6 +83,7 @@ class DiscoConfig:
     nv: int
     lat_block: int
     kreg: int = 0
+    lb: int = 0
 
     @property
     def tile_lons(self) -> int:
@@ -83,7 +93,7 @@ class DiscoConfig:
     def tile(self) -> tuple[int, ...]:
         """The `tile` argument of the tilecast.disco.native entry running this kernel
         (RUNTIME): (nv, lat_block) contraction, (bt, nv, lat_block) transpose_contraction,
-        (kreg, nv, lat_block) kpacked_contraction."""
+        (kreg, nv, lat_block) kpacked_contraction, () transpose_lines (its one tile)."""
         return tuple(getattr(self, name) for name in RUNTIME[self.direction, self.variant][1])
 
     def runtime_entry(self) -> str:
@@ -124,6 +134,10 @@ def validate_config(cfg) -> DiscoConfig:
             or not 1 <= cfg.lat_block <= MAX_LAT_BLOCK:
         raise FamilyError(f"lat_block={cfg.lat_block!r} in {ctx} must be an integer in "
                           f"[1, {MAX_LAT_BLOCK}]")
+    if not VARIANTS[cfg.variant].lat_blocked and cfg.lat_block != 1:
+        raise FamilyError(f"lat_block={cfg.lat_block!r} in {ctx}: {cfg.variant} kernels take no "
+                          "latitude block (one work item per channel and block of input lines); "
+                          "it must be 1")
     return cfg
 
 

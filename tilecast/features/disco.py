@@ -3,9 +3,10 @@
 Problems: the grids (sizes, longitude stride, latitude ratio), channels, K, the cutoff and an
 estimate of psi's entries from it (the cap of radius theta_cutoff holds a (1 - cos theta) / 2
 share of the input points: no psi is built at dispatch time), work and bytes from that
-estimate, precision and basis one-hots. Kernels: variant one-hots (csr, kpacked), the register
-tile (BT channels, KREG basis functions for kpacked, 0 for csr, NV, longitudes per tile,
-accumulators) and the latitude block. Interactions: padded-longitude waste of the tile on
+estimate, precision and basis one-hots. Kernels: variant one-hots (csr, kpacked, lines), the
+register tile (BT channels, KREG basis functions for kpacked, 0 otherwise, LB input lines for
+lines, 0 otherwise, NV, longitudes per tile, accumulators) and the latitude block (a lines
+kernel's work item is LB input lines: LB / stride latitudes). Interactions: padded-longitude waste of the tile on
 nlon_out (and whether nlon_out is narrower than one tile, the slow wrap path), channel-tile
 waste, KREG padding waste (idle rows of the last pass over K, kpacked only), work items and their balance over the
 threads, entries and band bytes per work item against the caches, FMAs per loaded slice, and a
@@ -32,7 +33,7 @@ PROBLEM_FEATURES = (
     *(f"is_{p}" for p in PRECISIONS), *(f"is_{b}" for b in BASIS_NAMES),
 )
 KERNEL_FEATURES = (
-    "is_backward", *(f"is_{v}" for v in VARIANTS), "bt", "kreg", "nv", "tile_lons",
+    "is_backward", *(f"is_{v}" for v in VARIANTS), "bt", "kreg", "lb", "nv", "tile_lons",
     "log2_tile_lons", "accumulators", "lat_block", "lanes",
 )
 INTERACTION_FEATURES = (
@@ -66,7 +67,7 @@ def nnz_row_estimate(p: DiscoProblem) -> float:
 class DiscoFeatureEngine(EngineBase):
     """Features for (DiscoProblem, DiscoConfig) pairs; see the module docstring."""
     name = "disco"
-    version = 2
+    version = 3
 
     _problem_names = PROBLEM_FEATURES
     _kernel_names = KERNEL_FEATURES
@@ -76,11 +77,12 @@ class DiscoFeatureEngine(EngineBase):
         rows = []
         for c in configs:
             lanes = LANES[c.isa]
-            # a csr row tile holds one basis function (kreg 0), a kpacked one kreg
+            # a csr row tile holds one basis function (kreg 0), a kpacked one kreg, a lines
+            # one lb input lines of one channel
             values = {"is_backward": float(c.direction == "backward"),
-                      f"is_{c.variant}": 1.0, "bt": c.bt, "kreg": c.kreg, "nv": c.nv,
+                      f"is_{c.variant}": 1.0, "bt": c.bt, "kreg": c.kreg, "lb": c.lb, "nv": c.nv,
                       "tile_lons": c.nv * lanes, "log2_tile_lons": math.log2(c.nv * lanes),
-                      "accumulators": c.bt * max(c.kreg, 1) * c.nv,
+                      "accumulators": c.bt * max(c.kreg, 1) * max(c.lb, 1) * c.nv,
                       "lat_block": c.lat_block, "lanes": lanes}
             rows.append([float(values.get(name, 0.0)) for name in KERNEL_FEATURES])
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(KERNEL_FEATURES))
@@ -131,7 +133,10 @@ class DiscoFeatureEngine(EngineBase):
         # skips them, but they cost registers
         passes = np.ceil(kernels / np.maximum(kreg, 1.0))
         kreg_waste = np.where(packed, passes * kreg - kernels, 0.0)
-        block = np.maximum(kf["lat_block"], 1.0)
+        lb = kf["lb"]
+        lines = lb > 0
+        # a lines work item is lb input lines, lb / stride input latitudes
+        block = np.where(lines, lb / max(pf["lon_stride"], 1.0), np.maximum(kf["lat_block"], 1.0))
         # work items run over output latitudes forward, input latitudes backward
         lats = np.where(backward > 0, float(p.nlat_in), float(p.nlat_out))
         items = channel_tiles * _ceil_div(lats, block)
@@ -148,8 +153,10 @@ class DiscoFeatureEngine(EngineBase):
         l1, l2 = (max(v * 1024, 1.0) for v in self._hw[2:4])
         flops = 2.0 ** pf["log2_flops_est"]
         flops_per_item = flops / items
-        # FMAs per loaded input slice and vector: a kpacked neighbour feeds all K basis functions
-        reuse = bt * kf["nv"] * np.where(packed, np.minimum(kreg, kernels), 1.0)
+        # FMAs per loaded input slice and vector: a kpacked neighbour feeds all K basis
+        # functions, a lines key the lb lines of its block (zeros included)
+        reuse = bt * kf["nv"] * np.where(packed, np.minimum(kreg, kernels), 1.0) \
+            * np.where(lines, lb, 1.0)
         peak = threads * 2 * 2 * kf["lanes"] * max(self._hw[5], 1.0) * 1e6   # 2 FMA ports
         est_s = flops / (peak * busy * balance * lon_eff * channel_eff + 1.0)
         interactions = np.column_stack([
