@@ -533,30 +533,20 @@ def test_config_problems_are_valid_small_and_held_out(config, families):
 
 
 @pytest.mark.parametrize("isa_flags", [["avx2", "fma", "avx512f"], ["avx2", "fma"]])
-def test_the_quick_forward_slice_compares_csr_with_a_kpacked_tile_that_runs(isa_flags):
-    """On either ISA the quick run's forward candidates (the seeded first `budget`) hold a csr
-    tile and a kpacked tile that applies to every problem (harmonic, K <= KREG)."""
-    family_config = load_config(CONFIGS / "quick.yaml").families["disco_forward"]
-    space = {FORWARD.kernel_name(c): c
-             for c in FORWARD.candidate_space(family_config.candidates, {"flags": isa_flags})}
+@pytest.mark.parametrize("direction, variants", [("forward", {"csr", "kpacked"}),
+                                                 ("backward", {"csr", "lines"})])
+def test_the_quick_slices_compare_csr_with_another_variant_that_runs(direction, variants,
+                                                                     isa_flags):
+    """On either ISA the quick run's candidates (the seeded first `budget`) hold a csr tile
+    and, forward, a kpacked tile, backward the line-blocked transpose, each applicable to every
+    problem (forward: harmonic, K <= KREG)."""
+    family = FAMILIES[direction]
+    family_config = load_config(CONFIGS / "quick.yaml").families[f"disco_{direction}"]
+    space = {family.kernel_name(c): c
+             for c in family.candidate_space(family_config.candidates, {"flags": isa_flags})}
     chosen = [space[name] for name in
               tune.seeded_order(list(space), family_config.seed)[:family_config.budget]]
-    assert {c.variant for c in chosen} == {"csr", "kpacked"}
-    problems = [FORWARD.problem(v) for ps in ("train", "holdout")
+    assert {c.variant for c in chosen} == variants
+    problems = [family.problem(v) for ps in ("train", "holdout")
                 for v in family_config.problems[ps]]
-    assert all(FORWARD.applicable(c, p) for c in chosen for p in problems)
-
-
-@pytest.mark.parametrize("isa_flags", [["avx2", "fma", "avx512f"], ["avx2", "fma"]])
-def test_the_quick_backward_slice_compares_csr_with_the_lines_tile(isa_flags):
-    """On either ISA the quick run's backward candidates hold a csr tile and the line-blocked
-    transpose, both applicable to every problem."""
-    family_config = load_config(CONFIGS / "quick.yaml").families["disco_backward"]
-    space = {BACKWARD.kernel_name(c): c
-             for c in BACKWARD.candidate_space(family_config.candidates, {"flags": isa_flags})}
-    chosen = [space[name] for name in
-              tune.seeded_order(list(space), family_config.seed)[:family_config.budget]]
-    assert {c.variant for c in chosen} == {"csr", "lines"}
-    problems = [BACKWARD.problem(v) for ps in ("train", "holdout")
-                for v in family_config.problems[ps]]
-    assert all(BACKWARD.applicable(c, p) for c in chosen for p in problems)
+    assert all(family.applicable(c, p) for c in chosen for p in problems)
