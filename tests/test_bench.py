@@ -40,9 +40,13 @@ def test_every_pair_measured_then_finalists_confirmed(tmp_path, builts):
     records = read_records(raw)
     screen = [r for r in records if r["phase"] == "screen" and r["role"] == "candidate"]
     assert len(screen) == 2 * 3 and all(r["status"] == "ok" for r in screen)
-    # every sample is recorded: undisturbed ones, and those kept apart by the guards
-    taken = [len(r["samples_s"]) + len(r["disturbed_samples_s"]) for r in screen]
-    assert taken == [3] * 6, taken
+    # every sample is recorded: undisturbed ones, and those kept apart by the guards; a pair
+    # whose 3 were all kept apart (a noisy host can do that to these microsecond jobs: 1 run
+    # in 3 on the AVX2 VM) got one more pass of one sample (retry_disturbed, 3 rounds of 1)
+    taken = [(len(r["samples_s"]) + len(r["disturbed_samples_s"]), len(r["disturbed_samples_s"]))
+             for r in screen]
+    assert all(count == (3 + SETTINGS.retry_disturbed if disturbed >= 3 else 3)
+               for count, disturbed in taken), taken
     assert all(r["tflops"] > 0 and r["max_error"] < 1e-4 for r in screen)
     confirm = [r for r in records if r["phase"] == "confirm"]
     assert {r["dims_key"] for r in confirm} == {GEMM.dims_key(p) for _, p in problems}
