@@ -15,9 +15,9 @@ kpacked forward, the transpose) against the peer's custom ops. Last, the bound t
 mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.probe) and torch's sgemm at
 the fused path's block shape, both read in every round of the module timings, and the best
 ratio th/tilecast any implementation could reach that spends at least that long on the mix,
-with its sparse contractions for free. The configs are
-DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes by s and divides
-theta_cutoff by s, so each filter keeps about as many grid points. Figures, not a test.
+with its sparse contractions for free. The configs are DISCO_KERNEL_DEV.md's. --scale s
+multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
+about as many grid points. Figures, not a test.
 """
 from __future__ import annotations
 

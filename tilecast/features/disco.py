@@ -6,11 +6,11 @@ share of the input points: no psi is built at dispatch time), work and bytes fro
 estimate, precision and basis one-hots. Kernels: variant one-hots (csr, kpacked, lines), the
 register tile (BT channels, KREG basis functions for kpacked, 0 otherwise, LB input lines for
 lines, 0 otherwise, NV, longitudes per tile, accumulators) and the latitude block (a lines
-kernel's work item is LB input lines: LB / stride latitudes). Interactions: padded-longitude waste of the tile on
-nlon_out (and whether nlon_out is narrower than one tile, the slow wrap path), channel-tile
-waste, KREG padding waste (idle rows of the last pass over K, kpacked only), work items and their balance over the
-threads, entries and band bytes per work item against the caches, FMAs per loaded slice, and a
-roofline-like time estimate.
+kernel's work item is LB input lines: LB / stride latitudes). Interactions: padded-longitude
+waste of the tile on nlon_out (and whether nlon_out is narrower than one tile, the slow wrap
+path), channel-tile waste, KREG padding waste (idle rows of the last pass over K, kpacked
+only), work items and their balance over the threads, entries and band bytes per work item
+against the caches, FMAs per loaded slice, and a roofline-like time estimate.
 """
 from __future__ import annotations
 
