@@ -12,7 +12,7 @@ from tilecast.dataset import DatasetError, RECORD_COLUMNS
 
 def _record(**over):
     base = {c: None for c in RECORD_COLUMNS}
-    base.update(schema_version=1, run_id="r", time="2026-01-01T00:00:00", git_sha="x",
+    base.update(schema_version=dataset.SCHEMA_VERSION, timing="isolated", run_id="r", time="2026-01-01T00:00:00", git_sha="x",
                 hardware="h", family="gemm", problem_set="train", dims_key="m=1,n=1,k=1",
                 kernel="k1", role="candidate", phase="screen", status="ok", reason="",
                 samples_s=[1e-6, 2e-6], reps_per_sample=10, median_s=1.5e-6, mad_s=5e-7,
@@ -38,6 +38,25 @@ def test_truncated_tail_is_skipped_and_the_rest_converted(tmp_path):
     assert summary.rows == 1
     frame = dataset.load(tmp_path / "out.parquet")
     assert list(frame["samples_s"][0]) == [1e-6, 2e-6]
+
+
+def test_version_1_records_convert_as_isolated_with_a_warning(tmp_path, caplog):
+    old = _record(schema_version=1)
+    del old["timing"]  # version 1 had no such field
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps(old) + "\n" + json.dumps(_record(kernel="k2", timing="interleaved")) + "\n")
+    with caplog.at_level("WARNING", logger="tilecast.convert"):
+        convert_raw([raw], tmp_path / "out.parquet")
+    assert "1 record(s) of schema version(s) [1] upgraded" in caplog.text
+    frame = dataset.load(tmp_path / "out.parquet").set_index("kernel")
+    assert frame.loc["k1", "timing"] == "isolated" and frame.loc["k2", "timing"] == "interleaved"
+    assert set(frame["schema_version"]) == {dataset.SCHEMA_VERSION}
+    raw.write_text(json.dumps(_record(schema_version=7)) + "\n")
+    with pytest.raises(DatasetError, match=r"schema version\(s\) \[7\]"):
+        convert_raw([raw], tmp_path / "out.parquet")
+    raw.write_text(json.dumps(_record(timing="guessed")) + "\n")
+    with pytest.raises(DatasetError, match="unknown timing value.*guessed"):
+        convert_raw([raw], tmp_path / "out.parquet")
 
 
 def test_unknown_status_and_missing_columns_are_named(tmp_path):

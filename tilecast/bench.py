@@ -16,12 +16,12 @@ import shutil
 import time
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
-from . import stats, tune
+from . import build, interleave, stats, tune
 from .dataset import SCHEMA_VERSION
 from .families.base import PreparedProblem, norm_relative_error
 from .measure import JobOutcome, Protocol, measure_callable, run_binary
@@ -45,6 +45,21 @@ class BenchSettings:
     # guard kept apart (measure.Protocol.sync_limit): the spell that disturbed them has
     # usually passed by then
     retry_disturbed: int = 1
+    # the interleaved protocol (tilecast.interleave) for families with an in-process timer:
+    # kernel -> its in-process library; a kernel without one is timed the isolated way
+    libraries: Mapping[str, Path] = field(default_factory=dict)
+    interleave: bool = True
+
+
+def in_process_libraries(family, builts: Sequence, cache_dir: Path, jobs: int = 2) -> dict[str, Path]:
+    """kernel -> its in-process library, for the interleaved protocol: built (or found in
+    the cache) for every candidate whose executable built, where the family has a timer;
+    a library that fails to build leaves its kernel out (the batch is then timed apart)."""
+    if not interleave.supports(family):
+        return {}
+    configs = [b.config for b in builts if b.binary is not None]
+    libraries = build.build_candidates(family, configs, cache_dir, jobs=jobs, shared=True)
+    return {lib.kernel: lib.binary for lib in libraries if lib.binary is not None}
 
 
 @dataclass
@@ -71,7 +86,7 @@ class _Recorder:
 
     def write(self, problem_set: str, problem, kernel: str, config, role: str, phase: str,
               outcome: JobOutcome, binary_bytes: int = 0, max_error: float | None = None,
-              round_medians: list[float] | None = None) -> dict:
+              round_medians: list[float] | None = None, timing: str = "isolated") -> dict:
         fam = self.family
         record = {
             "schema_version": SCHEMA_VERSION, "time": _now(), **self.run_info,
@@ -82,7 +97,7 @@ class _Recorder:
             "gbps": None, "max_error": max_error, "threads": self.protocol.threads,
             "binary_bytes": binary_bytes, "retaken": outcome.retaken,
             "disturbed_samples_s": outcome.disturbed_samples_s,
-            "round_medians_s": list(round_medians or []),
+            "round_medians_s": list(round_medians or []), "timing": timing,
         }
         if config is not None:
             for key, value in fam.config_dict(config).items():
@@ -202,8 +217,8 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
         has_peer = settings.measure_peer and family.has_peer()
         peers = [key for key in keys if has_peer and key in runnable
                  and (key, "peer", "screen") not in done]
-        _execute(family, tasks, peers, keys, prepare, rec, "screen", done, settings)
-        _confirm(family, builts, keys, prepare, rec, done, settings)
+        _execute(family, tasks, peers, keys, prepare, rec, "screen", done, settings, scratch)
+        _confirm(family, builts, keys, prepare, rec, done, settings, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -256,12 +271,62 @@ def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
     merged[key] = (acc, max(errors) if errors else None)
 
 
+def _interleavable(family, tasks: list[_Task], settings: BenchSettings) -> list[_Task]:
+    """The tasks the interleaved protocol times: all of them when the family has an
+    in-process timer and every kernel its library, else none (a batch is never split
+    between protocols: its candidates must see the same stretch of time)."""
+    if not (settings.interleave and tasks and interleave.supports(family)):
+        return []
+    if any(task.built.kernel not in settings.libraries for task in tasks):
+        return []
+    return list(tasks)
+
+
+def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
+                      settings: BenchSettings, scratch: Path) -> bool:
+    """Replace each validated pair's outcome by its interleaved samples; False (and a
+    warning) when the worker failed, so the caller times the batch the isolated way."""
+    pairs = [(task.built.kernel, key) for task in tasks for key in task.keys
+             if merged[task.built.kernel, key][0].status == "ok"]
+    if not pairs:
+        return True
+    used = sorted({key for _, key in pairs})
+    plan = interleave.Plan(
+        family=family.name,
+        libraries={kernel: str(settings.libraries[kernel]) for kernel, _ in pairs},
+        problems=[(key, family.problem_dict(keys[key][1]), settings.seed + zlib.crc32(key.encode()))
+                  for key in used],
+        pairs=pairs, cycles=max(task.samples for task in tasks),
+        protocol=asdict(settings.protocol), seed=settings.seed + zlib.crc32(",".join(used).encode()))
+    try:
+        timings = interleave.measure(plan, scratch, settings.protocol)
+    except interleave.InterleaveError as err:
+        log.warning("bench %s: interleaved timing failed (%s); timing this batch the isolated "
+                    "way", family.name, err)
+        return False
+    rounds = max(1, settings.rounds)
+    for pair, timing in timings.items():
+        outcome = JobOutcome(timing.status, timing.reason, timing.reps, timing.samples_s,
+                             timing.retaken, timing.disturbed_samples_s)
+        merged[pair] = (outcome, timing.max_error)
+        # consecutive stretches of cycles stand for the isolated protocol's rounds
+        samples = timing.samples_s
+        for r in range(rounds):
+            part = samples[len(samples) * r // rounds:len(samples) * (r + 1) // rounds]
+            if timing.status == "ok" and part:
+                round_medians[pair].append(stats.median(part))
+    return True
+
+
 def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, phase, done,
-             settings: BenchSettings) -> None:
-    """Run the tasks' samples in `settings.rounds` passes over the batch, each pass in a
-    rotated order, so that a slow spell of the machine (seconds long on a shared VM) lands
-    in one pass of a few candidates and the median over all samples shrugs it off. A pair
-    left with no undisturbed sample gets `settings.retry_disturbed` more passes at the end."""
+             settings: BenchSettings, scratch: Path) -> None:
+    """Time the tasks' pairs. Where the family has an in-process timer and every kernel its
+    library, each pair is first run alone in its candidate's process (one sample: crash,
+    hang and wrong result are caught there), then the batch's valid pairs are timed side by
+    side (tilecast.interleave). Otherwise, or if that worker fails, samples are taken in
+    `settings.rounds` isolated passes over the batch, each pass in a rotated order, so that
+    a slow spell of the machine lands in one pass of a few candidates; a pair left with no
+    undisturbed sample gets `settings.retry_disturbed` more passes at the end."""
     if not tasks and not peers:
         return
     rounds = max(1, settings.rounds)
@@ -277,9 +342,19 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
             _merge(merged, (task.built.kernel, key), outcome, error)
             _round_median(round_medians, (task.built.kernel, key), outcome)
 
+    interleaved = _interleavable(family, tasks, settings)
+    if interleaved:
+        for task in interleaved:
+            run_task(task, task.keys, 1)
+        round_medians.clear()  # the validation sample is not part of the label
+        if not _time_interleaved(family, interleaved, keys, merged, round_medians, settings,
+                                 scratch / f"interleave-{phase}"):
+            interleaved = []
+            merged.clear()
+    isolated = [task for task in tasks if task not in interleaved]
     for r in range(rounds):
-        shift = r * max(1, len(tasks) // rounds) if tasks else 0
-        for task in tasks[shift:] + tasks[:shift]:
+        shift = r * max(1, len(isolated) // rounds) if isolated else 0
+        for task in isolated[shift:] + isolated[:shift]:
             count = _split(task.samples, rounds)[r]
             todo = [k for k in task.keys
                     if count and merged.get((task.built.kernel, k), (JobOutcome("ok"),))[0].status == "ok"]
@@ -293,7 +368,7 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
                 _merge(merged, ("peer", key), outcome, None)
                 _round_median(round_medians, ("peer", key), outcome)
     for _ in range(settings.retry_disturbed):
-        for task in tasks:
+        for task in isolated:
             todo = [k for k in task.keys
                     if _all_disturbed(merged.get((task.built.kernel, k), (JobOutcome("ok"),))[0])]
             if todo:
@@ -305,7 +380,8 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
             outcome, error = merged[b.kernel, key]
             done[key, b.kernel, phase] = rec.write(ps, problem, b.kernel, b.config, "candidate",
                                                    phase, outcome, b.event.binary_bytes, error,
-                                                   round_medians[b.kernel, key])
+                                                   round_medians[b.kernel, key],
+                                                   "interleaved" if task in interleaved else "isolated")
     for key in peers:
         ps, problem = keys[key]
         name, _ = family.peer(prepare(key), settings.protocol.threads)
@@ -314,7 +390,7 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
                                              round_medians=round_medians["peer", key])
 
 
-def _confirm(family, builts, keys, prepare, rec, done, settings) -> None:
+def _confirm(family, builts, keys, prepare, rec, done, settings, scratch: Path) -> None:
     by_kernel = {b.kernel: b for b in builts}
     plan: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for key in keys:
@@ -327,4 +403,4 @@ def _confirm(family, builts, keys, prepare, rec, done, settings) -> None:
     for kernel, items in sorted(plan.items()):
         for n_samples in sorted({n for _, n in items}):
             tasks.append(_Task(by_kernel[kernel], [k for k, n in items if n == n_samples], n_samples))
-    _execute(family, tasks, [], keys, prepare, rec, "confirm", done, settings)
+    _execute(family, tasks, [], keys, prepare, rec, "confirm", done, settings, scratch)

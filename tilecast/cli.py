@@ -58,6 +58,13 @@ def _version_summary(root, model: str, version: int) -> dict:
     return summary
 
 
+def _cmd_repeatability(args) -> int:
+    from .repeatability import report
+
+    print(report(args.runs[0], args.runs[1], args.family, args.tie_threshold_pct))
+    return 0
+
+
 def _cmd_registry(args) -> int:
     from . import registry
 
@@ -169,6 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--config", default="quick",
                           help="config whose measurement protocol is used (default quick)")
     evaluate.set_defaults(func=_cmd_evaluate)
+
+    repeat = sub.add_parser(
+        "repeatability", help="how well two runs of one config agree: one run's winners "
+                              "scored on the other, per problem set and runtime bin",
+        description="Each run is a workdir (its data/<family>.parquet) or a converted parquet "
+                    "file. Prints, both ways, the mean / P10 / min efficiency of one run's "
+                    "winners measured in the other, the share of winners in the other's "
+                    "practical-tie set and within 2 %% of its best: the ceiling any model's "
+                    "figures are judged under.")
+    repeat.add_argument("runs", nargs=2, metavar="RUN")
+    repeat.add_argument("--family", default="gemm")
+    repeat.add_argument("--tie-threshold-pct", type=float, default=1.0)
+    repeat.set_defaults(func=_cmd_repeatability)
 
     reg = sub.add_parser("registry", help="list, show, promote or roll back model versions")
     reg.add_argument("action", choices=("list", "show", "promote", "rollback"))

@@ -52,6 +52,7 @@ class RunConfig:
     rounds: int
     families: dict[str, FamilyConfig]
     retry_disturbed: int = 1
+    interleave: bool = True    # time a batch's candidates side by side (tilecast.interleave)
 
 
 def _count(where: str, values: Mapping, key: str, default: int, minimum: int) -> int:
@@ -184,7 +185,10 @@ def load_config(path: str | Path) -> RunConfig:
     _check_keys(f"{where}.build", build_cfg, set(), {"jobs"})
     bench_cfg = raw.get("bench") or {}
     _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch", "rounds",
-                                                       "retry_disturbed"})
+                                                       "retry_disturbed", "interleave"})
+    interleave = bench_cfg.get("interleave", True)
+    if not isinstance(interleave, bool):
+        raise ConfigError(f"{where}.bench.interleave: expected true or false, got {interleave!r}")
     families_raw = raw["families"]
     if not isinstance(families_raw, Mapping) or not families_raw:
         raise ConfigError(f"{where}.families: expected a non-empty mapping of family name -> settings")
@@ -203,4 +207,4 @@ def load_config(path: str | Path) -> RunConfig:
                      problems_per_batch=_count(f"{where}.bench", bench_cfg, "problems_per_batch", 8, 1),
                      rounds=_count(f"{where}.bench", bench_cfg, "rounds", 3, 1),
                      retry_disturbed=_count(f"{where}.bench", bench_cfg, "retry_disturbed", 1, 0),
-                     families=families)
+                     interleave=interleave, families=families)

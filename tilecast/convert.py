@@ -6,6 +6,7 @@ written to a temp path and moved into place, so a crash never leaves a half-writ
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +14,13 @@ from typing import Sequence
 
 import pandas as pd
 
-from .dataset import PHASES, RECORD_COLUMNS, ROLES, SCHEMA_VERSION, STATUSES, DatasetError
+from .dataset import PHASES, RECORD_COLUMNS, ROLES, SCHEMA_VERSION, STATUSES, TIMINGS, DatasetError
 from .rawlog import read_records
+
+log = logging.getLogger("tilecast.convert")
+
+# Raw records of these older schema versions still convert: what each lacks, filled in.
+UPGRADES = {1: {"timing": "isolated"}}
 
 
 @dataclass(frozen=True)
@@ -31,11 +37,13 @@ def records_frame(records: list[dict], source: str) -> pd.DataFrame:
     if not records:
         raise DatasetError(f"{source}: no benchmark records (empty or unreadable file); "
                            "run the benchmark stage first")
+    records = _upgraded(records, source)
     frame = pd.DataFrame.from_records(records)
     missing = [c for c in RECORD_COLUMNS if c not in frame.columns]
     if missing:
         raise DatasetError(f"{source}: records lack column(s) {missing}")
-    for column, allowed in (("status", STATUSES), ("phase", PHASES), ("role", ROLES)):
+    for column, allowed in (("status", STATUSES), ("phase", PHASES), ("role", ROLES),
+                            ("timing", TIMINGS)):
         bad = sorted(set(frame[column].dropna()) - set(allowed))
         if bad:
             raise DatasetError(f"{source}: unknown {column} value(s) {bad}; valid: {list(allowed)}")
@@ -50,6 +58,19 @@ def records_frame(records: list[dict], source: str) -> pd.DataFrame:
             frame[column] = frame[column].apply(
                 lambda v: [float(x) for x in v] if isinstance(v, list) else [])
     return frame
+
+
+def _upgraded(records: list[dict], source: str) -> list[dict]:
+    """Records of an older schema version (UPGRADES) brought to this one, with a warning."""
+    old = {r.get("schema_version") for r in records} & set(UPGRADES)
+    if not old:
+        return records
+    count = sum(r.get("schema_version") in UPGRADES for r in records)
+    log.warning("%s: %d record(s) of schema version(s) %s upgraded to version %d (%s)", source,
+                count, sorted(old), SCHEMA_VERSION,
+                "; ".join(f"v{v}: {fill}" for v, fill in sorted(UPGRADES.items()) if v in old))
+    return [{**r, **UPGRADES[r["schema_version"]], "schema_version": SCHEMA_VERSION}
+            if r.get("schema_version") in UPGRADES else r for r in records]
 
 
 def write_parquet(frame: pd.DataFrame, out_path: Path) -> None:

@@ -102,7 +102,8 @@ def _records(path: Path, frame: pd.DataFrame, problem_set: str) -> list[dict]:
         elif not samples:
             status, reason = "crashed", "no positive finite latency_ms in the CSV"
         record = {
-            "schema_version": SCHEMA_VERSION, "run_id": run_id, "time": written, "git_sha": None,
+            "schema_version": SCHEMA_VERSION, "timing": "imported", "run_id": run_id,
+            "time": written, "git_sha": None,
             "hardware": HARDWARE, "family": family_name, "problem_set": problem_set,
             "dims_key": dims_key, **family.problem_dict(problem), "kernel": kernel,
             "role": "candidate", "phase": "screen", "status": status, "reason": reason,

@@ -13,7 +13,9 @@ import pandas as pd
 
 from . import stats, tune
 
-SCHEMA_VERSION = 1
+# 2: records say how their samples were timed (`timing`, one of TIMINGS); version 1 records
+# convert with a warning, as `isolated` (the only protocol there was)
+SCHEMA_VERSION = 2
 
 # Status codes of a benchmark record: the single table; `ok` is the only one whose time counts.
 STATUSES = ("ok", "build_failed", "unsupported", "wrong_result", "timeout", "crashed")
@@ -25,11 +27,16 @@ PHASES = ("screen", "confirm")
 # (torch) measured with the same protocol, kept for ratios and never trained on.
 ROLES = ("candidate", "peer")
 
+# How a record's samples were taken: `isolated` (the candidate's own process, rounds over
+# the batch), `interleaved` (the batch's candidates side by side in one process:
+# tilecast.interleave), `imported` (someone else's measurement: convert_ck).
+TIMINGS = ("isolated", "interleaved", "imported")
+
 # Columns common to every family (problem fields and kernel config fields come from the family).
 RECORD_COLUMNS = (
     "schema_version", "run_id", "time", "git_sha", "hardware", "family", "problem_set",
     "dims_key", "kernel", "role", "phase", "status", "reason", "samples_s", "reps_per_sample",
-    "median_s", "mad_s", "tflops", "gbps", "max_error", "threads",
+    "median_s", "mad_s", "tflops", "gbps", "max_error", "threads", "timing",
 )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import build, dataset, hardware, tune
-from .bench import BenchSettings, benchmark
+from .bench import BenchSettings, benchmark, in_process_libraries
 from .config import PROBLEM_SETS, ConfigError, RunConfig, load_config
 from .families import get_family
 from .io_utils import atomic_write_json
@@ -151,7 +151,9 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
                              finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
                              problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
                              retry_disturbed=cfg.retry_disturbed,
-                             seed=fc.seed)
+                             seed=fc.seed, interleave=cfg.interleave,
+                             libraries=in_process_libraries(family, builts, ctx.build_cache,
+                                                            cfg.build_jobs) if cfg.interleave else {})
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
                 "hardware": ctx.hardware["fingerprint"]}
     pairs = problems(ctx, name)

@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from . import build, dataset, hardware, registry, stats
-from .bench import BenchSettings, benchmark
+from .bench import BenchSettings, benchmark, in_process_libraries
 from .config import ConfigError, expand_problems, load_config
 from .convert import convert_raw
+from .device import default_device, exclusive
 from .io_utils import atomic_write_json
 
 log = logging.getLogger("tilecast.evaluate")
@@ -80,15 +81,20 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
              len(configs), len(problems))
     builts = build.build_candidates(family, configs, workdir / "cache" / "build",
                                     jobs=cfg.build_jobs, progress=build.log_progress)
+    libraries = (in_process_libraries(family, builts, workdir / "cache" / "build", cfg.build_jobs)
+                 if cfg.interleave else {})
     settings = BenchSettings(protocol=cfg.protocol, tie_threshold_pct=cfg.tie_threshold_pct,
                              finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
                              problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
-                             retry_disturbed=cfg.retry_disturbed)
+                             retry_disturbed=cfg.retry_disturbed, interleave=cfg.interleave,
+                             libraries=libraries)
     raw = workdir / "bench" / f"{model}.jsonl"
     run_info = {"run_id": f"evaluate-{model}-v{dispatcher.version}", "git_sha": "",
                 "hardware": profile["fingerprint"]}
-    benchmark(family, builts, [(PROBLEM_SET, p) for p in problems], raw, workdir / "scratch",
-              run_info, settings)
+    # the device a run's benchmark stage holds: never time kernels beside a nightly
+    with exclusive(default_device()):
+        benchmark(family, builts, [(PROBLEM_SET, p) for p in problems], raw, workdir / "scratch",
+                  run_info, settings)
     data = workdir / "data" / f"{model}.parquet"
     convert_raw([raw], data)
     final = dataset.final_table(dataset.load(data))

@@ -9,6 +9,7 @@
 // leading dimension. Returns an entry::Status; the reason lands in `message`.
 #include <omp.h>
 
+#include <chrono>
 #include <string>
 
 #include "gemm_config.hpp"
@@ -25,9 +26,12 @@ std::string dims_text(long long m, long long n, long long k) {
   return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k);
 }
 
+/// Runs the GEMM `reps` times (at least once) on one workspace allocated before the clock
+/// starts; *seconds (when not null) receives the seconds per call of those runs.
 entry::Outcome run(const void* a, long long a_row_stride, long long a_col_stride, const void* b,
                    long long b_row_stride, long long b_col_stride, float* c, long long ldc,
-                   long long m, long long n, long long k, int threads) {
+                   long long m, long long n, long long k, int threads, int reps = 1,
+                   double* seconds = nullptr) {
   if (m < 1 || n < 1 || k < 1)
     return {entry::kBadArgument, "every dimension must be >= 1, got " + dims_text(m, n, k)};
   if (m > kMaxDim || n > kMaxDim || k > kMaxDim)
@@ -42,7 +46,11 @@ entry::Outcome run(const void* a, long long a_row_stride, long long a_col_stride
                         {static_cast<const InputT*>(b), b_row_stride, b_col_stride},
                         c, ldc};
   Workspace workspace(problem, threads > 0 ? threads : omp_get_max_threads());
-  gemm(problem, workspace);
+  const int calls = reps > 1 ? reps : 1;
+  const auto start = std::chrono::steady_clock::now();
+  for (int call = 0; call < calls; ++call) gemm(problem, workspace);
+  if (seconds != nullptr)
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
   return {};
 }
 
@@ -58,6 +66,18 @@ int tilecast_gemm_run(const void* a, long long a_row_stride, long long a_col_str
   return tc::entry::guarded(message, message_capacity, [&] {
     return tc::gemm::run(a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, c, ldc,
                          m, n, k, threads);
+  });
+}
+
+/// tilecast_gemm_run `reps` times on one workspace, *seconds = seconds per call: the
+/// in-process timing entry (tilecast.interleave times candidates side by side with it).
+int tilecast_gemm_time(const void* a, long long a_row_stride, long long a_col_stride,
+                       const void* b, long long b_row_stride, long long b_col_stride, float* c,
+                       long long ldc, long long m, long long n, long long k, int threads, int reps,
+                       double* seconds, char* message, long long message_capacity) {
+  return tc::entry::guarded(message, message_capacity, [&] {
+    return tc::gemm::run(a, a_row_stride, a_col_stride, b, b_row_stride, b_col_stride, c, ldc,
+                         m, n, k, threads, reps, seconds);
   });
 }
 

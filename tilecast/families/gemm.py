@@ -2,6 +2,7 @@
 row- or column-major. Kernels are `kernels/cpu/gemm.cpp` compiled with -D parameters."""
 from __future__ import annotations
 
+import ctypes
 import itertools
 import re
 from dataclasses import asdict, dataclass, fields
@@ -263,6 +264,37 @@ class GemmFamily:
             raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
                               f"expected {p.m * p.n}")
         return data.reshape(p.m, p.n)
+
+    def output_tensor(self, prepared: PreparedProblem):
+        """C for the interleaved protocol: float32 m x n, shared by a problem's candidates."""
+        import torch
+
+        return torch.empty(prepared.problem.m, prepared.problem.n, dtype=torch.float32)
+
+    def timer(self, library: Path, prepared: PreparedProblem, threads: int, output):
+        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.interleave):
+        the variant's in-process library (`tilecast_gemm_time`: `reps` calls on one
+        workspace) on the prepared operands, writing C into `output`."""
+        entry = ctypes.CDLL(str(library)).tilecast_gemm_time
+        index, pointer = ctypes.c_longlong, ctypes.c_void_p
+        entry.argtypes = [pointer, index, index, pointer, index, index, pointer, index, index,
+                          index, index, ctypes.c_int, ctypes.c_int,
+                          ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, index]
+        entry.restype = ctypes.c_int
+        p = prepared.problem
+        a, b = prepared.tensors["a"], prepared.tensors["b"]
+        seconds = ctypes.c_double()
+        message = ctypes.create_string_buffer(512)
+
+        def time_calls(reps: int) -> float:
+            status = entry(a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0),
+                           b.stride(1), output.data_ptr(), p.n, p.m, p.n, p.k, threads, reps,
+                           ctypes.byref(seconds), message, len(message))
+            if status != 0:
+                raise RuntimeError(f"status {status}: {message.value.decode(errors='replace')}")
+            return seconds.value
+
+        return time_calls
 
     def has_peer(self) -> bool:
         """The peer is torch, always importable here."""

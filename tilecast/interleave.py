@@ -1,0 +1,208 @@
+"""The interleaved protocol: a batch's validated candidates timed side by side in one process.
+
+Why (measured on the 2-core AVX2 EPYC VM, README "Measurement"): the machine switches
+between states lasting 0.2-6 s (the cores' barrier latency 76 vs 120 us, and states no
+canary sees), and each kernel feels a state differently. Timing each candidate in its own
+process, one after another, gave each kernel its own mixture of states: one run's winners
+scored 0.89 mean / 0.64 P10 on another's. Timing all candidates of a batch in one process,
+one sample each per cycle in a shuffled order (problems and kernels), spreads every pair's
+samples over the same stretch of time, so every candidate sees the same mixture: 0.987 /
+0.961 on the same kernels, shapes and hour. One process also means one memory allocator,
+one OpenMP team and the same input buffers for every candidate of a problem.
+
+The candidates were first run alone in their own processes (`bench`): a kernel that
+crashes, hangs or computes wrong numbers is a record before it gets here. This module still
+runs in a worker process of its own (`measure`), so a fault costs the batch's interleaved
+timing, which `bench` then takes the isolated way, never the pipeline.
+
+A family takes part by offering `timer(library, prepared, threads, output) -> time(reps) ->
+seconds per call` over its in-process library, writing into `output` (`families.gemm`), and
+`output_tensor(prepared)`: one output buffer per problem, shared by its candidates, each
+checked against the reference right after its warm-up.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from .families import get_family
+from .families.base import norm_relative_error
+from .measure import Protocol, cpu_stall_us
+
+
+class InterleaveError(RuntimeError):
+    """The worker died, hung or wrote no result: the batch is timed the isolated way."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one worker times: `pairs` (kernel, dims_key) of `problems` ((dims_key, problem
+    fields, data seed)), each kernel's in-process library, `cycles` samples per pair."""
+    family: str
+    libraries: Mapping[str, str]
+    problems: Sequence[tuple[str, Mapping, int]]
+    pairs: Sequence[tuple[str, str]]
+    cycles: int
+    protocol: Mapping
+    seed: int = 0
+
+
+@dataclass
+class PairTiming:
+    """One pair's interleaved samples (seconds per call), as measure.JobOutcome holds them."""
+    status: str = "ok"
+    reason: str = ""
+    reps: int = 0
+    samples_s: list = field(default_factory=list)
+    disturbed_samples_s: list = field(default_factory=list)
+    retaken: int = 0
+    max_error: float | None = None
+
+
+def supports(family) -> bool:
+    """Whether `family` offers an in-process timer (and so the interleaved protocol)."""
+    return callable(getattr(family, "timer", None))
+
+
+def _size_reps(time_calls: Callable[[int], float], protocol: Protocol) -> int:
+    """Warm up for warmup_ms; reps so one sample lasts >= min_sample_ms, sized from the
+    fastest warm-up call (the first pays for page faults), as the harness does."""
+    fastest, start = math.inf, time.perf_counter()
+    while True:
+        fastest = min(fastest, time_calls(1))
+        if (time.perf_counter() - start) * 1e3 >= protocol.warmup_ms:
+            break
+    wanted = math.ceil(protocol.min_sample_ms / 1e3 / max(fastest, 1e-9))
+    return int(min(max(1, wanted), protocol.max_reps))
+
+
+def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Time the plan's pairs in this process; {"kernel|dims_key": PairTiming as a dict}."""
+    import torch
+
+    family = get_family(plan.family)
+    protocol = Protocol.from_mapping(plan.protocol)
+    torch.set_num_threads(protocol.threads)
+    prepared = {key: family.prepare(family.problem(fields), scratch / f"p{i}", seed=seed)
+                for i, (key, fields, seed) in enumerate(plan.problems)}
+    outputs = {key: family.output_tensor(p) for key, p in prepared.items()}
+    timings = {pair: PairTiming() for pair in map(tuple, plan.pairs)}
+    timers = {}
+    for kernel, key in timings:
+        timing = timings[kernel, key]
+        try:
+            time_calls = family.timer(Path(plan.libraries[kernel]), prepared[key],
+                                      protocol.threads, outputs[key])
+            timing.reps = _size_reps(time_calls, protocol)
+        except (OSError, RuntimeError) as err:
+            timing.status, timing.reason = "crashed", f"in-process library: {err}"
+            continue
+        # checked now: the problem's other candidates write the same buffer later
+        timing.max_error = float(norm_relative_error(outputs[key].numpy(), prepared[key].reference))
+        tol = family.tolerance(prepared[key].problem)
+        if not timing.max_error <= tol:
+            timing.status, timing.reason = "wrong_result", (
+                f"in-process norm-relative error {timing.max_error:.3g} > tolerance {tol:g}")
+            continue
+        timers[kernel, key] = time_calls
+    rng = random.Random(plan.seed)
+    by_problem: dict[str, list] = {}
+    for pair in timers:
+        by_problem.setdefault(pair[1], []).append(pair)
+    extra_cycles = 0
+    cycle = 0
+    while True:
+        short = {pair for pair in timers if len(timings[pair].samples_s) < plan.cycles}
+        if cycle >= plan.cycles:
+            # a pair left short by the contention guard gets more cycles, `retakes` at most
+            if not short or extra_cycles >= protocol.retakes:
+                break
+            extra_cycles += 1
+        keys = list(by_problem)
+        rng.shuffle(keys)
+        for key in keys:
+            pairs = [p for p in by_problem[key] if cycle < plan.cycles or p in short]
+            rng.shuffle(pairs)
+            for pair in pairs:
+                _sample(timers[pair], timings[pair], protocol)
+        cycle += 1
+        progress(f"cycle {cycle}: {len(timers)} pairs")
+    return {f"{kernel}|{key}": asdict(t) for (kernel, key), t in timings.items()}
+
+
+def _sample(time_calls, timing: PairTiming, protocol: Protocol) -> None:
+    """One sample: an untimed call (this pair's data back in cache after the others ran),
+    then `reps` calls timed; one during which tasks waited for a CPU is kept apart."""
+    time_calls(1)
+    stall_before = cpu_stall_us()
+    seconds = time_calls(timing.reps)
+    stall_after = cpu_stall_us()
+    contended = (stall_before is not None and stall_after is not None
+                 and (stall_after - stall_before) * 1e-6 > protocol.stall_limit * seconds * timing.reps)
+    if contended:
+        timing.disturbed_samples_s.append(seconds)
+        timing.retaken += 1
+    else:
+        timing.samples_s.append(seconds)
+
+
+def measure(plan: Plan, scratch: Path, protocol: Protocol, *,
+            timeout_s: float | None = None) -> dict[tuple[str, str], PairTiming]:
+    """Run `plan` in a worker process (`python -m tilecast.interleave`); InterleaveError if
+    it dies, hangs past `timeout_s` or writes no result."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    if timeout_s is None:
+        # every pair's warm-up and samples at ten times their nominal length, plus start-up
+        per_pair = protocol.warmup_ms + (plan.cycles + protocol.retakes) * 2 * protocol.min_sample_ms
+        timeout_s = 120 + 10 * len(plan.pairs) * per_pair / 1e3
+    with tempfile.TemporaryDirectory(prefix="interleave-", dir=scratch) as tmp:
+        plan_path, result_path = Path(tmp) / "plan.json", Path(tmp) / "result.json"
+        plan_path.write_text(json.dumps(asdict(plan)))
+        stderr_path = Path(tmp) / "stderr.txt"
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen([sys.executable, "-m", "tilecast.interleave", str(plan_path),
+                                     str(result_path), str(Path(tmp) / "data")],
+                                    stdout=subprocess.DEVNULL, stderr=stderr, env=protocol.env(),
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # our own session: the worker only
+                proc.wait()
+                raise InterleaveError(f"interleaved worker hung past {timeout_s:.0f} s")
+        if proc.returncode != 0 or not result_path.exists():
+            tail = stderr_path.read_text(errors="replace")[-600:].strip()
+            raise InterleaveError(f"interleaved worker exited with status {proc.returncode}: {tail}")
+        raw = json.loads(result_path.read_text())
+    result = {}
+    for name, values in raw.items():
+        kernel, key = name.split("|", 1)
+        result[kernel, key] = PairTiming(**values)
+    return result
+
+
+def _main(argv: Sequence[str]) -> int:
+    plan_path, result_path, data_dir = map(Path, argv)
+    values = json.loads(plan_path.read_text())
+    values["problems"] = [tuple(p) for p in values["problems"]]
+    values["pairs"] = [tuple(p) for p in values["pairs"]]
+    plan = Plan(**values)
+    result = run(plan, data_dir, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
