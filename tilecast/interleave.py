@@ -17,8 +17,9 @@ timing, which `bench` then takes the isolated way, never the pipeline.
 
 A family takes part by offering `timer(library, prepared, threads, output) -> time(reps) ->
 seconds per call` over its in-process library, writing into `output` (`families.gemm`), and
-`output_tensor(prepared)`: one output buffer per problem, shared by its candidates, each
-checked against the reference right after its warm-up.
+`output_tensor(prepared)`: one output buffer per problem, shared by its candidates (its
+first elements the reference's, in the reference's order), each candidate's result checked
+against the reference right after its warm-up.
 """
 from __future__ import annotations
 
@@ -108,7 +109,9 @@ def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: N
             timing.status, timing.reason = "crashed", f"in-process library: {err}"
             continue
         # checked now: the problem's other candidates write the same buffer later
-        timing.max_error = float(norm_relative_error(outputs[key].numpy(), prepared[key].reference))
+        reference = prepared[key].reference
+        result = outputs[key].numpy().reshape(-1)[:reference.size].reshape(reference.shape)
+        timing.max_error = float(norm_relative_error(result, reference))
         tol = family.tolerance(prepared[key].problem)
         if not timing.max_error <= tol:
             timing.status, timing.reason = "wrong_result", (

@@ -10,6 +10,8 @@
 // result). Returns an entry::Status; the reason lands in `message`.
 #include <omp.h>
 
+#include <chrono>
+
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,8 +27,10 @@ namespace {
 /// The shape integers of a job line: every token but the id and the three paths.
 constexpr std::size_t kShapeFields = kJobTokens - 4;
 
+/// Runs the kernel `reps` times (at least once) on one set of scratch buffers; *seconds (when
+/// not null) receives the seconds per call of those runs.
 entry::Outcome run(const long long* dims, const float* in1, const float* in2, float* out,
-                   int threads) {
+                   int threads, int reps = 1, double* seconds = nullptr) {
   if (dims == nullptr || in1 == nullptr || in2 == nullptr || out == nullptr)
     return {entry::kBadArgument, "a null shape or tensor pointer"};
   // Through the job line's parser, so an in-process shape obeys the benchmark's rules exactly.
@@ -40,8 +44,15 @@ entry::Outcome run(const long long* dims, const float* in1, const float* in2, fl
   }
   const std::string why_not = check_supported(shape);
   if (!why_not.empty()) return {entry::kUnsupported, why_not};
+  const int calls = reps > 1 ? reps : 1;
   with_kernel<kDir>(shape, in1, in2, out, threads > 0 ? threads : omp_get_max_threads(),
-                    [](auto&& run_once) { run_once(); });
+                    [&](auto&& run_once) {
+                      const auto start = std::chrono::steady_clock::now();
+                      for (int call = 0; call < calls; ++call) run_once();
+                      const std::chrono::duration<double> elapsed =
+                          std::chrono::steady_clock::now() - start;
+                      if (seconds != nullptr) *seconds = elapsed.count() / calls;
+                    });
   return {};
 }
 
@@ -56,6 +67,16 @@ int tilecast_grouped_conv_run(const long long* shape, const float* in1, const fl
                               float* out, int threads, char* message, long long message_capacity) {
   return tc::entry::guarded(message, message_capacity,
                             [&] { return tc::gconv::run(shape, in1, in2, out, threads); });
+}
+
+/// tilecast_grouped_conv_run `reps` times on one set of scratch buffers, *seconds = seconds
+/// per call: the in-process timing entry (tilecast.interleave).
+int tilecast_grouped_conv_time(const long long* shape, const float* in1, const float* in2,
+                               float* out, int threads, int reps, double* seconds, char* message,
+                               long long message_capacity) {
+  return tc::entry::guarded(message, message_capacity, [&] {
+    return tc::gconv::run(shape, in1, in2, out, threads, reps, seconds);
+  });
 }
 
 int tilecast_kernel_param(const char* name, long long* value) {

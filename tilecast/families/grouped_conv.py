@@ -12,6 +12,7 @@ benchmark CSVs `tilecast.convert_ck` imports. Only tilecast's own variants can b
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -75,6 +76,9 @@ class GroupedConvProblem:
 _choice = table_choice
 
 # The shape tokens of a job line, in the kernel's order (the three file paths follow).
+# floats past each tensor of the interleaved protocol's in-process calls (the kernels read up
+# to FloatBuffer::kSlack there; checked against the library when it is loaded)
+IN_PROCESS_SLACK = 64
 JOB_FIELDS = ("N", "G", "C", "K", "Di", "Hi", "Wi", "Z", "Y", "X", "stride_d", "stride_h",
               "stride_w", "pad_d", "pad_h", "pad_w", "dilation_d", "dilation_h", "dilation_w")
 SPATIAL_D_DEFAULTS = {"Di": 1, "Z": 1, "stride_d": 1, "pad_d": 0, "dilation_d": 1}
@@ -351,6 +355,51 @@ class GroupedConvFamily:
 
     def read_output(self, prepared: PreparedProblem) -> np.ndarray:
         return read_float32_output(prepared)
+
+    def output_tensor(self, prepared: PreparedProblem):
+        """The output buffer of the interleaved protocol, shared by a problem's candidates:
+        zeroed float32, the reference's elements in kernel layout, then the kernels' slack."""
+        import torch
+
+        return torch.zeros(prepared.reference.size + IN_PROCESS_SLACK, dtype=torch.float32)
+
+    def timer(self, library: Path, prepared: PreparedProblem, threads: int, output):
+        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.interleave):
+        the variant's in-process library (`tilecast_grouped_conv_time`: `reps` calls on one
+        set of scratch buffers) on the prepared operands in kernel layout, into `output`."""
+        import torch
+
+        lib = ctypes.CDLL(str(library))
+        lib.tilecast_grouped_conv_slack.restype = ctypes.c_longlong
+        slack = int(lib.tilecast_grouped_conv_slack())
+        if slack > IN_PROCESS_SLACK:
+            raise RuntimeError(f"{library.name} reads {slack} floats past a tensor; the "
+                               f"interleaved protocol pads {IN_PROCESS_SLACK}")
+        entry = lib.tilecast_grouped_conv_time
+        pointer = ctypes.c_void_p
+        entry.argtypes = [ctypes.POINTER(ctypes.c_longlong), pointer, pointer, pointer,
+                          ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double),
+                          ctypes.c_char_p, ctypes.c_longlong]
+        entry.restype = ctypes.c_int
+        p, io = prepared.problem, DIRECTION_IO[self.direction]
+        inputs = []
+        for key in io.operands[:2]:
+            stored = _LAYOUT_OF[key](prepared.tensors[key], p.G).reshape(-1)
+            padded = torch.zeros(stored.numel() + IN_PROCESS_SLACK, dtype=torch.float32)
+            padded[:stored.numel()] = stored
+            inputs.append(padded)
+        shape = (ctypes.c_longlong * len(JOB_FIELDS))(*(getattr(p, f) for f in JOB_FIELDS))
+        seconds = ctypes.c_double()
+        message = ctypes.create_string_buffer(512)
+
+        def time_calls(reps: int) -> float:
+            status = entry(shape, inputs[0].data_ptr(), inputs[1].data_ptr(), output.data_ptr(),
+                           threads, reps, ctypes.byref(seconds), message, len(message))
+            if status != 0:
+                raise RuntimeError(f"status {status}: {message.value.decode(errors='replace')}")
+            return seconds.value
+
+        return time_calls
 
     def has_peer(self) -> bool:
         """The peer is torch, always importable here."""

@@ -1,0 +1,155 @@
+"""The interleaved protocol: candidates of a batch timed side by side in one worker process.
+Every pair gets its cycles of real samples; wrong numbers, a missing library and a dead
+worker are records or a fallback, never a guess or a dead pipeline."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilecast import interleave
+from tilecast.bench import BenchSettings, benchmark, in_process_libraries
+from tilecast.build import build_candidates
+from tilecast.families import get_family
+from tilecast.families.gemm import GemmConfig
+from tilecast.families.grouped_conv import GroupedConvConfig
+from tilecast.measure import Protocol
+from tilecast.rawlog import read_records
+
+GEMM = get_family("gemm")
+PROTOCOL = Protocol(warmup_ms=1, min_sample_ms=1, samples=3, threads=2, timeout_s=20)
+GEMM_CONFIGS = [GemmConfig("fp32", "avx2", 6, 16, 96, 512, 128, "m", True, True),
+                GemmConfig("fp32", "avx2", 4, 24, 96, 504, 256, "k", False, False)]
+SHAPES = [(16, 32, 64), (5, 7, 9), (100, 3, 40)]
+CONV_CONFIGS = [GroupedConvConfig("forward", "fp32", 2, 16, 16, 16, "im2col", "interwave", True, True),
+                GroupedConvConfig("bwd_weight", "fp32", 2, 16, 16, 8, "im2col", "intrawave", False, False)]
+CONV_PROBLEM = {"G": 2, "C": 4, "K": 8, "Hi": 9, "Wi": 7, "Y": 3, "X": 3, "pad_h": 1, "pad_w": 1}
+
+
+@pytest.fixture(scope="module")
+def gemm_builds(build_cache, hw):
+    if not {"avx2", "fma"} <= set(hw["flags"]):
+        pytest.skip("the variants here need AVX2 and FMA, which this CPU lacks")
+    builts = build_candidates(GEMM, GEMM_CONFIGS, build_cache, jobs=2)
+    libraries = in_process_libraries(GEMM, builts, build_cache, jobs=2)
+    assert set(libraries) == {b.kernel for b in builts}
+    return builts, libraries
+
+
+def _plan(family, libraries, problems, cycles=4, seed=3):
+    keys = [family.dims_key(family.problem(fields)) for fields in problems]
+    return interleave.Plan(
+        family=family.name, libraries={k: str(v) for k, v in libraries.items()},
+        problems=[(key, fields, 7 + i) for i, (key, fields) in enumerate(zip(keys, problems))],
+        pairs=[(kernel, key) for kernel in libraries for key in keys], cycles=cycles,
+        protocol=asdict(PROTOCOL), seed=seed)
+
+
+def test_every_pair_gets_its_cycles_of_checked_samples_in_a_worker(tmp_path, gemm_builds):
+    _, libraries = gemm_builds
+    problems = [{"m": m, "n": n, "k": k} for m, n, k in SHAPES]
+    plan = _plan(GEMM, libraries, problems, cycles=4)
+    timings = interleave.measure(plan, tmp_path, PROTOCOL)
+    assert set(timings) == {tuple(pair) for pair in plan.pairs}
+    for timing in timings.values():
+        assert timing.status == "ok", timing.reason
+        assert timing.reps >= 1 and timing.max_error < 1e-4
+        # contended samples are kept apart and made up for by extra cycles (retakes)
+        assert len(timing.samples_s) == 4 or timing.disturbed_samples_s
+        assert all(0 < s < 1 for s in timing.samples_s + timing.disturbed_samples_s)
+    assert not any(tmp_path.iterdir())   # the worker's plan, data and result are gone
+
+
+def test_wrong_numbers_and_a_missing_library_are_recorded(tmp_path, gemm_builds, monkeypatch):
+    _, libraries = gemm_builds
+    broken, missing = sorted(libraries)
+    real_timer = type(GEMM).timer
+
+    def zeroing_timer(self, library, prepared, threads, output):
+        time_calls = real_timer(self, library, prepared, threads, output)
+        if Path(library) != Path(libraries[broken]):
+            return time_calls
+
+        def wrong(reps):
+            seconds = time_calls(reps)
+            output.zero_()      # a kernel that forgets to write C
+            return seconds
+        return wrong
+
+    monkeypatch.setattr(type(GEMM), "timer", zeroing_timer)
+    plan = _plan(GEMM, {broken: libraries[broken], missing: tmp_path / "gone.so"},
+                 [{"m": 16, "n": 32, "k": 64}], cycles=2)
+    result = interleave.run(plan, tmp_path / "data")
+    by_kernel = {name.split("|")[0]: values for name, values in result.items()}
+    assert by_kernel[broken]["status"] == "wrong_result"
+    assert "norm-relative error 1 > tolerance" in by_kernel[broken]["reason"]
+    assert by_kernel[missing]["status"] == "crashed"
+    assert "in-process library" in by_kernel[missing]["reason"]
+    assert not by_kernel[broken]["samples_s"] and not by_kernel[missing]["samples_s"]
+
+
+def test_grouped_conv_candidates_are_timed_in_process_and_match_torch(tmp_path, build_cache, hw):
+    if not {"avx2", "fma"} <= set(hw["flags"]):
+        pytest.skip("the variants here need AVX2 and FMA, which this CPU lacks")
+    for config in CONV_CONFIGS:
+        family = get_family(f"grouped_conv_{config.direction}")
+        built = build_candidates(family, [config], build_cache, jobs=1)
+        libraries = in_process_libraries(family, built, build_cache, jobs=1)
+        plan = _plan(family, libraries, [CONV_PROBLEM], cycles=2)
+        result = interleave.run(plan, tmp_path / config.direction)
+        (values,) = result.values()
+        assert values["status"] == "ok", values["reason"]
+        assert values["max_error"] < 1e-4 and len(values["samples_s"]) >= 1
+
+
+def _bench(tmp_path, builts, settings):
+    raw = tmp_path / "gemm.jsonl"
+    problems = [("train", GEMM.problem({"m": m, "n": n, "k": k})) for m, n, k in SHAPES]
+    benchmark(GEMM, builts, problems, raw, tmp_path / "scratch",
+              {"run_id": "t", "git_sha": "0", "hardware": "h"}, settings)
+    return [r for r in read_records(raw) if r["role"] == "candidate"]
+
+
+def test_bench_labels_come_from_the_interleaved_samples(tmp_path, gemm_builds):
+    builts, libraries = gemm_builds
+    settings = BenchSettings(protocol=PROTOCOL, finalists=2, confirm_samples=2,
+                             problems_per_batch=3, libraries=libraries)
+    records = _bench(tmp_path, builts, settings)
+    screen = [r for r in records if r["phase"] == "screen"]
+    assert len(screen) == 6 and {r["timing"] for r in records} == {"interleaved"}
+    assert all(r["status"] == "ok" and r["tflops"] > 0 for r in screen)
+    # the isolated validation sample is not part of the label: exactly the protocol's count
+    assert all(len(r["samples_s"]) == 3 or r["disturbed_samples_s"] for r in screen)
+    assert all(len(r["round_medians_s"]) >= 1 for r in screen)
+    assert {r["dims_key"] for r in records if r["phase"] == "confirm"} == {r["dims_key"] for r in screen}
+
+
+def test_a_dead_worker_leaves_the_batch_to_the_isolated_protocol(tmp_path, gemm_builds,
+                                                                 monkeypatch, caplog):
+    builts, libraries = gemm_builds
+
+    def dies(plan, scratch, protocol, **_):
+        raise interleave.InterleaveError("interleaved worker exited with status -9")
+
+    monkeypatch.setattr(interleave, "measure", dies)
+    settings = BenchSettings(protocol=PROTOCOL, finalists=0, confirm_samples=0,
+                             problems_per_batch=3, libraries=libraries, measure_peer=False)
+    with caplog.at_level("WARNING", logger="tilecast.bench"):
+        records = _bench(tmp_path, builts, settings)
+    assert "interleaved timing failed" in caplog.text
+    assert {r["timing"] for r in records} == {"isolated"}
+    assert all(r["status"] == "ok" and len(r["samples_s"]) + len(r["disturbed_samples_s"]) >= 3
+               for r in records)
+
+
+def test_a_family_without_a_timer_or_a_library_is_timed_apart(tmp_path, gemm_builds):
+    builts, libraries = gemm_builds
+    partial = dict(list(libraries.items())[:1])
+    settings = BenchSettings(protocol=PROTOCOL, finalists=0, confirm_samples=0,
+                             problems_per_batch=3, libraries=partial, measure_peer=False)
+    records = _bench(tmp_path, builts, settings)
+    assert {r["timing"] for r in records} == {"isolated"}   # a batch is never split
+    assert not interleave.supports(get_family("disco_forward"))
+    assert interleave.supports(GEMM)
