@@ -31,6 +31,8 @@ def test_nightly_holdout_is_large_skinny_and_non_power_of_two():
      r"bench.rounds: expected a whole number >= 1, got 0"),
     ("name: x\nbench: {retry_disturbed: two}\nfamilies: {gemm: {candidates: {}, problems: {train: [], holdout: []}}}\n",
      r"bench.retry_disturbed: expected a whole number >= 0, got 'two'"),
+    ("name: x\nbench: {interleave: 'no'}\nfamilies: {gemm: {candidates: {}, problems: {train: [], holdout: []}}}\n",
+     r"bench.interleave: expected true or false, got 'no'"),
     ("name: [unclosed\n", "not valid YAML"),
     ("name: x\nfamilies: {gemm: {candidates: {}, problems: {train: [{grid: {m: [1]}, list: []}], holdout: []}}}\n",
      "exactly one of grid / list / random"),

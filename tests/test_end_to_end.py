@@ -46,7 +46,13 @@ def test_run_then_select_then_rerun(tmp_path):
                 "min_efficiency", "top1", "top5", "static_best"):
         assert key in gemm, key
     assert gemm["n_problems"] == 3 and 0 < gemm["mean_efficiency"] <= 1
-    assert (work / "report" / "report.md").read_text().startswith("# tilecast")
+    report = (work / "report" / "report.md").read_text()
+    assert report.startswith("# tilecast") and "### Measurement noise of this run" in report
+    assert gemm["noise"]["n_problems"] >= 3 and gemm["noise"]["timing"] == {"interleaved": 1.0}
+    raw = [json.loads(line) for line in (work / "bench" / "gemm.jsonl").read_text().splitlines()]
+    timed = [r for r in raw if r["role"] == "candidate" and r["status"] == "ok"]
+    assert timed and all(r["timing"] == "interleaved" and len(r["window_factors"])
+                         == len(r["samples_s"]) for r in timed)
     assert (work / "report" / "efficiency_gemm.png").stat().st_size > 1000
 
     candidates = json.loads((registry / "gemm" / "versions" / "1" / "candidates.json").read_text())

@@ -59,6 +59,9 @@ def test_every_pair_gets_its_cycles_of_checked_samples_in_a_worker(tmp_path, gem
         # contended samples are kept apart and made up for by extra cycles (retakes)
         assert len(timing.samples_s) == 4 or timing.disturbed_samples_s
         assert all(0 < s < 1 for s in timing.samples_s + timing.disturbed_samples_s)
+        # each clean sample carries its window: cycle, factor and the barrier probe before it
+        assert len(timing.window_probes_us) == len(timing.samples_s) == len(timing.sample_cycles)
+        assert all(0 < probe < 1e6 for probe in timing.window_probes_us)
     assert not any(tmp_path.iterdir())   # the worker's plan, data and result are gone
 
 
@@ -153,3 +156,24 @@ def test_a_family_without_a_timer_or_a_library_is_timed_apart(tmp_path, gemm_bui
     assert {r["timing"] for r in records} == {"isolated"}   # a batch is never split
     assert not interleave.supports(get_family("disco_forward"))
     assert interleave.supports(GEMM)
+
+
+def test_a_window_that_slowed_every_candidate_does_not_decide_the_ranking():
+    # four kernels of one problem, four cycles; in cycles 1 and 2 the machine ran every
+    # candidate about 3x slower (the fastest kernel was sampled in those two only)
+    base = {"fast": 1.0, "mid": 1.1, "slow": 1.3, "slower": 1.5}
+    slowdown = {0: 1.0, 1: 3.0, 2: 2.9, 3: 1.0}
+    timings = []
+    for name, seconds in base.items():
+        cycles = [1, 2] if name == "fast" else [0, 1, 2, 3]
+        timings.append(interleave.PairTiming(samples_s=[seconds * slowdown[c] for c in cycles],
+                                             sample_cycles=cycles))
+    # raw medians rank "fast" (two slow windows: 2.95) last; in-window times rank it first
+    interleave._window_factors(timings)
+    medians = [sorted(t.samples_s)[len(t.samples_s) // 2] for t in timings]
+    assert medians[0] < medians[1] < medians[2] < medians[3]
+    assert [t / medians[1] for t in medians] == pytest.approx([1 / 1.1, 1, 1.3 / 1.1, 1.5 / 1.1], rel=0.02)
+    assert timings[1].window_factors[1] / timings[1].window_factors[0] == pytest.approx(3.0, rel=0.02)
+    lone = [interleave.PairTiming(samples_s=[2.0, 4.0], sample_cycles=[0, 1])]
+    interleave._window_factors(lone)   # too few pairs to tell a window: left as measured
+    assert lone[0].samples_s == [2.0, 4.0] and lone[0].window_factors == [1.0, 1.0]

@@ -98,6 +98,8 @@ class _Recorder:
             "binary_bytes": binary_bytes, "retaken": outcome.retaken,
             "disturbed_samples_s": outcome.disturbed_samples_s,
             "round_medians_s": list(round_medians or []), "timing": timing,
+            "window_factors": outcome.window_factors,
+            "window_probes_us": outcome.window_probes_us,
         }
         if config is not None:
             for key, value in fam.config_dict(config).items():
@@ -307,7 +309,8 @@ def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
     rounds = max(1, settings.rounds)
     for pair, timing in timings.items():
         outcome = JobOutcome(timing.status, timing.reason, timing.reps, timing.samples_s,
-                             timing.retaken, timing.disturbed_samples_s)
+                             timing.retaken, timing.disturbed_samples_s, timing.window_factors,
+                             timing.window_probes_us)
         merged[pair] = (outcome, timing.max_error)
         # consecutive stretches of cycles stand for the isolated protocol's rounds
         samples = timing.samples_s

@@ -52,8 +52,9 @@ def records_frame(records: list[dict], source: str) -> pd.DataFrame:
         raise DatasetError(f"{source}: schema version(s) {versions}, expected {SCHEMA_VERSION}")
     for column in ("median_s", "mad_s", "tflops", "gbps", "max_error"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
-    for column in ("samples_s", "disturbed_samples_s", "round_medians_s"):  # the latter two
-        # are absent in older records
+    for column in ("samples_s", "disturbed_samples_s", "round_medians_s", "window_factors",
+                   "window_probes_us"):
+        # all but the first are absent in older records
         if column in frame.columns:
             frame[column] = frame[column].apply(
                 lambda v: [float(x) for x in v] if isinstance(v, list) else [])

@@ -7,7 +7,10 @@ process, one after another, gave each kernel its own mixture of states: one run'
 scored 0.89 mean / 0.64 P10 on another's. Timing all candidates of a batch in one process,
 one sample each per cycle in a shuffled order (problems and kernels), spreads every pair's
 samples over the same stretch of time, so every candidate sees the same mixture: 0.987 /
-0.961 on the same kernels, shapes and hour. One process also means one memory allocator,
+0.961 on the same kernels, shapes and hour. Within a cycle a problem's candidates run within
+a fraction of a second of each other, so each sample is also divided by its cycle's window
+factor (`_window_factors`): a window that slowed every candidate of the problem does not
+decide which looks fastest. One process also means one memory allocator,
 one OpenMP team and the same input buffers for every candidate of a problem.
 
 The candidates were first run alone in their own processes (`bench`): a kernel that
@@ -23,6 +26,7 @@ against the reference right after its warm-up.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -35,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from .families import get_family
 from .families.base import norm_relative_error
@@ -60,7 +66,9 @@ class Plan:
 
 @dataclass
 class PairTiming:
-    """One pair's interleaved samples (seconds per call), as measure.JobOutcome holds them."""
+    """One pair's interleaved samples (seconds per call), as measure.JobOutcome holds them.
+    `samples_s` are in-window times: each raw time divided by its cycle's factor in
+    `window_factors` (see `_window_factors`); `sample_cycles` says which cycle took each."""
     status: str = "ok"
     reason: str = ""
     reps: int = 0
@@ -68,6 +76,16 @@ class PairTiming:
     disturbed_samples_s: list = field(default_factory=list)
     retaken: int = 0
     max_error: float | None = None
+    window_factors: list = field(default_factory=list)
+    sample_cycles: list = field(default_factory=list)
+    # the barrier probe taken just before the sample's problem block in its cycle: the
+    # machine's state in that window (the VM's vCPUs placed on one core's SMT siblings, in
+    # one CCX or across two read about 56, 76 and 120 us), recorded for state-aware labels
+    window_probes_us: list = field(default_factory=list)
+
+
+# a cycle's factor needs this many of the problem's pairs sampled in it; else it stays 1
+MIN_PAIRS_FOR_FACTOR = 3
 
 
 def supports(family) -> bool:
@@ -118,6 +136,7 @@ def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: N
                 f"in-process norm-relative error {timing.max_error:.3g} > tolerance {tol:g}")
             continue
         timers[kernel, key] = time_calls
+    probe = _sync_probe(plan.libraries[next(iter(timers))[0]]) if timers else None
     rng = random.Random(plan.seed)
     by_problem: dict[str, list] = {}
     for pair in timers:
@@ -136,17 +155,68 @@ def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: N
         for key in keys:
             pairs = [p for p in by_problem[key] if cycle < plan.cycles or p in short]
             rng.shuffle(pairs)
+            probe_us = probe() if probe is not None and pairs else -1.0
             for pair in pairs:
-                _sample(timers[pair], timings[pair], protocol)
+                _sample(timers[pair], timings[pair], protocol, cycle, probe_us)
         cycle += 1
         progress(f"cycle {cycle}: {len(timers)} pairs")
+    for pairs in by_problem.values():
+        _window_factors([timings[pair] for pair in pairs])
     return {f"{kernel}|{key}": asdict(t) for (kernel, key), t in timings.items()}
 
 
-def _sample(time_calls, timing: PairTiming, protocol: Protocol) -> None:
-    """One sample: an untimed call (this pair's data back in cache after the others ran),
-    then `reps` calls timed; one during which tasks waited for a CPU is kept apart."""
-    time_calls(1)
+def _window_factors(pairs: Sequence[PairTiming], sweeps: int = 10) -> None:
+    """Compare like with like: every candidate of a problem took one sample per cycle, within
+    a fraction of a second of each other. Each log time is split into the pair's level plus
+    its cycle's window effect (Tukey's median polish: alternate medians over cycles and over
+    pairs; a cycle with fewer than MIN_PAIRS_FOR_FACTOR of the problem's pairs keeps effect
+    0), window effects measured from the median cycle. Each sample is then divided by its
+    cycle's factor exp(effect), so a window in which the machine slowed every candidate (on
+    the 2-core VM: 2-3x for microsecond kernels, in some of a problem's cycles only) no
+    longer decides which of them looks fastest. The factors are kept: raw = sample * factor."""
+    logs = [np.log(np.asarray(t.samples_s, dtype=float)) for t in pairs]
+    cycles = [np.asarray(t.sample_cycles, dtype=int) for t in pairs]
+    counts: dict[int, int] = {}
+    for owned in cycles:
+        for cycle in owned:
+            counts[int(cycle)] = counts.get(int(cycle), 0) + 1
+    effect = {cycle: 0.0 for cycle in counts}
+    levels = [float(np.median(values)) if len(values) else 0.0 for values in logs]
+    for _ in range(sweeps):
+        residuals: dict[int, list[float]] = {}
+        for values, owned, level in zip(logs, cycles, levels):
+            for value, cycle in zip(values, owned):
+                residuals.setdefault(int(cycle), []).append(value - level)
+        effect = {cycle: float(np.median(values)) if counts[cycle] >= MIN_PAIRS_FOR_FACTOR
+                  else 0.0 for cycle, values in residuals.items()}
+        levels = [float(np.median(values - np.array([effect[int(c)] for c in owned])))
+                  if len(values) else 0.0 for values, owned in zip(logs, cycles)]
+    counted = [value for cycle, value in effect.items() if counts[cycle] >= MIN_PAIRS_FOR_FACTOR]
+    center = float(np.median(counted)) if counted else 0.0
+    for timing, owned in zip(pairs, cycles):
+        timing.window_factors = [float(np.exp(effect[int(c)] - center))
+                                 if counts[int(c)] >= MIN_PAIRS_FOR_FACTOR else 1.0 for c in owned]
+        timing.samples_s = [seconds / factor
+                            for seconds, factor in zip(timing.samples_s, timing.window_factors)]
+
+
+def _sync_probe(library: str) -> Callable[[], float] | None:
+    """The barrier probe of the kernels' OpenMP team (every library links the same runtime),
+    or None for a library built before the probe existed."""
+    entry = getattr(ctypes.CDLL(library), "tilecast_sync_probe_us", None)
+    if entry is None:
+        return None
+    entry.restype, entry.argtypes = ctypes.c_double, []
+    return entry
+
+
+def _sample(time_calls, timing: PairTiming, protocol: Protocol, cycle: int,
+            probe_us: float) -> None:
+    """One sample: an untimed call (this pair's data back in cache after the others ran)
+    unless one call fills a sample alone, then `reps` calls timed; one during which tasks
+    waited for a CPU is kept apart."""
+    if timing.reps > 1:
+        time_calls(1)
     stall_before = cpu_stall_us()
     seconds = time_calls(timing.reps)
     stall_after = cpu_stall_us()
@@ -157,6 +227,8 @@ def _sample(time_calls, timing: PairTiming, protocol: Protocol) -> None:
         timing.retaken += 1
     else:
         timing.samples_s.append(seconds)
+        timing.sample_cycles.append(cycle)
+        timing.window_probes_us.append(probe_us)
 
 
 def measure(plan: Plan, scratch: Path, protocol: Protocol, *,

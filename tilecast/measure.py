@@ -91,6 +91,9 @@ class JobOutcome:
     # samples kept although disturbed (the retake allowance ran out, or the cores were slow
     # to meet: harness.hpp SyncGuard); not in samples_s
     disturbed_samples_s: list[float] = field(default_factory=list)
+    # interleaved protocol only: each sample's window factor (samples_s = raw / factor)
+    window_factors: list[float] = field(default_factory=list)
+    window_probes_us: list[float] = field(default_factory=list)   # and its barrier probe
 
     @property
     def disturbed(self) -> int:

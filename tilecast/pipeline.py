@@ -26,6 +26,7 @@ from .bench import BenchSettings, benchmark, in_process_libraries
 from .config import PROBLEM_SETS, ConfigError, RunConfig, load_config
 from .families import get_family
 from .io_utils import atomic_write_json
+from .repeatability import run_noise
 from .tune import BuildEvent
 
 log = logging.getLogger("tilecast.pipeline")
@@ -271,8 +272,9 @@ def report_stage(ctx: RunContext) -> dict:
         if (out / "peer_per_problem.parquet").exists():
             peer["per_problem"] = pd.read_parquet(out / "peer_per_problem.parquet")
         evaluation = Evaluation(metrics=metrics, per_problem=pd.read_parquet(out / "per_problem.parquet"))
-        results[name] = (evaluation, {"cv": manifest["cv"],
-                                      "peer": peer})
+        noise = run_noise(dataset.load(ctx.path("data", f"{name}.parquet")),
+                          ctx.config.tie_threshold_pct)
+        results[name] = (evaluation, {"cv": manifest["cv"], "peer": peer, "noise": noise})
     directory = write_report(ctx.workdir, results, peer={})
     return {"report_dir": str(directory), "evaluation": str(directory / "evaluation.json")}
 

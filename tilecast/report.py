@@ -82,6 +82,22 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
         lines += _table(["folds", "mean rmse (target space)", "mean efficiency"],
                         [[len(cv["folds"]) if "folds" in cv else None, cv.get("mean_rmse"),
                           cv.get("mean_efficiency")]])
+    noise = extra.get("noise")
+    if noise:
+        lines += ["### Measurement noise of this run", "",
+                  "How far this run's labels can be trusted: the spread of the best kernel's "
+                  "round medians (stretches of cycles, or processes), the problems whose winner "
+                  "has practical ties, the samples the guards kept apart. `tilecast "
+                  "repeatability` with a second run gives the ceiling any model is judged under.",
+                  ""]
+        lines += _table(["figure", "value"], [
+            ["problems", noise.get("n_problems")],
+            ["round spread of the best kernel, median (max/min)", noise.get("round_spread_median")],
+            ["round spread of the best kernel, P90", noise.get("round_spread_p90")],
+            ["share of problems with practical ties", noise.get("tie_share")],
+            ["share of samples kept apart", noise.get("samples_kept_apart_share")],
+            ["protocol (share of records)", ", ".join(f"{k} {v:.2f}" for k, v in
+                                                      (noise.get("timing") or {}).items()) or None]])
     slices = metrics.get("slices")
     if slices:
         lines += ["### Per-slice results (held-out problems)", ""]

@@ -81,6 +81,10 @@ int tilecast_gemm_time(const void* a, long long a_row_stride, long long a_col_st
   });
 }
 
+/// Wall time (microseconds) of 200 barriers of this library's OpenMP team (harness.hpp
+/// sync_probe_us): the interleaved protocol's record of the machine's state in each window.
+double tilecast_sync_probe_us() { return tc::sync_probe_us(); }
+
 int tilecast_kernel_param(const char* name, long long* value) {
   return tc::entry::find_param(tc::gemm::describe_params(), name, value);
 }

@@ -79,6 +79,10 @@ int tilecast_grouped_conv_time(const long long* shape, const float* in1, const f
   });
 }
 
+/// Wall time (microseconds) of 200 barriers of this library's OpenMP team (harness.hpp
+/// sync_probe_us): the interleaved protocol's record of the machine's state in each window.
+double tilecast_sync_probe_us() { return tc::sync_probe_us(); }
+
 int tilecast_kernel_param(const char* name, long long* value) {
   return tc::entry::find_param(tc::gconv::describe_params(), name, value);
 }
