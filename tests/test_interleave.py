@@ -133,10 +133,10 @@ def test_a_dead_worker_leaves_the_batch_to_the_isolated_protocol(tmp_path, gemm_
                                                                  monkeypatch, caplog):
     builts, libraries = gemm_builds
 
-    def dies(plan, scratch, protocol, **_):
+    def dies(self, plan, timeout_s=None):
         raise interleave.InterleaveError("interleaved worker exited with status -9")
 
-    monkeypatch.setattr(interleave, "measure", dies)
+    monkeypatch.setattr(interleave.Worker, "measure", dies)
     settings = BenchSettings(protocol=PROTOCOL, finalists=0, confirm_samples=0,
                              problems_per_batch=3, libraries=libraries, measure_peer=False)
     with caplog.at_level("WARNING", logger="tilecast.bench"):
@@ -145,6 +145,24 @@ def test_a_dead_worker_leaves_the_batch_to_the_isolated_protocol(tmp_path, gemm_
     assert {r["timing"] for r in records} == {"isolated"}
     assert all(r["status"] == "ok" and len(r["samples_s"]) + len(r["disturbed_samples_s"]) >= 3
                for r in records)
+
+
+def test_one_worker_serves_plan_after_plan_and_a_dead_one_is_replaced(tmp_path, gemm_builds):
+    _, libraries = gemm_builds
+    plan = _plan(GEMM, libraries, [{"m": 16, "n": 32, "k": 64}], cycles=2)
+    with interleave.Worker(PROTOCOL, tmp_path) as worker:
+        first = worker.measure(plan)
+        pid = worker._proc.pid
+        assert worker.measure(plan).keys() == first.keys() and worker._proc.pid == pid
+        worker._proc.kill()           # a worker that died between plans
+        worker._proc.wait()
+        again = worker.measure(plan)
+        assert worker._proc.pid != pid and all(t.status == "ok" for t in again.values())
+        bad = interleave.Plan(**{**asdict(plan), "family": "no_such_family"})
+        with pytest.raises(interleave.InterleaveError, match="unknown family|no_such_family"):
+            worker.measure(bad)
+        assert all(t.status == "ok" for t in worker.measure(plan).values())
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_family_without_a_timer_or_a_library_is_timed_apart(tmp_path, gemm_builds):

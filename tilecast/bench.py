@@ -166,11 +166,11 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
              r.get("phase")): r for r in existing}
     batches = [problems[i:i + settings.problems_per_batch]
                for i in range(0, len(problems), settings.problems_per_batch)]
-    with RawWriter(raw_path) as writer:
+    with RawWriter(raw_path) as writer, interleave.Worker(settings.protocol, scratch_dir) as worker:
         rec = _Recorder(family, writer, run_info, settings.protocol, summary)
         for index, batch in enumerate(batches, 1):
             _run_batch(family, builts, batch, done, rec, scratch_dir / f"batch{index}", settings,
-                       summary)
+                       summary, worker)
             elapsed = time.perf_counter() - started
             eta = elapsed / index * (len(batches) - index)
             progress(f"bench {family.name}: batch {index}/{len(batches)} done, "
@@ -181,7 +181,7 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
 
 
 def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
-               settings: BenchSettings, summary: BenchSummary) -> None:
+               settings: BenchSettings, summary: BenchSummary, worker: interleave.Worker) -> None:
     keys = {family.dims_key(p): (ps, p) for ps, p in batch}
     prepared: dict[str, PreparedProblem] = {}
 
@@ -219,8 +219,8 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
         has_peer = settings.measure_peer and family.has_peer()
         peers = [key for key in keys if has_peer and key in runnable
                  and (key, "peer", "screen") not in done]
-        _execute(family, tasks, peers, keys, prepare, rec, "screen", done, settings, scratch)
-        _confirm(family, builts, keys, prepare, rec, done, settings, scratch)
+        _execute(family, tasks, peers, keys, prepare, rec, "screen", done, settings, worker)
+        _confirm(family, builts, keys, prepare, rec, done, settings, worker)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -285,7 +285,7 @@ def _interleavable(family, tasks: list[_Task], settings: BenchSettings) -> list[
 
 
 def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
-                      settings: BenchSettings, scratch: Path) -> bool:
+                      settings: BenchSettings, worker: interleave.Worker) -> bool:
     """Replace each validated pair's outcome by its interleaved samples; False (and a
     warning) when the worker failed, so the caller times the batch the isolated way."""
     pairs = [(task.built.kernel, key) for task in tasks for key in task.keys
@@ -301,7 +301,7 @@ def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
         pairs=pairs, cycles=max(task.samples for task in tasks),
         protocol=asdict(settings.protocol), seed=settings.seed + zlib.crc32(",".join(used).encode()))
     try:
-        timings = interleave.measure(plan, scratch, settings.protocol)
+        timings = worker.measure(plan)
     except interleave.InterleaveError as err:
         log.warning("bench %s: interleaved timing failed (%s); timing this batch the isolated "
                     "way", family.name, err)
@@ -322,7 +322,7 @@ def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
 
 
 def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, phase, done,
-             settings: BenchSettings, scratch: Path) -> None:
+             settings: BenchSettings, worker: interleave.Worker) -> None:
     """Time the tasks' pairs. Where the family has an in-process timer and every kernel its
     library, each pair is first run alone in its candidate's process (one sample: crash,
     hang and wrong result are caught there), then the batch's valid pairs are timed side by
@@ -351,7 +351,7 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
             run_task(task, task.keys, 1)
         round_medians.clear()  # the validation sample is not part of the label
         if not _time_interleaved(family, interleaved, keys, merged, round_medians, settings,
-                                 scratch / f"interleave-{phase}"):
+                                 worker):
             interleaved = []
             merged.clear()
     isolated = [task for task in tasks if task not in interleaved]
@@ -393,7 +393,7 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
                                              round_medians=round_medians["peer", key])
 
 
-def _confirm(family, builts, keys, prepare, rec, done, settings, scratch: Path) -> None:
+def _confirm(family, builts, keys, prepare, rec, done, settings, worker) -> None:
     by_kernel = {b.kernel: b for b in builts}
     plan: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for key in keys:
@@ -406,4 +406,4 @@ def _confirm(family, builts, keys, prepare, rec, done, settings, scratch: Path) 
     for kernel, items in sorted(plan.items()):
         for n_samples in sorted({n for _, n in items}):
             tasks.append(_Task(by_kernel[kernel], [k for k, n in items if n == n_samples], n_samples))
-    _execute(family, tasks, [], keys, prepare, rec, "confirm", done, settings, scratch)
+    _execute(family, tasks, [], keys, prepare, rec, "confirm", done, settings, worker)

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import selectors
 import signal
 import subprocess
 import sys
@@ -231,53 +232,147 @@ def _sample(time_calls, timing: PairTiming, protocol: Protocol, cycle: int,
         timing.window_probes_us.append(probe_us)
 
 
+class Worker:
+    """A worker process (`python -m tilecast.interleave`) serving plans one after another,
+    so a benchmark pays Python's and torch's start-up (about 3 s here) once, not per batch.
+    Started at the first plan; one that died or hung is ended and started afresh at the next.
+    Use it as a context manager, or call `close`."""
+
+    def __init__(self, protocol: Protocol, scratch: Path):
+        self.protocol = protocol
+        self.scratch = Path(scratch)
+        self._proc: subprocess.Popen | None = None
+        self._stderr_path: Path | None = None
+        self._buffer = b""
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> subprocess.Popen:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix="interleave-worker-", suffix=".stderr",
+                                        dir=self.scratch)
+        self._stderr_path = Path(name)
+        with os.fdopen(handle, "wb") as stderr:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tilecast.interleave"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=stderr, env=self.protocol.env(),
+                start_new_session=True)
+        self._buffer = b""
+        return self._proc
+
+    def close(self) -> None:
+        """End the worker (closing its input ends its loop; a stuck one is killed)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)  # our own session: the worker only
+            proc.wait()
+        proc.stdout.close()
+        self._forget_stderr()
+
+    def _forget_stderr(self) -> None:
+        if self._stderr_path is not None:
+            self._stderr_path.unlink(missing_ok=True)
+            self._stderr_path = None
+
+    def _failed(self, why: str) -> InterleaveError:
+        tail = ""
+        if self._stderr_path is not None and self._stderr_path.exists():
+            tail = self._stderr_path.read_text(errors="replace")[-600:].strip()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        self._forget_stderr()
+        return InterleaveError(f"{why}: {tail}" if tail else why)
+
+    def measure(self, plan: Plan, timeout_s: float | None = None) -> dict[tuple[str, str], PairTiming]:
+        """Time `plan`; InterleaveError if the worker dies, hangs past `timeout_s` (default:
+        every pair's warm-up and samples at ten times their nominal length, plus start-up)
+        or fails the plan."""
+        protocol = self.protocol
+        if timeout_s is None:
+            per_pair = protocol.warmup_ms + (plan.cycles + protocol.retakes) * 2 * protocol.min_sample_ms
+            timeout_s = 120 + 10 * len(plan.pairs) * per_pair / 1e3
+        if self._proc is not None and self._proc.poll() is not None:
+            self._failed("died between plans")   # tidied up; a new one starts below
+        proc = self._proc if self._proc is not None else self._start()
+        with tempfile.TemporaryDirectory(prefix="interleave-", dir=self.scratch) as tmp:
+            plan_path, result_path = Path(tmp) / "plan.json", Path(tmp) / "result.json"
+            plan_path.write_text(json.dumps(asdict(plan)))
+            try:
+                proc.stdin.write(f"{plan_path}\t{result_path}\t{Path(tmp) / 'data'}\n".encode())
+                proc.stdin.flush()
+            except OSError as err:
+                raise self._failed(f"interleaved worker gone ({err})") from None
+            reply = self._reply(timeout_s)
+            if reply != "DONE" or not result_path.exists():
+                raise self._failed(f"interleaved worker: {reply}")
+            raw = json.loads(result_path.read_text())
+        result = {}
+        for name, values in raw.items():
+            kernel, key = name.split("|", 1)
+            result[kernel, key] = PairTiming(**values)
+        return result
+
+    def _reply(self, timeout_s: float) -> str:
+        """The worker's next line, or why there is none."""
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return f"hung past {timeout_s:.0f} s"
+                if not selector.select(timeout=min(remaining, 1.0)):
+                    continue
+                chunk = os.read(self._proc.stdout.fileno(), 65536)
+                if not chunk:
+                    return f"exited with status {self._proc.wait()}"
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode(errors="replace").strip()
+
+
 def measure(plan: Plan, scratch: Path, protocol: Protocol, *,
             timeout_s: float | None = None) -> dict[tuple[str, str], PairTiming]:
-    """Run `plan` in a worker process (`python -m tilecast.interleave`); InterleaveError if
-    it dies, hangs past `timeout_s` or writes no result."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    if timeout_s is None:
-        # every pair's warm-up and samples at ten times their nominal length, plus start-up
-        per_pair = protocol.warmup_ms + (plan.cycles + protocol.retakes) * 2 * protocol.min_sample_ms
-        timeout_s = 120 + 10 * len(plan.pairs) * per_pair / 1e3
-    with tempfile.TemporaryDirectory(prefix="interleave-", dir=scratch) as tmp:
-        plan_path, result_path = Path(tmp) / "plan.json", Path(tmp) / "result.json"
-        plan_path.write_text(json.dumps(asdict(plan)))
-        stderr_path = Path(tmp) / "stderr.txt"
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen([sys.executable, "-m", "tilecast.interleave", str(plan_path),
-                                     str(result_path), str(Path(tmp) / "data")],
-                                    stdout=subprocess.DEVNULL, stderr=stderr, env=protocol.env(),
-                                    start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # our own session: the worker only
-                proc.wait()
-                raise InterleaveError(f"interleaved worker hung past {timeout_s:.0f} s")
-        if proc.returncode != 0 or not result_path.exists():
-            tail = stderr_path.read_text(errors="replace")[-600:].strip()
-            raise InterleaveError(f"interleaved worker exited with status {proc.returncode}: {tail}")
-        raw = json.loads(result_path.read_text())
-    result = {}
-    for name, values in raw.items():
-        kernel, key = name.split("|", 1)
-        result[kernel, key] = PairTiming(**values)
-    return result
+    """Time one plan in a worker of its own; see Worker.measure."""
+    with Worker(protocol, scratch) as worker:
+        return worker.measure(plan, timeout_s)
 
 
-def _main(argv: Sequence[str]) -> int:
-    plan_path, result_path, data_dir = map(Path, argv)
-    values = json.loads(plan_path.read_text())
-    values["problems"] = [tuple(p) for p in values["problems"]]
-    values["pairs"] = [tuple(p) for p in values["pairs"]]
-    plan = Plan(**values)
-    result = run(plan, data_dir, progress=lambda text: print(text, file=sys.stderr, flush=True))
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, result_path)
+def _serve() -> int:
+    """The worker's loop: one `plan result data` line in, the result file and one line out
+    (DONE, or ERROR and why), until its input closes."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        plan_path, result_path, data_dir = map(Path, line.rstrip("\n").split("\t"))
+        try:
+            values = json.loads(plan_path.read_text())
+            values["problems"] = [tuple(p) for p in values["problems"]]
+            values["pairs"] = [tuple(p) for p in values["pairs"]]
+            result = run(Plan(**values), data_dir,
+                         progress=lambda text: print(text, file=sys.stderr, flush=True))
+            tmp = result_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result))
+            os.replace(tmp, result_path)
+            reply = "DONE"
+        except Exception as err:  # noqa: BLE001 - reported to the parent, which falls back
+            reply = f"ERROR {type(err).__name__}: {err}".replace("\n", " ")
+        print(reply, flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(_serve())
