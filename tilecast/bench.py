@@ -189,7 +189,7 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
         if key not in prepared:
             problem = keys[key][1]
             prepared[key] = family.prepare(problem, scratch / f"p{len(prepared)}",
-                                           seed=settings.seed + zlib.crc32(key.encode()))
+                                           seed=_data_seed(settings, key))
         return prepared[key]
 
     try:
@@ -273,6 +273,12 @@ def _merge(merged: dict, key, outcome: JobOutcome, error: float | None) -> None:
     merged[key] = (acc, max(errors) if errors else None)
 
 
+def _data_seed(settings: BenchSettings, dims_key: str) -> int:
+    """The seed of a problem's inputs: the same in this process and in the interleaved
+    worker, which prepares the problem again in its own memory."""
+    return settings.seed + zlib.crc32(dims_key.encode())
+
+
 def _interleavable(family, tasks: list[_Task], settings: BenchSettings) -> list[_Task]:
     """The tasks the interleaved protocol times: all of them when the family has an
     in-process timer and every kernel its library, else none (a batch is never split
@@ -296,7 +302,7 @@ def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
     plan = interleave.Plan(
         family=family.name,
         libraries={kernel: str(settings.libraries[kernel]) for kernel, _ in pairs},
-        problems=[(key, family.problem_dict(keys[key][1]), settings.seed + zlib.crc32(key.encode()))
+        problems=[(key, family.problem_dict(keys[key][1]), _data_seed(settings, key))
                   for key in used],
         pairs=pairs, cycles=max(task.samples for task in tasks),
         protocol=asdict(settings.protocol), seed=settings.seed + zlib.crc32(",".join(used).encode()))
