@@ -118,15 +118,35 @@ def _bench(tmp_path, builts, settings):
 def test_bench_labels_come_from_the_interleaved_samples(tmp_path, gemm_builds):
     builts, libraries = gemm_builds
     settings = BenchSettings(protocol=PROTOCOL, finalists=2, confirm_samples=2,
-                             problems_per_batch=3, libraries=libraries)
+                             problems_per_batch=3, libraries=libraries, race_cycles=2)
     records = _bench(tmp_path, builts, settings)
     screen = [r for r in records if r["phase"] == "screen"]
     assert len(screen) == 6 and {r["timing"] for r in records} == {"interleaved"}
     assert all(r["status"] == "ok" and r["tflops"] > 0 for r in screen)
-    # the isolated validation sample is not part of the label: exactly the protocol's count
-    assert all(len(r["samples_s"]) == 3 or r["disturbed_samples_s"] for r in screen)
+    # the isolated validation sample is not part of the label: the protocol's 3 screening
+    # samples plus 2 race cycles (two candidates a problem: both are contenders)
+    assert all(len(r["samples_s"]) == 5 or r["disturbed_samples_s"] for r in screen)
     assert all(len(r["round_medians_s"]) >= 1 for r in screen)
-    assert {r["dims_key"] for r in records if r["phase"] == "confirm"} == {r["dims_key"] for r in screen}
+    # finalists are raced in the worker's windows, not confirmed later in other windows
+    assert not [r for r in records if r["phase"] == "confirm"]
+
+
+def test_only_a_problems_contenders_are_raced():
+    def timing(level, cycles=range(4)):
+        return interleave.PairTiming(samples_s=[level * w for w in (1.0, 1.3, 0.9, 2.0)][:len(cycles)],
+                                     sample_cycles=list(cycles))
+    # in-window levels 1.00, 1.05, 1.09, 1.2, 3.0 (the cycles' windows shared by all)
+    levels = {"a": 1.0, "b": 1.05, "c": 1.09, "d": 1.2, "e": 3.0}
+    timings = {(k, "p"): timing(v) for k, v in levels.items()}
+    pairs = list(timings)
+    assert interleave._contenders(pairs, timings, 0.10) == {("a", "p"), ("b", "p"), ("c", "p")}
+    # a wider margin takes more; never fewer than MIN_PAIRS_FOR_FACTOR, never more than RACE_MAX
+    assert interleave._contenders(pairs, timings, 0.25) == {(k, "p") for k in "abcd"}
+    assert len(interleave._contenders(pairs, timings, 0.0)) == interleave.MIN_PAIRS_FOR_FACTOR
+    many = {(f"k{i}", "p"): timing(1.0 + i / 1000) for i in range(20)}
+    assert len(interleave._contenders(list(many), many, 0.5)) == interleave.RACE_MAX
+    # the timings are not changed by choosing
+    assert timings["a", "p"].samples_s == [1.0, 1.3, 0.9, 2.0] and not timings["a", "p"].window_factors
 
 
 def test_a_dead_worker_leaves_the_batch_to_the_isolated_protocol(tmp_path, gemm_builds,

@@ -49,6 +49,11 @@ class BenchSettings:
     # kernel -> its in-process library; a kernel without one is timed the isolated way
     libraries: Mapping[str, Path] = field(default_factory=dict)
     interleave: bool = True
+    # interleaved protocol: after the screening cycles, each problem's contenders (within
+    # race_margin_pct of its best, in the same windows) get race_cycles more samples in the
+    # same worker, in place of the isolated protocol's confirm phase (tilecast.interleave)
+    race_cycles: int = 16
+    race_margin_pct: float = 10.0
 
 
 def in_process_libraries(family, builts: Sequence, cache_dir: Path, jobs: int = 2) -> dict[str, Path]:
@@ -305,7 +310,8 @@ def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
         problems=[(key, family.problem_dict(keys[key][1]), _data_seed(settings, key))
                   for key in used],
         pairs=pairs, cycles=max(task.samples for task in tasks),
-        protocol=asdict(settings.protocol), seed=settings.seed + zlib.crc32(",".join(used).encode()))
+        protocol=asdict(settings.protocol), seed=settings.seed + zlib.crc32(",".join(used).encode()),
+        race_cycles=settings.race_cycles, race_margin=settings.race_margin_pct / 100)
     try:
         timings = worker.measure(plan)
     except interleave.InterleaveError as err:
@@ -405,6 +411,10 @@ def _confirm(family, builts, keys, prepare, rec, done, settings, worker) -> None
     for key in keys:
         screen = {k: r for (dk, k, ph), r in done.items() if dk == key and ph == "screen"
                   and k in by_kernel and by_kernel[k].binary is not None}
+        if any(r.get("timing") == "interleaved" for r in screen.values()):
+            # raced in the worker's own windows; samples taken later, in other windows
+            # and among fewer rivals, would not compare with theirs (README: Measurement)
+            continue
         for kernel, n_samples in _finalists(screen, settings):
             if (key, kernel, "confirm") not in done and n_samples > 0:
                 plan[kernel].append((key, n_samples))

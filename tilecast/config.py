@@ -53,6 +53,8 @@ class RunConfig:
     families: dict[str, FamilyConfig]
     retry_disturbed: int = 1
     interleave: bool = True    # time a batch's candidates side by side (tilecast.interleave)
+    race_cycles: int = 16      # interleaved: more cycles for each problem's contenders
+    race_margin_pct: float = 10.0
 
 
 def _count(where: str, values: Mapping, key: str, default: int, minimum: int) -> int:
@@ -185,10 +187,15 @@ def load_config(path: str | Path) -> RunConfig:
     _check_keys(f"{where}.build", build_cfg, set(), {"jobs"})
     bench_cfg = raw.get("bench") or {}
     _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch", "rounds",
-                                                       "retry_disturbed", "interleave"})
+                                                       "retry_disturbed", "interleave",
+                                                       "race_cycles", "race_margin_pct"})
     interleave = bench_cfg.get("interleave", True)
     if not isinstance(interleave, bool):
         raise ConfigError(f"{where}.bench.interleave: expected true or false, got {interleave!r}")
+    margin = bench_cfg.get("race_margin_pct", 10.0)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 100:
+        raise ConfigError(f"{where}.bench.race_margin_pct: expected a number from 0 to 100, "
+                          f"got {margin!r}")
     families_raw = raw["families"]
     if not isinstance(families_raw, Mapping) or not families_raw:
         raise ConfigError(f"{where}.families: expected a non-empty mapping of family name -> settings")
@@ -207,4 +214,6 @@ def load_config(path: str | Path) -> RunConfig:
                      problems_per_batch=_count(f"{where}.bench", bench_cfg, "problems_per_batch", 8, 1),
                      rounds=_count(f"{where}.bench", bench_cfg, "rounds", 3, 1),
                      retry_disturbed=_count(f"{where}.bench", bench_cfg, "retry_disturbed", 1, 0),
-                     interleave=interleave, families=families)
+                     interleave=interleave,
+                     race_cycles=_count(f"{where}.bench", bench_cfg, "race_cycles", 16, 0),
+                     race_margin_pct=float(margin), families=families)

@@ -153,6 +153,7 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
                              problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
                              retry_disturbed=cfg.retry_disturbed,
                              seed=fc.seed, interleave=cfg.interleave,
+                             race_cycles=cfg.race_cycles, race_margin_pct=cfg.race_margin_pct,
                              libraries=in_process_libraries(family, builts, ctx.build_cache,
                                                             cfg.build_jobs) if cfg.interleave else {})
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,

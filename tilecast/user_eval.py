@@ -87,6 +87,7 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
                              finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
                              problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
                              retry_disturbed=cfg.retry_disturbed, interleave=cfg.interleave,
+                             race_cycles=cfg.race_cycles, race_margin_pct=cfg.race_margin_pct,
                              libraries=libraries)
     raw = workdir / "bench" / f"{model}.jsonl"
     run_info = {"run_id": f"evaluate-{model}-v{dispatcher.version}", "git_sha": "",
