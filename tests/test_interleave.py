@@ -3,13 +3,15 @@ Every pair gets its cycles of real samples; wrong numbers, a missing library and
 worker are records or a fallback, never a guess or a dead pipeline."""
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 
-from tilecast import interleave
+from tilecast import bench, interleave
 from tilecast.bench import BenchSettings, benchmark, in_process_libraries
 from tilecast.build import build_candidates
 from tilecast.families import get_family
@@ -123,32 +125,51 @@ def test_bench_labels_come_from_the_interleaved_samples(tmp_path, gemm_builds):
     screen = [r for r in records if r["phase"] == "screen"]
     assert len(screen) == 6 and {r["timing"] for r in records} == {"interleaved"}
     assert all(r["status"] == "ok" and r["tflops"] > 0 for r in screen)
-    # the isolated validation sample is not part of the label: the protocol's 3 screening
-    # samples plus 2 race cycles (two candidates a problem: both are contenders)
-    assert all(len(r["samples_s"]) == 5 or r["disturbed_samples_s"] for r in screen)
+    # the isolated validation sample is not part of the label: exactly the protocol's count
+    assert all(len(r["samples_s"]) == 3 or r["disturbed_samples_s"] for r in screen)
     assert all(len(r["round_medians_s"]) >= 1 for r in screen)
-    # finalists are raced in the worker's windows, not confirmed later in other windows
-    assert not [r for r in records if r["phase"] == "confirm"]
+    # once all batches are screened, each problem's contenders (two candidates a problem: both)
+    # are raced: 2 cycles over the 3 rounds, each round on the screen's scale
+    confirm = [r for r in records if r["phase"] == "confirm"]
+    assert {(r["kernel"], r["dims_key"]) for r in confirm} == {(r["kernel"], r["dims_key"]) for r in screen}
+    assert all(r["timing"] == "interleaved" and r["status"] == "ok" for r in confirm)
+    assert all(len(r["samples_s"]) == 2 or r["disturbed_samples_s"] for r in confirm)
+    assert all(len(r["round_medians_s"]) == 2 for r in confirm if len(r["samples_s"]) == 2)
+    # a re-run measures nothing again, the race included
+    assert len(_bench(tmp_path, builts, settings)) == len(records)
 
 
 def test_only_a_problems_contenders_are_raced():
-    def timing(level, cycles=range(4)):
-        return interleave.PairTiming(samples_s=[level * w for w in (1.0, 1.3, 0.9, 2.0)][:len(cycles)],
-                                     sample_cycles=list(cycles))
-    # in-window levels 1.00, 1.05, 1.09, 1.2, 3.0 (the cycles' windows shared by all)
     levels = {"a": 1.0, "b": 1.05, "c": 1.09, "d": 1.2, "e": 3.0}
-    timings = {(k, "p"): timing(v) for k, v in levels.items()}
-    pairs = list(timings)
-    assert interleave._contenders(pairs, timings, 0.10) == {("a", "p"), ("b", "p"), ("c", "p")}
+    assert interleave.contenders(levels, 0.10) == ["a", "b", "c"]
     # a wider margin takes more; never fewer than MIN_PAIRS_FOR_FACTOR, never more than RACE_MAX
-    assert interleave._contenders(pairs, timings, 0.25) == {(k, "p") for k in "abcd"}
-    assert len(interleave._contenders(pairs, timings, 0.0)) == interleave.MIN_PAIRS_FOR_FACTOR
-    many = {(f"k{i}", "p"): timing(1.0 + i / 1000) for i in range(20)}
-    assert len(interleave._contenders(list(many), many, 0.5)) == interleave.RACE_MAX
-    # the timings are not changed by choosing
-    assert timings["a", "p"].samples_s == [1.0, 1.3, 0.9, 2.0] and not timings["a", "p"].window_factors
+    assert interleave.contenders(levels, 0.25) == ["a", "b", "c", "d"]
+    assert interleave.contenders({"x": 2.0, "y": 1.0, "z": 9.0, "w": 5.0}, 0.0) == ["y", "x", "w"]
+    many = {f"k{i:02d}": 1.0 + i / 1000 for i in range(20)}
+    assert interleave.contenders(many, 0.5) == [f"k{i:02d}" for i in range(interleave.RACE_MAX)]
+    assert interleave.contenders({}, 0.1) == []
 
 
+def test_a_race_round_is_put_on_the_screens_scale():
+    # the round ran in a state 2x slower for both contenders, and ranked them the other way
+    screen = {"a": {"samples_s": [1.0, 1.0, 1.0]}, "b": {"samples_s": [1.1, 1.1, 1.1]}}
+    timings = {"a": interleave.PairTiming(reps=5, samples_s=[2.4, 2.4], window_factors=[1.0, 1.5]),
+               "b": interleave.PairTiming(reps=7, samples_s=[2.0, 2.0], window_factors=[1.0, 1.5])}
+    outcomes = {("a", "p"): bench.JobOutcome("ok"), ("b", "p"): bench.JobOutcome("ok")}
+    errors, medians = {}, defaultdict(list)
+    bench._fold_round(screen, timings, "p", outcomes, errors, medians)
+    # scale: median of screen/round ratios (1/2.4, 1.1/2.0) = their geometric mean
+    scale = math.sqrt(1.0 / 2.4 * 1.1 / 2.0)
+    assert outcomes["a", "p"].samples_s == pytest.approx([2.4 * scale] * 2)
+    assert outcomes["b", "p"].samples_s == pytest.approx([2.0 * scale] * 2)
+    assert outcomes["b", "p"].samples_s[0] < outcomes["a", "p"].samples_s[0]
+    # raw times stay recoverable: sample * factor
+    assert outcomes["a", "p"].window_factors == pytest.approx([1 / scale, 1.5 / scale])
+    assert outcomes["a", "p"].reps == 5 and medians["b", "p"] == pytest.approx([2.0 * scale])
+    # a contender that fails in a round is failed for good
+    timings["b"] = interleave.PairTiming(status="crashed", reason="in-process library: gone")
+    bench._fold_round(screen, timings, "p", outcomes, errors, medians)
+    assert outcomes["b", "p"].status == "crashed" and len(outcomes["a", "p"].samples_s) == 4
 def test_a_dead_worker_leaves_the_batch_to_the_isolated_protocol(tmp_path, gemm_builds,
                                                                  monkeypatch, caplog):
     builts, libraries = gemm_builds

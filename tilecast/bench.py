@@ -12,6 +12,7 @@ appended as they are produced; a re-run skips what the raw file already holds.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 import zlib
@@ -49,9 +50,9 @@ class BenchSettings:
     # kernel -> its in-process library; a kernel without one is timed the isolated way
     libraries: Mapping[str, Path] = field(default_factory=dict)
     interleave: bool = True
-    # interleaved protocol: after the screening cycles, each problem's contenders (within
-    # race_margin_pct of its best, in the same windows) get race_cycles more samples in the
-    # same worker, in place of the isolated protocol's confirm phase (tilecast.interleave)
+    # interleaved protocol, in place of the confirm phase: once every batch is screened, each
+    # problem's contenders (within race_margin_pct of its best) get race_cycles more samples,
+    # in `rounds` rounds spread over the rest of the run (`_race`)
     race_cycles: int = 16
     race_margin_pct: float = 10.0
 
@@ -181,6 +182,7 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
             progress(f"bench {family.name}: batch {index}/{len(batches)} done, "
                      f"{summary.measured} new records, {summary.skipped_existing} already measured, "
                      f"elapsed {elapsed:.0f}s, eta {eta:.0f}s")
+        _race(family, builts, problems, done, rec, settings, worker, progress)
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -310,8 +312,7 @@ def _time_interleaved(family, tasks: list[_Task], keys, merged, round_medians,
         problems=[(key, family.problem_dict(keys[key][1]), _data_seed(settings, key))
                   for key in used],
         pairs=pairs, cycles=max(task.samples for task in tasks),
-        protocol=asdict(settings.protocol), seed=settings.seed + zlib.crc32(",".join(used).encode()),
-        race_cycles=settings.race_cycles, race_margin=settings.race_margin_pct / 100)
+        protocol=asdict(settings.protocol), seed=settings.seed + zlib.crc32(",".join(used).encode()))
     try:
         timings = worker.measure(plan)
     except interleave.InterleaveError as err:
@@ -412,9 +413,7 @@ def _confirm(family, builts, keys, prepare, rec, done, settings, worker) -> None
         screen = {k: r for (dk, k, ph), r in done.items() if dk == key and ph == "screen"
                   and k in by_kernel and by_kernel[k].binary is not None}
         if any(r.get("timing") == "interleaved" for r in screen.values()):
-            # raced in the worker's own windows; samples taken later, in other windows
-            # and among fewer rivals, would not compare with theirs (README: Measurement)
-            continue
+            continue  # raced instead, once every batch is screened (`_race`)
         for kernel, n_samples in _finalists(screen, settings):
             if (key, kernel, "confirm") not in done and n_samples > 0:
                 plan[kernel].append((key, n_samples))
@@ -423,3 +422,103 @@ def _confirm(family, builts, keys, prepare, rec, done, settings, worker) -> None
         for n_samples in sorted({n for _, n in items}):
             tasks.append(_Task(by_kernel[kernel], [k for k, n in items if n == n_samples], n_samples))
     _execute(family, tasks, [], keys, prepare, rec, "confirm", done, settings, worker)
+
+
+def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSettings,
+          worker: interleave.Worker, progress: Callable[[str], None]) -> None:
+    """The interleaved protocol's confirmation. Measured on the 2-core VM (README:
+    Measurement), a problem's screening cycles, all within its batch's half minute, can sit
+    in one state of the machine that ranks its leaders otherwise than the next run's state
+    does. So once every batch is screened, each problem's contenders
+    (`interleave.contenders` of its in-window screen times) get `race_cycles` more samples
+    in `rounds` rounds over all problems, spread over the rest of the run, each round one
+    worker plan (fresh buffers: memory layout is drawn anew too). A round's in-window samples
+    are put on the screen's scale through its contenders (the median ratio of their screen
+    to their round times), so a contender's pooled label (`dataset.final_table`) still
+    compares with the screen labels of the problem's other candidates. A problem raced
+    before a resume is not raced again; a round whose worker fails ends the racing (the
+    screen labels stand, with a warning)."""
+    by_kernel = {b.kernel: b for b in builts if b.binary is not None}
+    keys = {family.dims_key(problem): (ps, problem) for ps, problem in problems}
+    screens: dict[str, dict[str, dict]] = defaultdict(dict)
+    raced = set()
+    for (key, kernel, phase), record in done.items():
+        if key in keys and kernel in by_kernel:
+            if phase == "confirm":
+                raced.add(key)
+            elif (record.get("timing") == "interleaved" and record["status"] == "ok"
+                  and record.get("median_s")):
+                screens[key][kernel] = record
+    margin = settings.race_margin_pct / 100
+    racing = {key: interleave.contenders({k: r["median_s"] for k, r in screen.items()}, margin)
+             for key, screen in screens.items() if key not in raced and len(screen) > 1}
+    racing = {key: kernels for key, kernels in racing.items() if kernels}
+    counts = [c for c in _split(settings.race_cycles, max(1, settings.rounds)) if c]
+    if not racing or not counts:
+        return
+    pairs = [(kernel, key) for key, kernels in racing.items() for kernel in kernels]
+    outcomes = {pair: JobOutcome("ok") for pair in pairs}
+    errors: dict[tuple[str, str], float | None] = {}
+    round_medians: dict[tuple[str, str], list[float]] = defaultdict(list)
+    started, finished = time.perf_counter(), 0
+    for index, count in enumerate(counts, 1):
+        plan = interleave.Plan(
+            family=family.name,
+            libraries={kernel: str(settings.libraries[kernel]) for kernel, _ in pairs},
+            problems=[(key, family.problem_dict(keys[key][1]), _data_seed(settings, key))
+                      for key in racing],
+            pairs=pairs, cycles=count, protocol=asdict(settings.protocol),
+            seed=settings.seed + index + zlib.crc32(",".join(racing).encode()))
+        try:
+            timings = worker.measure(plan)
+        except interleave.InterleaveError as err:
+            log.warning("bench %s: race round %d failed (%s); %s", family.name, index, err,
+                        "the screen labels stand" if not finished else
+                        f"the contenders keep {finished} round(s)")
+            break
+        for key, kernels in racing.items():
+            _fold_round(screens[key], {kernel: timings[kernel, key] for kernel in kernels},
+                        key, outcomes, errors, round_medians)
+        finished += 1
+        elapsed = time.perf_counter() - started
+        progress(f"bench {family.name}: race round {index}/{len(counts)} done, {len(pairs)} "
+                 f"contenders of {len(racing)} problems, elapsed {elapsed:.0f}s, "
+                 f"eta {elapsed / index * (len(counts) - index):.0f}s")
+    if not finished:
+        return
+    for (kernel, key), outcome in outcomes.items():
+        ps, problem = keys[key]
+        built = by_kernel[kernel]
+        done[key, kernel, "confirm"] = rec.write(ps, problem, kernel, built.config, "candidate",
+                                                 "confirm", outcome, built.event.binary_bytes,
+                                                 errors.get((kernel, key)),
+                                                 round_medians[kernel, key], "interleaved")
+
+
+def _fold_round(screen: Mapping[str, dict], timings: Mapping[str, interleave.PairTiming], key,
+                outcomes: dict, errors: dict, round_medians: dict) -> None:
+    """Add one race round's samples of one problem's contenders to their outcomes, on the
+    screen's scale; the first failure of a contender is final."""
+    ratios = [math.log(stats.median(screen[kernel]["samples_s"])
+                       / stats.median(timing.samples_s))
+              for kernel, timing in timings.items()
+              if timing.status == "ok" and timing.samples_s and screen[kernel]["samples_s"]]
+    scale = math.exp(stats.median(ratios)) if ratios else 1.0
+    for kernel, timing in timings.items():
+        acc = outcomes[kernel, key]
+        if acc.status != "ok":
+            continue
+        if timing.status != "ok":
+            outcomes[kernel, key] = JobOutcome(timing.status, timing.reason, timing.reps)
+            errors[kernel, key] = timing.max_error
+            continue
+        samples = [seconds * scale for seconds in timing.samples_s]
+        acc.samples_s.extend(samples)
+        acc.reps = min(acc.reps, timing.reps) if acc.reps else timing.reps
+        acc.retaken += timing.retaken
+        acc.disturbed_samples_s.extend(seconds * scale for seconds in timing.disturbed_samples_s)
+        acc.window_factors.extend(factor / scale for factor in timing.window_factors)
+        acc.window_probes_us.extend(timing.window_probes_us)
+        errors[kernel, key] = max(errors.get((kernel, key)) or 0.0, timing.max_error or 0.0)
+        if samples:
+            round_medians[kernel, key].append(stats.median(samples))

@@ -63,10 +63,6 @@ class Plan:
     cycles: int
     protocol: Mapping
     seed: int = 0
-    # then `race_cycles` more for each problem's contenders: the pairs whose in-window level
-    # after the first `cycles` is within `race_margin` of the problem's best (`_contenders`)
-    race_cycles: int = 0
-    race_margin: float = 0.1
 
 
 @dataclass
@@ -91,7 +87,7 @@ class PairTiming:
 
 # a cycle's factor needs this many of the problem's pairs sampled in it; else it stays 1
 MIN_PAIRS_FOR_FACTOR = 3
-# the most candidates of one problem raced after the screening cycles
+# the most candidates of one problem raced after the screening (`contenders`)
 RACE_MAX = 8
 
 
@@ -148,41 +144,39 @@ def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: N
     by_problem: dict[str, list] = {}
     for pair in timers:
         by_problem.setdefault(pair[1], []).append(pair)
-    # screening cycles (every pair), race cycles (each problem's contenders), then at most
-    # `retakes` cycles for pairs the contention guard left short of their count
-    racing = plan.cycles + plan.race_cycles
-    contenders: set = set()
-    wanted = {pair: plan.cycles for pair in timers}
+    extra_cycles = 0
     cycle = 0
     while True:
-        if cycle == plan.cycles and plan.race_cycles:
-            for pairs in by_problem.values():
-                contenders |= _contenders(pairs, timings, plan.race_margin)
-            wanted.update({pair: racing for pair in contenders})
-        short = {pair for pair in timers if len(timings[pair].samples_s) < wanted[pair]}
-        if cycle >= racing and (not short or cycle >= racing + protocol.retakes):
-            break
+        short = {pair for pair in timers if len(timings[pair].samples_s) < plan.cycles}
+        if cycle >= plan.cycles:
+            # a pair left short by the contention guard gets more cycles, `retakes` at most
+            if not short or extra_cycles >= protocol.retakes:
+                break
+            extra_cycles += 1
         keys = list(by_problem)
         rng.shuffle(keys)
         for key in keys:
-            pairs = [p for p in by_problem[key] if cycle < plan.cycles
-                     or (p in contenders if cycle < racing else p in short)]
+            pairs = [p for p in by_problem[key] if cycle < plan.cycles or p in short]
             rng.shuffle(pairs)
             probe_us = probe() if probe is not None and pairs else -1.0
             for pair in pairs:
                 _sample(timers[pair], timings[pair], protocol, cycle, probe_us)
         cycle += 1
-        progress(f"cycle {cycle}: {len(timers)} pairs, {len(contenders)} raced")
+        progress(f"cycle {cycle}: {len(timers)} pairs")
     for pairs in by_problem.values():
         _window_factors([timings[pair] for pair in pairs])
     return {f"{kernel}|{key}": asdict(t) for (kernel, key), t in timings.items()}
 
 
-def _polish(pairs: Sequence[PairTiming], sweeps: int = 10) -> tuple[list[float], dict[int, float]]:
-    """Tukey's median polish of a problem's log times: (each pair's level, each cycle's window
-    effect), alternating medians over cycles and over pairs; a cycle with fewer than
-    MIN_PAIRS_FOR_FACTOR of the problem's pairs keeps effect 0, the others are measured from
-    the median cycle. Pure: the timings are not changed."""
+def _window_factors(pairs: Sequence[PairTiming], sweeps: int = 10) -> None:
+    """Compare like with like: every candidate of a problem took one sample per cycle, within
+    a fraction of a second of each other. Each log time is split into the pair's level plus
+    its cycle's window effect (Tukey's median polish: alternate medians over cycles and over
+    pairs; a cycle with fewer than MIN_PAIRS_FOR_FACTOR of the problem's pairs keeps effect
+    0), window effects measured from the median cycle. Each sample is then divided by its
+    cycle's factor exp(effect), so a window in which the machine slowed every candidate (on
+    the 2-core VM: 2-3x for microsecond kernels, in some of a problem's cycles only) no
+    longer decides which of them looks fastest. The factors are kept: raw = sample * factor."""
     logs = [np.log(np.asarray(t.samples_s, dtype=float)) for t in pairs]
     cycles = [np.asarray(t.sample_cycles, dtype=int) for t in pairs]
     counts: dict[int, int] = {}
@@ -202,38 +196,23 @@ def _polish(pairs: Sequence[PairTiming], sweeps: int = 10) -> tuple[list[float],
                   if len(values) else 0.0 for values, owned in zip(logs, cycles)]
     counted = [value for cycle, value in effect.items() if counts[cycle] >= MIN_PAIRS_FOR_FACTOR]
     center = float(np.median(counted)) if counted else 0.0
-    return ([level + center for level in levels],
-            {cycle: value - center if counts[cycle] >= MIN_PAIRS_FOR_FACTOR else 0.0
-             for cycle, value in effect.items()})
-
-
-def _window_factors(pairs: Sequence[PairTiming]) -> None:
-    """Compare like with like: every candidate of a problem took one sample per cycle, within
-    a fraction of a second of each other. Each log time is split into the pair's level plus
-    its cycle's window effect (`_polish`). Each sample is then divided by its cycle's factor
-    exp(effect), so a window in which the machine slowed every candidate (on the 2-core VM:
-    2-3x for microsecond kernels, in some of a problem's cycles only) no longer decides
-    which of them looks fastest. The factors are kept: raw = sample * factor."""
-    _, effect = _polish(pairs)
-    for timing in pairs:
-        timing.window_factors = [float(np.exp(effect[int(c)])) for c in timing.sample_cycles]
+    for timing, owned in zip(pairs, cycles):
+        timing.window_factors = [float(np.exp(effect[int(c)] - center))
+                                 if counts[int(c)] >= MIN_PAIRS_FOR_FACTOR else 1.0 for c in owned]
         timing.samples_s = [seconds / factor
                             for seconds, factor in zip(timing.samples_s, timing.window_factors)]
 
 
-def _contenders(pairs: Sequence[tuple[str, str]], timings: Mapping, margin: float) -> set:
-    """The pairs of one problem worth racing: in-window level within `margin` of the best's
-    (and the best MIN_PAIRS_FOR_FACTOR at least, so race cycles still have window factors),
-    RACE_MAX of them at most, the fastest first."""
-    sampled = [pair for pair in pairs if timings[pair].samples_s]
-    if not sampled:
-        return set()
-    levels, _ = _polish([timings[pair] for pair in sampled])
-    ranked = sorted(zip(levels, sampled))
-    best = ranked[0][0]
-    chosen = [pair for rank, (level, pair) in enumerate(ranked)
-              if rank < MIN_PAIRS_FOR_FACTOR or level <= best + math.log1p(margin)]
-    return set(chosen[:RACE_MAX])
+def contenders(levels: Mapping[str, float], margin: float) -> list[str]:
+    """The kernels of one problem worth racing, fastest first: in-window time (`levels`,
+    seconds) within `margin` of the best's, and the best MIN_PAIRS_FOR_FACTOR at least (so
+    a race cycle still has a window factor), RACE_MAX at most."""
+    ranked = sorted(levels, key=lambda kernel: (levels[kernel], kernel))
+    if not ranked:
+        return []
+    limit = levels[ranked[0]] * (1 + margin)
+    return [kernel for rank, kernel in enumerate(ranked)
+            if rank < MIN_PAIRS_FOR_FACTOR or levels[kernel] <= limit][:RACE_MAX]
 
 
 def _sync_probe(library: str) -> Callable[[], float] | None:
@@ -337,8 +316,7 @@ class Worker:
         or fails the plan."""
         protocol = self.protocol
         if timeout_s is None:
-            per_pair = protocol.warmup_ms + ((plan.cycles + plan.race_cycles + protocol.retakes)
-                                             * 2 * protocol.min_sample_ms)
+            per_pair = protocol.warmup_ms + (plan.cycles + protocol.retakes) * 2 * protocol.min_sample_ms
             timeout_s = 120 + 10 * len(plan.pairs) * per_pair / 1e3
         if self._proc is not None and self._proc.poll() is not None:
             self._failed("died between plans")   # tidied up; a new one starts below
