@@ -12,7 +12,7 @@ the layout), the ratio th/tilecast, GFLOP/s of the whole conv, and each module's
 against a float64 reference (tilecast.disco.reference on the same weights; "skipped" where that
 would take too long or too much memory). Then each contraction kernel alone (the CSR and
 kpacked forward, the transpose) against the peer's custom ops. Last, the bound the channel
-mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.probe) and torch's sgemm at
+mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.core.probe) and torch's sgemm at
 the fused path's block shape, both read in every round of the module timings, and the best
 ratio th/tilecast any implementation could reach that spends at least that long on the mix,
 with its sparse contractions for free. The configs are DISCO_KERNEL_DEV.md's. --scale s

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilecast import registry  # noqa: E402
-from tilecast.dispatch import INVERSE_TRANSFORMS, Dispatcher  # noqa: E402
+from tilecast.runtime.dispatch import INVERSE_TRANSFORMS, Dispatcher  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
 
 GEMM = get_family("gemm")

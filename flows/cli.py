@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tilecast import cli
-from tilecast.io_utils import atomic_write_bytes
+from tilecast.core.atomic import atomic_write_bytes
 
 
 def _template_database() -> Path | None:
@@ -21,7 +21,7 @@ def _template_database() -> Path | None:
     migrates as usual)."""
     from importlib.metadata import version
 
-    from tilecast.build import cache_root
+    from tilecast.stages.build import cache_root
 
     directory = cache_root() / "prefect-db" / version("prefect")
     template = directory / "prefect.db"
@@ -79,17 +79,17 @@ def prefect_env(workdir: Path) -> None:
 
 
 def _cmd_run(args) -> int:
-    from tilecast.pipeline import expand_workdir
+    from tilecast.workflows.pipeline import expand_workdir
 
     workdir = Path(expand_workdir(args.workdir))
     if args.plain:
-        from tilecast import pipeline
+        from tilecast.workflows import pipeline
 
         ctx = pipeline.RunContext.create(args.config, args.workdir, args.registry, run_id=args.run_id)
         summary = pipeline.run_all(ctx)
     else:
         prefect_env(workdir)
-        from tilecast.config import load_config
+        from tilecast.core.config import load_config
 
         load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
         server = None

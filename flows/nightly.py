@@ -10,8 +10,8 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks import orchestration, stages
-from tilecast import pipeline
-from tilecast.device import default_device
+from tilecast.workflows import pipeline
+from tilecast.core.device import default_device
 
 
 @flow(name="tilecast-nightly", log_prints=True)

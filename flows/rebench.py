@@ -11,8 +11,8 @@ from prefect import flow
 from prefect.states import Completed, Failed
 
 from tasks import orchestration, stages
-from tilecast import pipeline, rebench, regression
-from tilecast.device import default_device
+from tilecast.workflows import pipeline, rebench, regression
+from tilecast.core.device import default_device
 
 
 @flow(name="tilecast-rebenchmark", log_prints=True)

@@ -1,5 +1,5 @@
 """One Prefect task per pipeline stage. Each wraps the plain-Python stage in
-`tilecast.pipeline`, which is tested without Prefect; the task adds retries, caching on
+`tilecast.workflows.pipeline`, which is tested without Prefect; the task adds retries, caching on
 inputs + source, tags (the benchmark's device tag for concurrency limits) and logging."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
-from tilecast import pipeline, rebench
+from tilecast.workflows import pipeline, rebench
 
 CACHE = INPUTS + TASK_SOURCE
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tilecast import hardware
-from tilecast.build import DEFAULT_FLAGS
+from tilecast.core import hardware
+from tilecast.stages.build import DEFAULT_FLAGS
 from tilecast.families.base import KERNELS_DIR
 
 FIXTURES = Path(__file__).parent / "fixtures"

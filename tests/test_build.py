@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 
-from tilecast.build import SHARED_FLAGS, build_candidates, cache_key, rebase_spec
+from tilecast.stages.build import SHARED_FLAGS, build_candidates, cache_key, rebase_spec
 from tilecast.families import get_family
 from tilecast.families.base import KERNELS_DIR, BuildSpec
 from tilecast.families.gemm import GemmConfig

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tilecast.config import ConfigError, load_config
+from tilecast.core.config import ConfigError, load_config
 
 
 @pytest.mark.parametrize("name", ["quick", "nightly"])

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from tilecast import dataset
-from tilecast.convert import convert_raw
-from tilecast.dataset import DatasetError, RECORD_COLUMNS
+from tilecast.core import dataset
+from tilecast.stages.convert import convert_raw
+from tilecast.core.dataset import DatasetError, RECORD_COLUMNS
 
 
 def _record(**over):
@@ -45,7 +45,7 @@ def test_version_1_records_convert_as_isolated_with_a_warning(tmp_path, caplog):
     del old["timing"]  # version 1 had no such field
     raw = tmp_path / "raw.jsonl"
     raw.write_text(json.dumps(old) + "\n" + json.dumps(_record(kernel="k2", timing="interleaved")) + "\n")
-    with caplog.at_level("WARNING", logger="tilecast.convert"):
+    with caplog.at_level("WARNING", logger="tilecast.stages.convert"):
         convert_raw([raw], tmp_path / "out.parquet")
     assert "1 record(s) of schema version(s) [1] upgraded" in caplog.text
     frame = dataset.load(tmp_path / "out.parquet").set_index("kernel")

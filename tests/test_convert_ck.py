@@ -7,10 +7,10 @@ import csv
 import pandas as pd
 import pytest
 
-from tilecast import dataset
+from tilecast.core import dataset
 from tilecast.cli import main
-from tilecast.convert_ck import CK_COLUMNS, convert_ck_csv
-from tilecast.dataset import DatasetError
+from tilecast.stages.convert_ck import CK_COLUMNS, convert_ck_csv
+from tilecast.core.dataset import DatasetError
 from tilecast.families import get_family
 
 FWD_2D = "grouped_conv_forward_bf16_2d_64x64x64_compv3_intrawave_dsb_si"

@@ -17,8 +17,10 @@ import pytest
 import torch
 import yaml
 
-from tilecast import bench, pipeline, tune
-from tilecast.config import expand_problems, load_config
+from tilecast.stages import bench
+from tilecast.workflows import pipeline
+from tilecast.core import tune
+from tilecast.core.config import expand_problems, load_config
 from tilecast.disco import compute_psi, csr_from_psi, native, reference
 from tilecast.disco.kpacked import kpack_psi
 from tilecast.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields
@@ -27,7 +29,7 @@ from tilecast.families.disco import LINE_BLOCK, DiscoFamily
 from tilecast.families.disco_kernels import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
                                              UNUSED_TILE_FIELD, VARIANTS, DiscoConfig,
                                              kernel_name, parse_kernel_name)
-from tilecast.measure import Protocol, run_binary
+from tilecast.core.measure import Protocol, run_binary
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 

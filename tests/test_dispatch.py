@@ -1,4 +1,4 @@
-"""Tests for tilecast.dispatch: a real tiny LightGBM model on real GEMM features, published
+"""Tests for tilecast.runtime.dispatch: a real tiny LightGBM model on real GEMM features, published
 through the registry and loaded back by the Dispatcher."""
 
 import itertools
@@ -12,11 +12,11 @@ import lightgbm
 import numpy as np
 import pytest
 
-from tilecast import registry
-from tilecast.dispatch import Dispatcher, parse_problem_string
+from tilecast.registry import api as registry
+from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
-from tilecast.registry import RegistryError
+from tilecast.registry.api import RegistryError
 
 GEMM = get_family("gemm")
 HARDWARE = {"threads": 8, "simd_bits": 512, "l1d_bytes": 48 << 10, "l2_bytes": 2 << 20,
@@ -224,7 +224,7 @@ def test_bad_problem_fields_are_named(setup, problem, message):
 
 def test_no_applicable_candidate_falls_back_to_static_best(setup, caplog):
     dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
-    with caplog.at_level(logging.WARNING, logger="tilecast.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="tilecast.runtime.dispatch"):
         chosen = dispatcher.select("m=64,n=64,k=64,dtype=bf16")
     assert chosen == setup["names"][3]
     assert "static best" in dispatcher.last_fallback_reason
@@ -305,7 +305,7 @@ def test_import_tilecast_is_lazy_about_lightgbm():
             "print(Dispatcher.__module__, tilecast.__version__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
-    assert out.split() == ["tilecast.dispatch", "0.1.0"]
+    assert out.split() == ["tilecast.runtime.dispatch", "0.1.0"]
 
 
 def test_a_bad_query_is_never_memoized(setup):
@@ -329,7 +329,7 @@ def test_applicability_masks_are_computed_once_per_key(setup, monkeypatch):
 
 
 def test_ranking_best_is_the_first_of_the_sorted_order():
-    from tilecast.dispatch import Ranking
+    from tilecast.runtime.dispatch import Ranking
 
     names = np.array(["a", "b", "c", "d"])
     ranking = Ranking(names, [1.0, np.nan, 3.0, 3.0])

@@ -1,4 +1,4 @@
-"""Tests for tilecast.evaluate, tilecast.report and tilecast.io_utils on hand-built tables.
+"""Tests for tilecast.stages.evaluate, tilecast.stages.report and tilecast.core.atomic on hand-built tables.
 
 A stub predictor returns predictions we choose, so every metric has a hand-computed answer.
 Kernels K0..K5 are six real fp32 GEMM kernel names (sorted); BF16 is a bf16 kernel that is
@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tilecast import hardware
-from tilecast.evaluate import Evaluation, evaluate, peer_ratios, static_best
+from tilecast.core import hardware
+from tilecast.stages.evaluate import Evaluation, evaluate, peer_ratios, static_best
 from tilecast.families import GEMM
-from tilecast.io_utils import atomic_write_bytes, atomic_write_json, atomic_write_text
-from tilecast.report import write_report
+from tilecast.core.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tilecast.stages.report import write_report
 
 HW = {**hardware.profile(2), "flags": ["avx2", "avx512_bf16", "avx512f", "fma"]}
 ENGINE = GEMM.feature_engine(HW)
@@ -224,7 +224,7 @@ def test_evaluation_is_a_value_object(evaluation):
 
 
 def test_slice_metrics_group_problems_by_the_familys_tags():
-    from tilecast.evaluate import slice_metrics
+    from tilecast.stages.evaluate import slice_metrics
     from tilecast.families import get_family
 
     gemm = get_family("gemm")

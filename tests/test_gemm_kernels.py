@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from tilecast.bench import _validate
-from tilecast.build import build_candidates
+from tilecast.stages.bench import _validate
+from tilecast.stages.build import build_candidates
 from tilecast.families import get_family
 from tilecast.families.gemm import MICRO_TILES, GemmConfig
-from tilecast.measure import Protocol, run_binary
+from tilecast.core.measure import Protocol, run_binary
 
 GEMM = get_family("gemm")
 PROTOCOL = Protocol(warmup_ms=0.5, min_sample_ms=0.5, samples=2, threads=2, timeout_s=60)

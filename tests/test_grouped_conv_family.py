@@ -14,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilecast.config import expand_problems
+from tilecast.core.config import expand_problems
 from tilecast.families import FamilyError, get_family
 from tilecast.families.grouped_conv import GroupedConvFamily, geometry_reason
 from tilecast.families.grouped_conv_kernels import (
@@ -339,7 +339,7 @@ def built_conv(build_cache, hw):
         pytest.skip(f"{KERNEL_SOURCE} is not written yet")
     if not set(REQUIRED_FLAGS) <= set(hw["flags"]):
         pytest.skip(f"the grouped-conv kernels need {', '.join(REQUIRED_FLAGS)}, which this CPU lacks")
-    from tilecast.build import build_candidates
+    from tilecast.stages.build import build_candidates
 
     by_direction = {}
     results = build_candidates(FORWARD, KERNEL_VARIANTS, build_cache, jobs=2)
@@ -352,8 +352,8 @@ def built_conv(build_cache, hw):
 
 @pytest.mark.parametrize("direction", sorted(DIRECTIONS))
 def test_real_kernels_match_torch(direction, built_conv, tmp_path):
-    from tilecast.bench import _validate
-    from tilecast.measure import Protocol, run_binary
+    from tilecast.stages.bench import _validate
+    from tilecast.core.measure import Protocol, run_binary
 
     family = FAMILIES[direction]
     protocol = Protocol(warmup_ms=0.2, min_sample_ms=0.2, samples=1, threads=2, timeout_s=60)

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tilecast import bench, interleave
-from tilecast.bench import BenchSettings, benchmark, in_process_libraries
-from tilecast.build import build_candidates
+from tilecast.stages import bench
+from tilecast.core import interleave
+from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
+from tilecast.stages.build import build_candidates
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
 from tilecast.families.grouped_conv import GroupedConvConfig
-from tilecast.measure import Protocol
-from tilecast.rawlog import read_records
+from tilecast.core.measure import Protocol
+from tilecast.core.rawlog import read_records
 
 GEMM = get_family("gemm")
 PROTOCOL = Protocol(warmup_ms=1, min_sample_ms=1, samples=3, threads=2, timeout_s=20)
@@ -180,7 +181,7 @@ def test_a_dead_worker_leaves_the_batch_to_the_isolated_protocol(tmp_path, gemm_
     monkeypatch.setattr(interleave.Worker, "measure", dies)
     settings = BenchSettings(protocol=PROTOCOL, finalists=0, confirm_samples=0,
                              problems_per_batch=3, libraries=libraries, measure_peer=False)
-    with caplog.at_level("WARNING", logger="tilecast.bench"):
+    with caplog.at_level("WARNING", logger="tilecast.stages.bench"):
         records = _bench(tmp_path, builts, settings)
     assert "interleaved timing failed" in caplog.text
     assert {r["timing"] for r in records} == {"isolated"}

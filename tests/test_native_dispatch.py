@@ -1,4 +1,4 @@
-"""Tests for tilecast.native: the forest evaluator against Booster.predict, the native GEMM
+"""Tests for tilecast.runtime.native: the forest evaluator against Booster.predict, the native GEMM
 features against the numpy engine, and the Dispatcher's fast path against the booster's own
 argmax, including the fallback when nothing can be compiled."""
 
@@ -10,12 +10,13 @@ import lightgbm
 import numpy as np
 import pytest
 
-from tilecast import native, registry
-from tilecast.dispatch import Dispatcher
+from tilecast.runtime import native
+from tilecast.registry import api as registry
+from tilecast.runtime.dispatch import Dispatcher
 from tilecast.families import get_family
-from tilecast.native import library
-from tilecast.native.forest import ForestUnsupported, NativeForest, flatten
-from tilecast.native.gemm_features import MAX_DIM, EngineMismatch, NativeGemmFeatures
+from tilecast.runtime.native import library
+from tilecast.runtime.native.forest import ForestUnsupported, NativeForest, flatten
+from tilecast.runtime.native.gemm_features import MAX_DIM, EngineMismatch, NativeGemmFeatures
 
 GEMM = get_family("gemm")
 HARDWARE = {"threads": 8, "simd_bits": 512, "l1d_bytes": 48 << 10, "l2_bytes": 2 << 20,
@@ -309,7 +310,7 @@ def test_a_categorical_model_keeps_the_booster(gemm, caplog):
     spec = {"family": "gemm", "feature_names": names, "target_transform": "log1p_tflops",
             "hardware": HARDWARE}
     candidates = {"family": "gemm", "kernels": gemm["names"], "static_best": gemm["names"][0]}
-    with caplog.at_level(logging.INFO, logger="tilecast.native"):
+    with caplog.at_level(logging.INFO, logger="tilecast.runtime.native"):
         dispatcher = Dispatcher(booster, spec, candidates, model="cat", version=1)
     assert dispatcher._scorer.forest is None and dispatcher._scorer.filler is not None
     assert any("declines" in r.getMessage() and "categorical" in r.getMessage()
@@ -342,7 +343,7 @@ def test_overflowing_predictions_rank_last_in_name_order(gemm):
 
 def test_failed_native_build_falls_back_to_the_booster(gemm, published, monkeypatch, caplog):
     monkeypatch.setenv(library.COMPILER_ENV, "no-such-compiler-tilecast")
-    with caplog.at_level(logging.WARNING, logger="tilecast.native"):
+    with caplog.at_level(logging.WARNING, logger="tilecast.runtime.native"):
         dispatcher = Dispatcher.from_registry(published["root"], "full")
     assert dispatcher._scorer.forest is None and dispatcher._scorer.filler is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -1,4 +1,4 @@
-"""tilecast.ops: real GEMM and grouped-conv variants, compiled as shared libraries and run in
+"""tilecast.runtime.ops: real GEMM and grouped-conv variants, compiled as shared libraries and run in
 process, against torch: outputs (norm-relative, the benchmark's tolerances), gradients,
 opcheck of the custom ops, transposed operands, bad inputs, and one real tiny registry."""
 from __future__ import annotations
@@ -15,8 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tilecast import build, hardware, kernel_library, ops, registry
-from tilecast.dispatch import Dispatcher
+from tilecast.stages import build
+from tilecast.core import hardware
+from tilecast.runtime import kernel_library, ops
+from tilecast.registry import api as registry
+from tilecast.runtime.dispatch import Dispatcher
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
 from tilecast.families.gemm import GemmConfig
@@ -64,7 +67,7 @@ def rel_error(output: torch.Tensor, reference: torch.Tensor) -> float:
 @pytest.fixture(scope="module", autouse=True)
 def libraries(build_cache, hw):
     """Every variant of this file compiled in shared mode (two compilers at once) into the
-    session's build cache, which tilecast.ops then loads from."""
+    session's build cache, which tilecast.runtime.ops then loads from."""
     if not {"avx2", "fma"} <= set(hw["flags"]):
         pytest.skip("the variants here need AVX2 and FMA, which this CPU lacks")
     with pytest.MonkeyPatch.context() as patch:

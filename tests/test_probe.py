@@ -1,4 +1,4 @@
-"""tilecast.probe: the FMA peak that the DISCO benchmark's mix bound divides by."""
+"""tilecast.core.probe: the FMA peak that the DISCO benchmark's mix bound divides by."""
 from __future__ import annotations
 
 import statistics
@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from tilecast import probe
+from tilecast.core import probe
 
 #: no x86 core tilecast runs on clocks above this (GHz); with 2 FMA ports per core it caps
 #: what a correct flop count can read

@@ -1,4 +1,4 @@
-"""The publish gate against production on the same holdout (tilecast.promotion), alias
+"""The publish gate against production on the same holdout (tilecast.registry.gate), alias
 history, promote / rollback, and the `tilecast registry` command line."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tilecast import cli, promotion, registry
+from tilecast import cli
+from tilecast.registry import gate as promotion, api as registry
 from tilecast.families import get_family
 
 GEMM = get_family("gemm")
@@ -215,7 +216,7 @@ def test_registry_command_line(tmp_path, capsys):
 
 
 def test_refresh_keeps_the_last_good_model_and_says_why(tmp_path, published):
-    from tilecast import serving
+    from tilecast.runtime import serving
 
     root = tmp_path / "reg"
     registry.publish(root, "gemm", published["files"], metrics=METRICS)
@@ -242,7 +243,7 @@ def test_refresh_keeps_the_last_good_model_and_says_why(tmp_path, published):
 
 
 def test_unreachable_registry_serves_the_named_static_kernel(tmp_path, published):
-    from tilecast import serving
+    from tilecast.runtime import serving
 
     kernel = published["names"][0]
     with pytest.raises(registry.RegistryError):

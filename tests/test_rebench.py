@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tilecast import cli, rebench, regression, stats
-from tilecast.regression import (IMPROVEMENT, NO_BASELINE, NOT_COMPARABLE, REGRESSION, UNCHANGED,
+from tilecast import cli
+from tilecast.workflows import rebench, regression
+from tilecast.core import stats
+from tilecast.workflows.regression import (IMPROVEMENT, NO_BASELINE, NOT_COMPARABLE, REGRESSION, UNCHANGED,
                                  RunRecords, compare, exit_status, render_markdown)
-from tilecast.rawlog import read_records
-from tilecast.stats import benjamini_hochberg, mann_whitney_p
+from tilecast.core.rawlog import read_records
+from tilecast.core.stats import benjamini_hochberg, mann_whitney_p
 
 TINY = Path(__file__).parent / "configs" / "tiny.yaml"
 HW = "hw-a"
@@ -274,7 +276,7 @@ def test_a_truncated_history_is_a_clear_error(tmp_path):
 
 
 def test_config_sentinel_defaults_to_the_holdout_set(tmp_path):
-    from tilecast.config import ConfigError, load_config
+    from tilecast.core.config import ConfigError, load_config
 
     base = ("name: x\nfamilies:\n  gemm:\n    candidates: {}\n    problems:\n"
             "      train: [{list: [{m: 1, n: 2, k: 3}]}]\n      holdout: [{list: [{m: 4, n: 5, k: 6}]}]\n")

@@ -1,4 +1,4 @@
-"""Tests for tilecast.registry: numbered immutable versions, the promotion gate, aliases,
+"""Tests for tilecast.registry.api: numbered immutable versions, the promotion gate, aliases,
 concurrent publishers and failed registrations."""
 
 import hashlib
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tilecast import registry
-from tilecast.registry import RegistryError
+from tilecast.registry import api as registry
+from tilecast.registry.api import RegistryError
 
 MODEL = "gemm-cpu"
 GOOD = {"mean_efficiency": 0.90, "median_efficiency": 0.93, "p10_efficiency": 0.80,

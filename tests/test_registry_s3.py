@@ -15,8 +15,9 @@ import pytest
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
-from tilecast import cli, registry, registry_remote, serving  # noqa: E402
-from tilecast.registry import RegistryError  # noqa: E402
+from tilecast import cli, serving  # noqa: E402
+from tilecast.registry import api as registry, remote as registry_remote
+from tilecast.registry.api import RegistryError  # noqa: E402
 
 BUCKET = "tilecast-test"
 MODEL = "gemm-cpu"
@@ -415,7 +416,7 @@ def gemm_files():
 
 def test_dispatcher_over_s3_selects_what_a_local_copy_selects(s3, gemm_files, tmp_path,
                                                               monkeypatch):
-    from tilecast.dispatch import Dispatcher
+    from tilecast.runtime.dispatch import Dispatcher
 
     url, fs, prefix = s3
     registry.publish(url, "gemm", gemm_files, metrics=GOOD)
@@ -447,7 +448,7 @@ def test_dispatcher_over_s3_selects_what_a_local_copy_selects(s3, gemm_files, tm
 
 def test_select_command_reads_an_s3_registry_from_the_environment(s3, gemm_files, tmp_path,
                                                                   monkeypatch, capsys):
-    from tilecast.dispatch import Dispatcher
+    from tilecast.runtime.dispatch import Dispatcher
 
     url, _, _ = s3
     registry.publish(url, "gemm", gemm_files, metrics=GOOD)
@@ -484,7 +485,7 @@ def test_serve_and_refresh_over_s3(s3, gemm_files, tmp_path):
 
 def test_a_missing_bucket_is_a_clear_error_naming_the_url(s3_endpoint, gemm_files, tmp_path,
                                                           capsys):
-    from tilecast.dispatch import Dispatcher
+    from tilecast.runtime.dispatch import Dispatcher
 
     url = "s3://tilecast-no-such-bucket/reg"
     message = (r"registry s3://tilecast-no-such-bucket/reg is unreachable: bucket "
@@ -524,7 +525,7 @@ def test_an_endpoint_that_refuses_connections_is_a_clear_error(s3_endpoint, monk
 def test_unknown_scheme_and_missing_implementation_are_named(monkeypatch):
     from fsspec.registry import known_implementations
 
-    from tilecast.dispatch import Dispatcher
+    from tilecast.runtime.dispatch import Dispatcher
 
     with pytest.raises(RegistryError, match=r"registry nosuchscheme://x/reg: fsspec cannot "
                                             r"open this URL \(Protocol not known: nosuchscheme"):

@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from tilecast import dataset, repeatability
+from tilecast.core import dataset
+from tilecast.workflows import repeatability
 from tilecast.cli import main
-from tilecast.convert import convert_raw
-from tilecast.dataset import RECORD_COLUMNS
+from tilecast.stages.convert import convert_raw
+from tilecast.core.dataset import RECORD_COLUMNS
 
 
 def _record(key, kernel, seconds, problem_set="train", rounds=(), apart=()):

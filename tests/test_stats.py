@@ -1,11 +1,11 @@
-"""Known-answer tests for tilecast.stats."""
+"""Known-answer tests for tilecast.core.stats."""
 
 import math
 
 import numpy as np
 import pytest
 
-from tilecast import stats
+from tilecast.core import stats
 
 
 # --- median ------------------------------------------------------------------

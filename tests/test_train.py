@@ -1,4 +1,4 @@
-"""Tests for tilecast.train: spec, features, group-aware CV, artifacts, predictor.
+"""Tests for tilecast.stages.train: spec, features, group-aware CV, artifacts, predictor.
 
 The training table is constructed: TFLOP/s is a deterministic function of GEMM engine
 features (tile padding waste, parallel scheme vs aspect ratio, problem size), so a model
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tilecast import hardware
+from tilecast.core import hardware
 from tilecast.families import GEMM
-from tilecast.train import (
+from tilecast.stages.train import (
     TARGETS,
     ModelArtifactError,
     ModelSpec,
@@ -214,7 +214,7 @@ def test_training_is_deterministic(tmp_path):
 
 
 def test_row_weights_favour_each_problems_best_rows():
-    from tilecast.train import row_weights
+    from tilecast.stages.train import row_weights
 
     tflops = np.array([1.0, 0.5, 4.0, 2.0, 1.0])
     groups = np.array(["a", "a", "b", "b", "b"])
@@ -235,7 +235,7 @@ def _holdout_efficiency(model_dir) -> float:
 
 
 def test_warm_start_continues_the_base_model_with_new_data(trained, tmp_path):
-    from tilecast.train import check_warm_start
+    from tilecast.stages.train import check_warm_start
 
     _, base = trained
     init = check_warm_start(base.out_dir, GEMM, ENGINE, FAST_SPEC)
@@ -251,7 +251,7 @@ def test_warm_start_continues_the_base_model_with_new_data(trained, tmp_path):
 
 
 def test_warm_start_refuses_a_base_with_another_schema(trained, tmp_path):
-    from tilecast.train import check_warm_start
+    from tilecast.stages.train import check_warm_start
 
     _, base = trained
     with pytest.raises(ModelArtifactError, match="its target_transform differs"):

@@ -1,4 +1,4 @@
-"""Tests for tilecast.tune: the invariants of TUNE_DESIGN.md as properties, plus known answers."""
+"""Tests for tilecast.core.tune: the invariants of TUNE_DESIGN.md as properties, plus known answers."""
 
 import itertools
 import math
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilecast import tune
-from tilecast.tune import (
+from tilecast.core import tune
+from tilecast.core.tune import (
     BuildEvent,
     BuiltCandidate,
     CandidateError,

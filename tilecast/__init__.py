@@ -7,7 +7,7 @@ __all__ = ["Dispatcher", "__version__"]
 def __getattr__(name: str):
     # Lazy so that `import tilecast` does not import lightgbm.
     if name == "Dispatcher":
-        from .dispatch import Dispatcher
+        from tilecast.runtime.dispatch import Dispatcher
 
         return Dispatcher
     raise AttributeError(f"module 'tilecast' has no attribute {name!r}")

@@ -13,7 +13,7 @@ class CliError(Exception):
 
 
 def _cmd_select(args) -> int:
-    from .dispatch import Dispatcher, parse_problem_string
+    from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
 
     dispatcher = Dispatcher.from_registry(args.registry, args.model, args.alias)
     problem = parse_problem_string(args.problem)
@@ -25,8 +25,8 @@ def _cmd_select(args) -> int:
 
 
 def _cmd_convert(args) -> int:
-    from .convert import convert_raw
-    from .convert_ck import convert_ck_csv
+    from tilecast.stages.convert import convert_raw
+    from tilecast.stages.convert_ck import convert_ck_csv
 
     inputs = [Path(p) for p in args.inputs]
     if args.source == "ck-csv":
@@ -40,7 +40,7 @@ def _cmd_convert(args) -> int:
 
 def _version_summary(root, model: str, version: int) -> dict:
     """What `registry list/show` print for one version: headline metrics, promotion, lineage."""
-    from . import registry
+    from tilecast.registry import api as registry
 
     path = registry.version_path(root, model, version)
     summary: dict = {"version": version, "path": str(path)}
@@ -59,14 +59,14 @@ def _version_summary(root, model: str, version: int) -> dict:
 
 
 def _cmd_repeatability(args) -> int:
-    from .repeatability import report
+    from tilecast.workflows.repeatability import report
 
     print(report(args.runs[0], args.runs[1], args.family, args.tie_threshold_pct))
     return 0
 
 
 def _cmd_registry(args) -> int:
-    from . import registry
+    from tilecast.registry import api as registry
 
     root = args.registry
     if args.action == "list":
@@ -99,7 +99,7 @@ def _cmd_registry(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from .user_eval import dump, evaluate_published, summary_line
+    from tilecast.workflows.user_eval import dump, evaluate_published, summary_line
 
     metrics = evaluate_published(args.registry, args.model, args.problems, args.workdir,
                                  alias=args.alias, config=args.config)
@@ -109,7 +109,7 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_rebench(args) -> int:
-    from .rebench import rebench
+    from tilecast.workflows.rebench import rebench
 
     families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
     if args.families is not None and not families:
@@ -232,17 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Errors a user can cause: printed as a message, never as a traceback.
 def user_errors() -> tuple[type[BaseException], ...]:
-    from .config import ConfigError
-    from .dataset import DatasetError
-    from .families.base import FamilyError
-    from .train import ModelArtifactError
+    from tilecast.core.config import ConfigError
+    from tilecast.core.dataset import DatasetError
+    from tilecast.families.base import FamilyError
+    from tilecast.stages.train import ModelArtifactError
 
-    from .rebench import RebenchError
+    from tilecast.workflows.rebench import RebenchError
 
     errors: list[type[BaseException]] = [CliError, ConfigError, DatasetError, FamilyError,
                                          FileNotFoundError, ModelArtifactError, RebenchError]
     try:
-        from .registry import RegistryError
+        from tilecast.registry.api import RegistryError
         errors.append(RegistryError)
     except ImportError:
         pass

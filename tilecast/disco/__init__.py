@@ -8,13 +8,13 @@ cuda.py with nvcc on the first call with CUDA tensors).
 """
 from __future__ import annotations
 
-from .basis import BASES, FilterBasis, HarmonicBasis, PiecewiseLinearBasis, get_basis
-from .conv import DiscoConvS2, DiscoConvTransposeS2
-from .csr import DiscoCSR, csr_from_psi
-from .distributed import DistributedDiscoConvS2, DistributedDiscoConvTransposeS2
-from .grids import GRIDS, default_theta_cutoff, latitudes, longitudes
-from .psi import CUTOFF_WIDENING, NORM_MODES, Psi, compute_psi
-from .reference import disco_contraction, disco_conv, disco_transpose_contraction, disco_transpose_conv
+from tilecast.disco.basis import BASES, FilterBasis, HarmonicBasis, PiecewiseLinearBasis, get_basis
+from tilecast.disco.conv import DiscoConvS2, DiscoConvTransposeS2
+from tilecast.disco.csr import DiscoCSR, csr_from_psi
+from tilecast.disco.distributed import DistributedDiscoConvS2, DistributedDiscoConvTransposeS2
+from tilecast.disco.grids import GRIDS, default_theta_cutoff, latitudes, longitudes
+from tilecast.disco.psi import CUTOFF_WIDENING, NORM_MODES, Psi, compute_psi
+from tilecast.disco.reference import disco_contraction, disco_conv, disco_transpose_contraction, disco_transpose_conv
 
 __all__ = [
     "BASES", "CUTOFF_WIDENING", "DiscoCSR", "DiscoConvS2", "DiscoConvTransposeS2",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .psi import Psi
+from tilecast.disco.psi import Psi
 
 
 @dataclass(frozen=True, eq=False)

@@ -41,14 +41,14 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from . import fused as fused_path
-from . import native, ops, reference, selector
-from .basis import get_basis
-from .csr import DiscoCSR, csr_from_psi
-from .grids import default_theta_cutoff
-from .kpacked import SUPPORTED_K_PAD, KPacked, kpack_psi
-from .lines import LineBlocked, line_blocked
-from .psi import Psi, compute_psi
+from tilecast.disco import fused as fused_path
+from tilecast.disco import native, ops, reference, selector
+from tilecast.disco.basis import get_basis
+from tilecast.disco.csr import DiscoCSR, csr_from_psi
+from tilecast.disco.grids import default_theta_cutoff
+from tilecast.disco.kpacked import SUPPORTED_K_PAD, KPacked, kpack_psi
+from tilecast.disco.lines import LineBlocked, line_blocked
+from tilecast.disco.psi import Psi, compute_psi
 
 KernelShape = Union[int, tuple[int], tuple[int, int]]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .psi import Psi
+from tilecast.disco.psi import Psi
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from .. import build
-from . import native
-from .native import DiscoBuildError
+from tilecast.stages import build
+from tilecast.disco import native
+from tilecast.disco.native import DiscoBuildError
 
 KERNELS = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
 SOURCE = KERNELS / "disco_csr.cu"

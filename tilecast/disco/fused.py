@@ -36,12 +36,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import native, ops
-from .blocks import restrict_psi
-from .csr import csr_from_psi
-from .kpacked import KPacked, kpack_psi
-from .lines import LineBlocked, line_blocked
-from .psi import Psi
+from tilecast.disco import native, ops
+from tilecast.disco.blocks import restrict_psi
+from tilecast.disco.csr import csr_from_psi
+from tilecast.disco.kpacked import KPacked, kpack_psi
+from tilecast.disco.lines import LineBlocked, line_blocked
+from tilecast.disco.psi import Psi
 
 #: float32 bytes of one block's slab per batch element (C * K * rows * nlon_out * 4): most of
 #: a 32 MB last-level cache keeps it there between the contraction and the matmul, and the

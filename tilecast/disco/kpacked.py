@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .psi import Psi
+from tilecast.disco.psi import Psi
 
 #: K_PAD values the kpacked kernels are instantiated for
 SUPPORTED_K_PAD = (8, 16)

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .csr import DiscoCSR
+from tilecast.disco.csr import DiscoCSR
 
 #: the share of non-zero values from which the line-blocked kernel is used (module docstring)
 MIN_FILL = 0.75

@@ -2,7 +2,7 @@
 called through ctypes on contiguous float32, bfloat16 or float16 tensors (computed in float32).
 
 The library lands in a content-hash cache ($TILECAST_CACHE/disco, default
-~/.cache/tilecast/disco) keyed by tilecast.build.cache_key: the source and its local
+~/.cache/tilecast/disco) keyed by tilecast.stages.build.cache_key: the source and its local
 headers, the compiler's version and the flags. The compiler writes a temp file beside the
 target that is then renamed, so a concurrent or interrupted build never leaves a
 half-written library. Nothing is compiled at import time: the first kernel call builds.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .. import build
+from tilecast.stages import build
 
 SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "cpu" / "disco_csr.cpp"
 CACHE_ENV = "TILECAST_CACHE"

@@ -30,8 +30,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import cuda, native
-from .lines import LineBlocked
+from tilecast.disco import cuda, native
+from tilecast.disco.lines import LineBlocked
 
 #: the dtypes the kernels read and write (all computed in float32)
 SUPPORTED_DTYPES = tuple(native.STORAGE)

@@ -16,8 +16,8 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from .basis import FilterBasis, KernelShape, get_basis
-from .grids import check_grid, default_theta_cutoff, latitudes, longitudes
+from tilecast.disco.basis import FilterBasis, KernelShape, get_basis
+from tilecast.disco.grids import check_grid, default_theta_cutoff, latitudes, longitudes
 
 #: the support is built with the cutoff widened by this fraction: the default cutoff is one
 #: latitude gap, which puts the neighbouring ring exactly on it, and the widening includes such

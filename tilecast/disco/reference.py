@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .psi import Psi
+from tilecast.disco.psi import Psi
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -32,8 +32,8 @@ def clear_cache() -> None:
 
 
 def _dispatcher(registry, model: str, alias):
-    from ..dispatch import Dispatcher
-    from ..registry import RegistryError
+    from tilecast.runtime.dispatch import Dispatcher
+    from tilecast.registry.api import RegistryError
 
     key = (str(registry), model, str(alias))
     with _lock:
@@ -80,7 +80,7 @@ def choose_variant(registry, problem, model: str = "disco_forward",
     predicted_tflops is None when no candidate applied (the static best is returned then).
     SelectorError on an unknown model, a registry without it, or a problem the family rejects.
     """
-    from ..families.base import FamilyError
+    from tilecast.families.base import FamilyError
 
     if model not in MODELS:
         raise SelectorError(f"unknown DISCO model {model!r}; valid: {', '.join(MODELS)}")

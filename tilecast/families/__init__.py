@@ -1,10 +1,10 @@
 """Kernel families, registered by name in one explicit table."""
 from __future__ import annotations
 
-from .base import Family, FamilyError
-from .disco import DiscoFamily
-from .gemm import FAMILY as GEMM
-from .grouped_conv import GroupedConvFamily
+from tilecast.families.base import Family, FamilyError
+from tilecast.families.disco import DiscoFamily
+from tilecast.families.gemm import FAMILY as GEMM
+from tilecast.families.grouped_conv import GroupedConvFamily
 
 FAMILIES: dict[str, Family] = {
     "gemm": GEMM,

@@ -26,7 +26,7 @@ def table_choice(value, table, what: str, context: str):
 class BuildSpec:
     """What the builder compiles for one candidate: a source file and its -D defines.
     `library_source`, where the family has one, is the in-process entry over the same kernel
-    code, compiled with the same defines into a shared library (tilecast.build, shared mode)."""
+    code, compiled with the same defines into a shared library (tilecast.stages.build, shared mode)."""
     source: Path
     defines: Mapping[str, int]
     include_dirs: tuple[Path, ...] = ()

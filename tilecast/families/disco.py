@@ -44,9 +44,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
+from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
                    table_choice)
-from .disco_kernels import (DIRECTIONS, ISA_FLAGS, ISAS, LAT_BLOCKS, TILES, UNUSED_TILE_FIELD,
+from tilecast.families.disco_kernels import (DIRECTIONS, ISA_FLAGS, ISAS, LAT_BLOCKS, TILES, UNUSED_TILE_FIELD,
                             VARIANTS, DiscoConfig, kernel_name, parse_kernel_name,
                             validate_config)
 
@@ -110,7 +110,7 @@ DEFAULTS = {"batch": 1, "kernel_shape": "3x3", "basis": "harmonic", "grid_in": "
 
 @functools.lru_cache(maxsize=64)
 def _kernel_size(basis: str, kernel_shape: str) -> int:
-    from ..disco.basis import get_basis
+    from tilecast.disco.basis import get_basis
 
     return get_basis(BASES[basis], _shape_tuple(kernel_shape)).kernel_size
 
@@ -121,7 +121,7 @@ def _shape_tuple(kernel_shape: str) -> tuple[int, ...]:
 
 def _canonical_kernel_shape(value, basis: str) -> str:
     """'AxB' from an int, a sequence or a string ('3', '3x3', '(3, 3)'), as the basis reads it."""
-    from ..disco.basis import get_basis
+    from tilecast.disco.basis import get_basis
 
     if isinstance(value, str):
         parts = [p for p in re.split(r"[x,()\[\]\s]+", value.strip()) if p]
@@ -151,7 +151,7 @@ def _integer(name: str, value) -> int:
 def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
     """A validated DiscoProblem from field values (strings from the CLI, numpy values from a
     dataset); FamilyError names the offending field."""
-    from ..disco.grids import GRIDS, default_theta_cutoff
+    from tilecast.disco.grids import GRIDS, default_theta_cutoff
 
     names = {f.name for f in fields(DiscoProblem)}
     unknown = set(values) - names
@@ -198,8 +198,8 @@ def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
 def _psi_and_csr(psi_key: tuple):
     """psi and both CSR layouts for a problem's psi_key (shared by its directions, batches
     and precisions; prepare and flops both need them)."""
-    from ..disco.csr import csr_from_psi
-    from ..disco.psi import compute_psi
+    from tilecast.disco.csr import csr_from_psi
+    from tilecast.disco.psi import compute_psi
 
     nlat_in, nlon_in, nlat_out, nlon_out, kernel_shape, basis, grid_in, grid_out, cutoff = psi_key
     psi = compute_psi((nlat_in, nlon_in), (nlat_out, nlon_out), _shape_tuple(kernel_shape),
@@ -211,7 +211,7 @@ def _psi_and_csr(psi_key: tuple):
 @functools.lru_cache(maxsize=8)
 def _kpacked(psi_key: tuple):
     """psi's kpacked layout for a psi_key, None where it has none."""
-    from ..disco.kpacked import kpack_psi
+    from tilecast.disco.kpacked import kpack_psi
 
     return kpack_psi(_psi_and_csr(psi_key)[0])
 
@@ -220,7 +220,7 @@ def _kpacked(psi_key: tuple):
 def _lines(psi_key: tuple):
     """psi's transpose regrouped by blocks of the lines tile's LB input lines (every ISA's
     lines tile has the same LB: the layout is the kernel's)."""
-    from ..disco.lines import regroup
+    from tilecast.disco.lines import regroup
 
     csr = _psi_and_csr(psi_key)[1]
     return regroup(csr.troff, csr.tcol, csr.tvals, LINE_BLOCK)
@@ -409,7 +409,7 @@ class DiscoFamily:
         tilecast.disco.reference in float64 on the stored values."""
         import torch
 
-        from ..disco import reference
+        from tilecast.disco import reference
 
         p = problem
         psi, csr = _psi_and_csr(p.psi_key())
@@ -494,6 +494,6 @@ class DiscoFamily:
                     stored, *th_psi, psi.kernel_size, p.nlat_in, p.nlon_in))
 
     def feature_engine(self, hardware: Mapping):
-        from ..features.disco import DiscoFeatureEngine
+        from tilecast.features.disco import DiscoFeatureEngine
 
         return DiscoFeatureEngine(hardware)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .base import FamilyError, table_choice
+from tilecast.families.base import FamilyError, table_choice
 
 DIRECTIONS = {"forward": 0, "backward": 1}          # name -> TC_DISCO_DIR
 

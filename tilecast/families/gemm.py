@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
+from tilecast.families.base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
 
 DTYPES = {"fp32": 0, "bf16": 1}            # name -> TC_DTYPE
 ISAS = {"avx2": 0, "avx512": 1}            # name -> TC_ISA
@@ -272,7 +272,7 @@ class GemmFamily:
         return torch.empty(prepared.problem.m, prepared.problem.n, dtype=torch.float32)
 
     def timer(self, library: Path, prepared: PreparedProblem, threads: int, output):
-        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.interleave):
+        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.core.interleave):
         the variant's in-process library (`tilecast_gemm_time`: `reps` calls on one
         workspace) on the prepared operands, writing C into `output`."""
         entry = ctypes.CDLL(str(library)).tilecast_gemm_time
@@ -311,7 +311,7 @@ class GemmFamily:
         return "torch.matmul", lambda: torch.matmul(a, b, out=out)
 
     def feature_engine(self, hardware: Mapping):
-        from ..features.gemm import GemmFeatureEngine
+        from tilecast.features.gemm import GemmFeatureEngine
 
         return GemmFeatureEngine(hardware)
 

@@ -8,7 +8,7 @@ direction is registered; they share this module's tables and those of the kernel
 Two kernel-name flavours are read by one parser driven by `NAME_FLAVOURS`
 (tilecast/families/grouped_conv_kernels.py, with the table of valid variants): tilecast's own
 variants (`GroupedConvConfig`) and the CK tile engine's (`TileEngineConvConfig`), whose
-benchmark CSVs `tilecast.convert_ck` imports. Only tilecast's own variants can be built.
+benchmark CSVs `tilecast.stages.convert_ck` imports. Only tilecast's own variants can be built.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
+from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
                    table_choice)
-from .grouped_conv_kernels import (DIRECTIONS, DTYPES, NDIMS, PIPELINE_VARIANTS, PIPELINES,
+from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, NDIMS, PIPELINE_VARIANTS, PIPELINES,
                                    REQUIRED_FLAGS, TILE_ENGINE_DTYPES, WAVE_MODES,
                                    GroupedConvConfig, kernel_name, parse_kernel_name,
                                    validate_config)
@@ -364,7 +364,7 @@ class GroupedConvFamily:
         return torch.zeros(prepared.reference.size + IN_PROCESS_SLACK, dtype=torch.float32)
 
     def timer(self, library: Path, prepared: PreparedProblem, threads: int, output):
-        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.interleave):
+        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.core.interleave):
         the variant's in-process library (`tilecast_grouped_conv_time`: `reps` calls on one
         set of scratch buffers) on the prepared operands in kernel layout, into `output`."""
         import torch
@@ -422,7 +422,7 @@ class GroupedConvFamily:
             list(mask))
 
     def feature_engine(self, hardware: Mapping):
-        from ..features.grouped_conv import GroupedConvFeatureEngine
+        from tilecast.features.grouped_conv import GroupedConvFeatureEngine
 
         return GroupedConvFeatureEngine(hardware)
 

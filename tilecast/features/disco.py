@@ -19,9 +19,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..families.disco import ELEMENT_BYTES, PRECISIONS, DiscoProblem
-from ..families.disco_kernels import LANES, VARIANTS, DiscoConfig
-from .hardware import EngineBase
+from tilecast.families.disco import ELEMENT_BYTES, PRECISIONS, DiscoProblem
+from tilecast.families.disco_kernels import LANES, VARIANTS, DiscoConfig
+from tilecast.features.hardware import EngineBase
 
 BASIS_NAMES = ("harmonic", "piecewise_linear")
 

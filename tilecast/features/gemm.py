@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .hardware import EngineBase
+from tilecast.features.hardware import EngineBase
 
 PROBLEM_FEATURES = (
     "m", "n", "k", "log2_m", "log2_n", "log2_k", "log2_flops", "log2_bytes",

@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .hardware import EngineBase
+from tilecast.features.hardware import EngineBase
 
-from ..families.grouped_conv_kernels import GroupedConvConfig, TileEngineConvConfig
+from tilecast.families.grouped_conv_kernels import GroupedConvConfig, TileEngineConvConfig
 
 PROBLEM_FEATURES = (
     "N", "G", "C", "K", "Di", "Hi", "Wi", "Z", "Y", "X", "stride_d", "stride_h", "stride_w",

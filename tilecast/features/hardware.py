@@ -10,7 +10,7 @@ HARDWARE_FEATURES = ("hw_threads", "hw_simd_bits", "hw_l1d_kib", "hw_l2_kib", "h
 
 
 def hardware_vector(hardware: Mapping) -> np.ndarray:
-    """The profile (tilecast.hardware.profile) in HARDWARE_FEATURES order."""
+    """The profile (tilecast.core.hardware.profile) in HARDWARE_FEATURES order."""
     flags = set(hardware.get("flags", ()))
     return np.array([
         float(hardware.get("threads", 1)), float(hardware.get("simd_bits", 256)),

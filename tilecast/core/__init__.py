@@ -1,0 +1,1 @@
+"""What every stage and workflow shares: the machine (hardware, device lock), the measurement protocols (measure, interleave, probe), statistics, the tuning policy, the record schema (dataset, rawlog), run configs and atomic file writes."""

@@ -1,0 +1,133 @@
+"""The benchmark dataset: record schema, status codes and the derived tables every stage reads.
+
+One row per benchmark record (a kernel measured on a problem in one phase). Stages after
+`convert` read the parquet file through `load` and derive what they need here, so the
+rules (which phase counts, what is valid, who won) live in one place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from tilecast.core import stats, tune
+
+# 2: records say how their samples were timed (`timing`, one of TIMINGS); version 1 records
+# convert with a warning, as `isolated` (the only protocol there was)
+SCHEMA_VERSION = 2
+
+# Status codes of a benchmark record: the single table; `ok` is the only one whose time counts.
+STATUSES = ("ok", "build_failed", "unsupported", "wrong_result", "timeout", "crashed")
+
+# Phases: `screen` measures every candidate; `confirm` re-measures finalists with fresh samples.
+PHASES = ("screen", "confirm")
+
+# Roles: `candidate` rows are kernels of the family; `peer` rows are the reference library
+# (torch) measured with the same protocol, kept for ratios and never trained on.
+ROLES = ("candidate", "peer")
+
+# How a record's samples were taken: `isolated` (the candidate's own process, rounds over
+# the batch), `interleaved` (the batch's candidates side by side in one process:
+# tilecast.core.interleave), `imported` (someone else's measurement: convert_ck).
+TIMINGS = ("isolated", "interleaved", "imported")
+
+# Columns common to every family (problem fields and kernel config fields come from the family).
+RECORD_COLUMNS = (
+    "schema_version", "run_id", "time", "git_sha", "hardware", "family", "problem_set",
+    "dims_key", "kernel", "role", "phase", "status", "reason", "samples_s", "reps_per_sample",
+    "median_s", "mad_s", "tflops", "gbps", "max_error", "threads", "timing",
+)
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing, empty, truncated or has the wrong schema."""
+
+
+def load(path: str | Path) -> pd.DataFrame:
+    """Read a converted parquet dataset, checking its schema version and required columns."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"dataset {path} does not exist; run the convert stage first")
+    frame = pd.read_parquet(path)
+    missing = [c for c in RECORD_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DatasetError(f"dataset {path} lacks columns {missing}")
+    versions = set(frame["schema_version"].unique())
+    if versions - {SCHEMA_VERSION}:
+        raise DatasetError(f"dataset {path} has schema versions {sorted(versions)}; "
+                           f"this tilecast reads version {SCHEMA_VERSION}: re-run convert")
+    return frame
+
+
+def final_table(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dims_key, kernel) among candidates.
+
+    A finalist, measured in the screen and the confirm phase, is scored on all its samples
+    pooled (median_s, mad_s, tflops and gbps recomputed; the row is the confirm record): the
+    confirmation adds fresh samples, and a slow spell of the machine lasting through one
+    phase (seen on this VM: 3x slower for ~5 s, invisible to the contention guard) cannot
+    decide the score alone. When either phase failed (or a table carries no samples), the
+    latest record stands."""
+    frame = records[records["role"] == "candidate"].copy()
+    frame["_phase_rank"] = frame["phase"].map({"confirm": 0, "screen": 1})
+    frame = frame.sort_values(["dims_key", "kernel", "_phase_rank", "time"],
+                              ascending=[True, True, True, False])
+    repeated = frame.duplicated(["dims_key", "kernel"], keep=False)
+    final = frame.drop_duplicates(["dims_key", "kernel"], keep="first")
+    if repeated.any() and "samples_s" in frame.columns:
+        final = final.set_index(["dims_key", "kernel"])
+        for key, group in frame[repeated].groupby(["dims_key", "kernel"], sort=False):
+            if not (group["status"] == "ok").all():
+                continue
+            pooled = stats.usable([x for samples in group["samples_s"] for x in samples])
+            if not pooled:
+                continue
+            median = stats.median(pooled)
+            scale = final.at[key, "median_s"] / median
+            final.at[key, "median_s"] = median
+            final.at[key, "mad_s"] = stats.mad(pooled)
+            final.at[key, "tflops"] = final.at[key, "tflops"] * scale
+            final.at[key, "gbps"] = final.at[key, "gbps"] * scale
+        final = final.reset_index()
+    return final.drop(columns="_phase_rank").reset_index(drop=True)
+
+
+def valid(final: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose time counts: status ok with a positive, finite TFLOP/s."""
+    ok = (final["status"] == "ok") & (final["tflops"] > 0) & final["tflops"].notna()
+    return final[ok]
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The measured best kernel of one problem, chosen by the tuning policy."""
+    dims_key: str
+    kernel: str
+    median_s: float
+    best_tflops: float
+    tie_set: tuple[str, ...]
+
+
+def winners(final: pd.DataFrame, tie_threshold_pct: float,
+            secondary: dict[str, float] | None = None) -> dict[str, Winner]:
+    """Per problem, the tune.select_best winner among valid kernels (practical ties broken by
+    the secondary metric, then by name), with the best TFLOP/s measured. The secondary metric
+    defaults to the records' `binary_bytes` (the smaller binary wins a practical tie)."""
+    if secondary is None and "binary_bytes" in final.columns:
+        sizes = final.dropna(subset=["binary_bytes"]).drop_duplicates("kernel")
+        secondary = dict(zip(sizes["kernel"], sizes["binary_bytes"].astype(float)))
+    secondary = secondary or {}
+    result: dict[str, Winner] = {}
+    for dims_key, group in valid(final).groupby("dims_key", sort=True):
+        scores = [tune.Score(id=row.kernel, value=float(row.median_s),
+                             secondary=float(secondary.get(row.kernel, 0.0)))
+                  for row in group.itertuples()]
+        best = tune.select_best(scores, tie_threshold_pct)
+        if best is None:
+            continue
+        ties = tune.tie_set(scores, tie_threshold_pct)
+        result[dims_key] = Winner(dims_key=dims_key, kernel=best.id, median_s=best.value,
+                                  best_tflops=float(group["tflops"].max()),
+                                  tie_set=tuple(s.id for s in ties))
+    return result

@@ -1,0 +1,369 @@
+"""Run-time dispatch: pick the kernel a published performance model predicts fastest.
+
+Everything that does not depend on the problem (parsing the candidate names, their kernel
+features, the feature-column map, the flattened forest) is done once when the Dispatcher is
+built; a query validates the problem, builds one feature matrix, scores it once and memoizes
+the ranking, so a repeated shape costs a dictionary lookup. Features and scores come from the
+native fast paths (tilecast.runtime.native) where they are available, and equal the numpy engine's
+and Booster.predict's there; elsewhere from those references.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from itertools import repeat
+from pathlib import Path
+from typing import Any, Mapping
+
+import lightgbm
+import numpy as np
+
+from tilecast.registry import api as registry
+from tilecast.families import get_family
+from tilecast.families.base import FamilyError
+from tilecast.runtime.native.scoring import CandidateScorer
+from tilecast.registry.api import RegistryError
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.txt"
+FEATURE_SPEC_FILE = "feature_spec.json"
+CANDIDATES_FILE = "candidates.json"
+
+# feature_spec.json "target_transform" -> the inverse that turns predictions into TFLOP/s
+INVERSE_TRANSFORMS = {"log1p_tflops": np.expm1, "log_tflops": np.exp}
+DEFAULT_CACHE_SIZE = 65536
+
+
+def parse_problem_string(text: str) -> dict[str, str]:
+    """'m=128,n=256,k=64' -> {'m': '128', 'n': '256', 'k': '64'} (values stay strings; the
+    family validates and converts them). ValueError names a malformed or repeated pair."""
+    if not isinstance(text, str):
+        raise ValueError(f"problem string must be a str, got {type(text).__name__}")
+    values: dict[str, str] = {}
+    for pair in text.split(","):
+        pair = pair.strip()
+        if not pair:
+            continue  # tolerate 'm=1,,n=2' and a trailing comma
+        key, sep, value = pair.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise ValueError(f"malformed pair {pair!r} in problem {text!r}; expected k=v,k=v")
+        if key in values:
+            raise ValueError(f"field {key!r} given twice in problem {text!r}")
+        values[key] = value
+    if not values:
+        raise ValueError(f"empty problem string {text!r}; expected k=v,k=v")
+    return values
+
+
+def _raw_key(problem) -> Any:
+    """A hashable key of a query as given (None when it has none): the string itself, or a
+    mapping's (key, value) pairs in key order."""
+    if isinstance(problem, str):
+        return problem
+    if isinstance(problem, Mapping):
+        try:
+            key = ("items", *sorted(problem.items()))
+            hash(key)
+        except TypeError:
+            return None
+        return key
+    return None
+
+
+class Ranking:
+    """The applicable candidates for one problem, best first, with predicted TFLOP/s.
+    On fallback, `kernels` is (static best,), `tflops` is (nan,) and `fallback_reason` says why.
+
+    `best` is found when the ranking is made; the full order (`kernels`, `tflops`) is sorted
+    on first use, so `select` never pays for sorting every candidate."""
+    __slots__ = ("best", "fallback_reason", "_names", "_scores", "_sorted")
+
+    def __init__(self, names, scores, fallback_reason: str | None = None):
+        self._names = names        # kernel names in name order (numpy array or tuple)
+        self._scores = np.asarray(scores, dtype=np.float64)
+        self.fallback_reason = fallback_reason
+        self._sorted: tuple[tuple[str, ...], tuple[float, ...]] | None = None
+        finite = np.isfinite(self._scores)
+        # the highest finite prediction (the first name among equals); none finite: the first
+        self.best = str(self._names[int(np.argmax(np.where(finite, self._scores, -np.inf)))
+                                    if finite.any() else 0])
+
+    def _order(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        if self._sorted is None:
+            # best first; equal predictions in name order (stable sort); non-finite ones last
+            keys = np.where(np.isfinite(self._scores), -self._scores, np.inf)
+            order = np.argsort(keys, kind="stable")
+            self._sorted = (tuple(np.asarray(self._names)[order].tolist()),
+                            tuple(self._scores[order].tolist()))
+        return self._sorted
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return self._order()[0]
+
+    @property
+    def tflops(self) -> tuple[float, ...]:
+        return self._order()[1]
+
+    def __repr__(self) -> str:
+        return f"Ranking(best={self.best!r}, candidates={len(self._scores)})"
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RegistryError(f"model artifact {path.parent} has no {what} (no file {path})") from None
+    except (OSError, ValueError) as err:
+        raise RegistryError(f"corrupt {what} {path}: {err}") from None
+
+
+def _field(document: Mapping, key: str, kind, path: Path):
+    if not isinstance(document, Mapping):
+        raise RegistryError(f"{path} holds a {type(document).__name__}, expected a JSON object")
+    if key not in document:
+        raise RegistryError(f"{path} lacks field {key!r}")
+    if not isinstance(document[key], kind):
+        raise RegistryError(f"{path} field {key!r} is a {type(document[key]).__name__}, "
+                            f"expected {getattr(kind, '__name__', kind)}")
+    return document[key]
+
+
+class Dispatcher:
+    """Picks a kernel per problem from one published model version.
+
+    Attributes: `model` (registry model name), `version`, `family`, `kernels` (candidate
+    names), `booster`, `static_best`, `last_fallback_reason` (None unless the last query
+    had no applicable candidate)."""
+
+    def __init__(self, booster: lightgbm.Booster, feature_spec: Mapping, candidates: Mapping, *,
+                 model: str = "", version: int | None = None, source: Path | None = None,
+                 cache_size: int = DEFAULT_CACHE_SIZE):
+        source = source or Path("<memory>")
+        spec_path, cand_path = source / FEATURE_SPEC_FILE, source / CANDIDATES_FILE
+        self.booster = booster
+        self.model = model
+        self.version = version
+        self.feature_spec = dict(feature_spec)
+        self.last_fallback_reason: str | None = None
+        self._cache: dict[Any, Ranking] = {}
+        self._raw_cache: dict[Any, Ranking] = {}
+        self._masks: dict[Any, tuple[bool, ...]] = {}
+        self._cache_size = int(cache_size)
+
+        family_name = _field(feature_spec, "family", str, spec_path)
+        try:
+            self.family = get_family(family_name)
+        except FamilyError as err:
+            raise RegistryError(f"{spec_path} field 'family': {err}") from None
+        if _field(candidates, "family", str, cand_path) != family_name:
+            raise RegistryError(f"{cand_path} family {candidates['family']!r} != "
+                                f"{spec_path} family {family_name!r}")
+        transform = _field(feature_spec, "target_transform", str, spec_path)
+        if transform not in INVERSE_TRANSFORMS:
+            raise RegistryError(f"{spec_path} field 'target_transform' is {transform!r}; "
+                                f"valid: {', '.join(INVERSE_TRANSFORMS)}")
+        self._inverse = INVERSE_TRANSFORMS[transform]
+
+        self.engine = self.family.feature_engine(_field(feature_spec, "hardware", dict, spec_path))
+        self._check_engine(feature_spec, spec_path)
+        spec_names = _field(feature_spec, "feature_names", list, spec_path)
+        self._columns = self._column_map(spec_names, spec_path)
+        self._check_booster(spec_names, source / MODEL_FILE)
+
+        kernels = _field(candidates, "kernels", list, cand_path)
+        if not kernels:
+            raise RegistryError(f"{cand_path} field 'kernels' is empty")
+        duplicates = sorted({k for k in kernels if kernels.count(k) > 1})
+        if duplicates:
+            raise RegistryError(f"{cand_path} lists kernel(s) {duplicates} more than once")
+        self.kernels = tuple(kernels)
+        self._configs = tuple(self._parse(name, cand_path) for name in self.kernels)
+        self.static_best = _field(candidates, "static_best", str, cand_path)
+        self._parse(self.static_best, cand_path)
+        self._kernel_matrix = self.engine.kernel_features(self._configs)
+        # Queries work on the candidates in name order, so a stable sort of the predictions
+        # orders equal predictions by name.
+        by_name = sorted(range(len(self.kernels)), key=self.kernels.__getitem__)
+        self._configs_by_name = tuple(self._configs[i] for i in by_name)
+        self._names_by_name = np.array([self.kernels[i] for i in by_name], dtype=object)
+        self._scorer = CandidateScorer(self.engine, self._kernel_matrix[by_name],
+                                       self._configs_by_name, booster, self._columns,
+                                       label=f"model {model!r} version {version}")
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_directory(cls, path, *, model: str = "", version: int | None = None,
+                       **options) -> "Dispatcher":
+        """Load model.txt, feature_spec.json and candidates.json from an artifact directory."""
+        path = Path(path)
+        model_path = path / MODEL_FILE
+        if not model_path.is_file():
+            raise RegistryError(f"model artifact {path} has no {MODEL_FILE} (no file {model_path})")
+        feature_spec = _read_json(path / FEATURE_SPEC_FILE, FEATURE_SPEC_FILE)
+        candidates = _read_json(path / CANDIDATES_FILE, CANDIDATES_FILE)
+        try:
+            booster = lightgbm.Booster(model_file=str(model_path))
+        except lightgbm.basic.LightGBMError as err:
+            raise RegistryError(f"corrupt LightGBM model {model_path}: {err}") from None
+        return cls(booster, feature_spec, candidates, model=model, version=version,
+                   source=path, **options)
+
+    @classmethod
+    def from_registry(cls, root, model: str, alias: str | int = "production", *,
+                      cache_dir=None, **options) -> "Dispatcher":
+        """The dispatcher for the version `alias` (an alias name or a version number) of
+        `model` in the registry at `root`, a local path or an fsspec URL. A remote version
+        is loaded from a local copy downloaded once (tilecast.registry.cache; `cache_dir`
+        overrides where)."""
+        version = registry.resolve_version(root, model, alias)
+        path = registry.local_copy(root, model, version, cache_dir=cache_dir)
+        try:
+            return cls.from_directory(path, model=model, version=version, **options)
+        except RegistryError as err:
+            if not registry.is_remote(root):
+                raise
+            # the message names the cache copy; say where it came from
+            raise RegistryError(f"{err} [version {version} of model {model!r} from "
+                                f"{registry.version_path(root, model, version)}]") from None
+
+    def _parse(self, name, cand_path: Path):
+        if not isinstance(name, str):
+            raise RegistryError(f"{cand_path}: kernel name {name!r} is not a string")
+        try:
+            return self.family.parse_name(name)
+        except FamilyError as err:
+            raise RegistryError(f"{cand_path}: {err}") from None
+
+    def _check_engine(self, spec: Mapping, spec_path: Path) -> None:
+        engine_name = spec.get("engine")
+        if engine_name is not None and engine_name not in (self.engine.name,
+                                                           type(self.engine).__name__):
+            raise RegistryError(f"{spec_path} field 'engine' is {engine_name!r}, but family "
+                                f"{self.family.name!r} provides {self.engine.name!r}")
+        engine_version = spec.get("engine_version")
+        # An older engine version is fine: its features are looked up by name in the current
+        # engine (_column_map). A newer one may need features this install cannot compute.
+        if engine_version is not None and engine_version > self.engine.version:
+            raise RegistryError(f"{spec_path} field 'engine_version' is {engine_version!r}, newer "
+                                f"than the installed {self.engine.name!r} engine (version "
+                                f"{self.engine.version}); upgrade tilecast")
+
+    def _column_map(self, spec_names: list, spec_path: Path) -> np.ndarray | None:
+        """None when the engine's columns are the model's; else the engine column of each
+        model feature. A model feature the engine cannot compute is an error."""
+        engine_names = list(self.engine.feature_names())
+        if list(spec_names) == engine_names:
+            return None
+        position = {name: i for i, name in enumerate(engine_names)}
+        missing = [name for name in spec_names if name not in position]
+        if missing:
+            raise RegistryError(f"{spec_path} needs feature(s) {missing} that the "
+                                f"{self.engine.name!r} engine does not compute")
+        return np.array([position[name] for name in spec_names], dtype=np.intp)
+
+    def _check_booster(self, spec_names: list, model_path: Path) -> None:
+        if self.booster.num_feature() != len(spec_names):
+            raise RegistryError(f"{model_path} expects {self.booster.num_feature()} features, "
+                                f"feature_spec.json lists {len(spec_names)}")
+        booster_names = list(self.booster.feature_name())
+        generic = [f"Column_{i}" for i in range(len(booster_names))]
+        if booster_names not in (generic, list(spec_names)):
+            raise RegistryError(f"{model_path} feature names differ from feature_spec.json "
+                                f"'feature_names'")
+
+    # -- queries --------------------------------------------------------------------------
+
+    def problem(self, problem) -> Any:
+        """The family's validated problem from a mapping, a 'k=v,k=v' string or a problem
+        object; FamilyError / ValueError name the offending field."""
+        if isinstance(problem, str):
+            problem = parse_problem_string(problem)
+        elif dataclasses.is_dataclass(problem) and not isinstance(problem, type):
+            problem = self.family.problem_dict(problem)
+        elif not isinstance(problem, Mapping):
+            raise TypeError(f"problem must be a mapping, a 'k=v,...' string or a "
+                            f"{self.family.name} problem, got {type(problem).__name__}")
+        return self.family.problem(problem)
+
+    def ranking(self, problem) -> Ranking:
+        """The memoized Ranking for a problem (the same object on every call). A repeated
+        query is found by its raw form (the string, or the mapping's items) before any
+        validation, so a memoized problem costs one dictionary lookup."""
+        raw_key = _raw_key(problem)
+        found = self._raw_cache.get(raw_key) if raw_key is not None else None
+        if found is None:
+            validated = self.problem(problem)
+            found = self._cache.get(validated)
+            if found is None:
+                found = self._rank_uncached(validated)
+                if len(self._cache) >= self._cache_size:
+                    self._cache.pop(next(iter(self._cache)))  # oldest entry first
+                self._cache[validated] = found
+            if raw_key is not None:
+                if len(self._raw_cache) >= self._cache_size:
+                    self._raw_cache.pop(next(iter(self._raw_cache)))
+                self._raw_cache[raw_key] = found
+        self.last_fallback_reason = found.fallback_reason
+        return found
+
+    def _applicable(self, problem) -> tuple[bool, ...]:
+        """Which candidates apply; memoized per family.applicability_key where the family
+        has one (GEMM: the dtype), else computed per query."""
+        key_of = getattr(self.family, "applicability_key", None)
+        key = key_of(problem) if key_of is not None else None
+        applies = self._masks.get(key) if key is not None else None
+        if applies is None:
+            applies = tuple(map(self.family.applicable, self._configs_by_name, repeat(problem)))
+            if key is not None:
+                self._masks[key] = applies
+        return applies
+
+    def _rank_uncached(self, problem) -> Ranking:
+        applies = self._applicable(problem)
+        if not any(applies):
+            reason = (f"no candidate of model {self.model!r} version {self.version} applies to "
+                      f"problem {self.family.dims_key(problem)}; falling back to the static "
+                      f"best {self.static_best!r}")
+            logger.warning(reason)
+            return Ranking((self.static_best,), (math.nan,), reason)
+        index = None if all(applies) else np.flatnonzero(applies).astype(np.int64, copy=False)
+        tflops = self._scorer.raw_scores(problem, index)
+        self._inverse(tflops, out=tflops)
+        names = self._names_by_name if index is None else self._names_by_name[index]
+        return Ranking(names, tflops)
+
+    def select(self, problem) -> str:
+        """The name of the kernel predicted fastest for `problem` (the static best when no
+        candidate applies; see `last_fallback_reason`)."""
+        return self.ranking(problem).best
+
+    def rank(self, problem, k: int = 5) -> list[tuple[str, float]]:
+        """The k best (kernel name, predicted TFLOP/s) pairs, best first."""
+        if k < 1:
+            raise ValueError(f"k={k} must be >= 1")
+        ranking = self.ranking(problem)
+        return list(zip(ranking.kernels[:k], ranking.tflops[:k]))
+
+    def predict(self, problem) -> dict[str, float]:
+        """Predicted TFLOP/s of every applicable candidate ({} when none applies)."""
+        ranking = self.ranking(problem)
+        if ranking.fallback_reason is not None:
+            return {}
+        return dict(zip(ranking.kernels, ranking.tflops))
+
+    def select_json(self, problem) -> dict:
+        """{"kernel", "predicted_tflops", "model", "version"} for `tilecast select --json`;
+        predicted_tflops is None (and "fallback" says why) when no candidate applies."""
+        ranking = self.ranking(problem)
+        result = {"kernel": ranking.kernels[0], "predicted_tflops": ranking.tflops[0],
+                  "model": self.model, "version": self.version}
+        if ranking.fallback_reason is not None:
+            result["predicted_tflops"] = None
+            result["fallback"] = ranking.fallback_reason
+        return result

@@ -1,0 +1,148 @@
+"""In-process kernels: a GEMM or grouped-conv variant compiled as a shared library and called
+through ctypes, so that tilecast.runtime.ops runs the very kernel the benchmark timed.
+
+A variant's library is its family's in-process entry (the BuildSpec's `library_source`,
+kernels/cpu/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry) built by
+tilecast.stages.build in shared mode into the build cache: `cache_dir` when given, else
+$TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else ~/.cache/tilecast/stages/build. The compiler
+is $TILECAST_CXX, else g++ (as for tilecast.runtime.native). `load` compiles on first use, checks that
+the library reports the variant's compiled parameters, and keeps it for the process: one
+library per (kernel name, cache directory, compiler), thread-safe, and two threads asking
+for one kernel compile it once. Nothing is compiled at import time.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tilecast.stages import build
+from tilecast.runtime.native.library import compiler
+
+#: what a nonzero return of an entry means (enum entry::Status in kernels/cpu/inprocess_entry.hpp)
+STATUS_MESSAGES = {1: "bad argument", 2: "unsupported", 3: "out of memory", 4: "failed"}
+MESSAGE_BYTES = 1024
+
+_INDEX = ctypes.c_longlong
+_PTR = ctypes.c_void_p
+
+
+class KernelBuildError(RuntimeError):
+    """A kernel's library did not compile, does not load, or is not the variant its name says."""
+
+
+class KernelCallError(ValueError):
+    """A kernel refused a call (bad argument, unsupported shape, out of memory); the message
+    is the kernel's."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """The C entry of one library source: the symbol, its arguments before the message buffer,
+    and the symbol reporting the readable floats needed past each tensor (None: none)."""
+    symbol: str
+    argtypes: tuple
+    slack_symbol: str | None = None
+
+
+# library source file name -> its entry (see the sources' header comments for the arguments)
+ENTRIES = {
+    "gemm_lib.cpp": _Entry("tilecast_gemm_run",
+                           (_PTR, _INDEX, _INDEX, _PTR, _INDEX, _INDEX, _PTR, _INDEX,
+                            _INDEX, _INDEX, _INDEX, ctypes.c_int)),
+    "grouped_conv_lib.cpp": _Entry("tilecast_grouped_conv_run",
+                                   (ctypes.POINTER(_INDEX), _PTR, _PTR, _PTR, ctypes.c_int),
+                                   "tilecast_grouped_conv_slack"),
+}
+
+
+class InProcessKernel:
+    """One loaded variant: `name`, `config`, `path` of its library and `slack` (floats that
+    must be readable past the end of each tensor it reads or writes). Calling it runs the
+    entry with the given arguments; KernelCallError when the kernel refuses."""
+
+    def __init__(self, name: str, config, path: Path, library: ctypes.CDLL, entry: _Entry):
+        self.name, self.config, self.path = name, config, path
+        self._library = library
+        self._run = getattr(library, entry.symbol)
+        self._run.argtypes = [*entry.argtypes, ctypes.c_char_p, _INDEX]
+        self._run.restype = ctypes.c_int
+        library.tilecast_kernel_param.argtypes = [ctypes.c_char_p, ctypes.POINTER(_INDEX)]
+        library.tilecast_kernel_param.restype = ctypes.c_int
+        self.slack = 0
+        if entry.slack_symbol is not None:
+            slack = getattr(library, entry.slack_symbol)
+            slack.restype = _INDEX
+            self.slack = int(slack())
+
+    def param(self, name: str) -> int | None:
+        """The compiled parameter `name` (e.g. "MR", as `--describe` prints it), else None."""
+        value = _INDEX()
+        found = self._library.tilecast_kernel_param(name.encode(), ctypes.byref(value)) == 0
+        return value.value if found else None
+
+    def __call__(self, *args) -> None:
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = self._run(*args, message, MESSAGE_BYTES)
+        if status != 0:
+            what = STATUS_MESSAGES.get(status, f"status {status}")
+            raise KernelCallError(f"kernel {self.name!r} refused the call ({what}): "
+                                  f"{message.value.decode(errors='replace')}")
+
+    def __repr__(self) -> str:
+        return f"InProcessKernel({self.name!r}, {str(self.path)!r})"
+
+
+_loaded: dict[tuple, InProcessKernel] = {}
+_key_locks: dict[tuple, threading.Lock] = {}
+_lock = threading.Lock()
+
+
+def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel:
+    """The in-process kernel `name` of `family`, compiled unless cached, loaded once per
+    process. FamilyError (a ValueError) for a name the family does not know; KernelBuildError
+    when it does not compile or load."""
+    directory = Path(cache_dir) if cache_dir is not None else build.default_cache_dir()
+    cxx = compiler()
+    key = (family.name, name, str(directory), cxx)
+    kernel = _loaded.get(key)
+    if kernel is not None:
+        return kernel
+    with _lock:
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:  # one compile per kernel; other kernels load meanwhile
+        kernel = _loaded.get(key)
+        if kernel is None:
+            kernel = _build_and_load(family, name, directory, cxx)
+            _loaded[key] = kernel
+    return kernel
+
+
+def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKernel:
+    config = family.parse_name(name)
+    spec = family.build_spec(config)
+    entry = ENTRIES.get(spec.library_source.name) if spec.library_source is not None else None
+    if entry is None:
+        raise KernelBuildError(f"family {family.name!r} has no in-process entry for {name!r}; "
+                               f"in-process sources: {', '.join(ENTRIES)}")
+    try:
+        built = build.build_library(family, config, directory, compiler=cxx)
+    except (OSError, RuntimeError) as err:  # no compiler, unwritable cache
+        raise KernelBuildError(f"cannot build kernel {name!r} into {directory}: {err}") from None
+    if built.event.status != "ok":
+        reason = "\n".join(built.event.reason.strip().splitlines()[-12:])
+        raise KernelBuildError(f"kernel {name!r} did not compile with {cxx!r} (the failure is "
+                               f"cached in {directory}):\n{reason}")
+    try:
+        library = ctypes.CDLL(str(built.binary))
+        kernel = InProcessKernel(name, config, built.binary, library, entry)
+    except (OSError, AttributeError) as err:
+        raise KernelBuildError(f"cannot load kernel {name!r} from {built.binary}: {err}") from None
+    wrong = {define: (value, kernel.param(define.removeprefix("TC_")))
+             for define, value in spec.defines.items()
+             if kernel.param(define.removeprefix("TC_")) != value}
+    if wrong:
+        raise KernelBuildError(f"{built.binary} is not kernel {name!r}: (wanted, compiled) "
+                               f"parameters {wrong}; delete the file to rebuild it")
+    return kernel

@@ -1,0 +1,233 @@
+"""Build stage: compile a family's candidate variants into a content-hash cache.
+
+The cache key covers everything that changes the binary: the source and every header it
+includes (transitively), the compiler's version, the flags and the variant's -D defines. A
+binary is written to a temp file and moved into place, so an interrupted build never leaves
+a half-written binary.
+A compile error is a recorded `failed` event (cached too, so re-runs do not retry it).
+
+Shared mode compiles a variant's in-process entry (its BuildSpec's `library_source`: the same
+kernel code and defines, a C entry instead of the job runner) into `<name>-<key>.so` in the
+same cache, with the same key rules; tilecast.runtime.kernel_library loads it for tilecast.runtime.ops.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tilecast.families.base import KERNELS_DIR, BuildSpec
+from tilecast.core.tune import BuildEvent
+
+log = logging.getLogger("tilecast.stages.build")
+
+DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG")
+SHARED_FLAGS = ("-shared", "-fPIC")   # appended in shared mode
+CACHE_ENV = "TILECAST_CACHE"
+BUILD_CACHE_ENV = "TILECAST_BUILD_CACHE"
+
+
+def cache_root() -> Path:
+    """tilecast's cache directory: $TILECAST_CACHE, else ~/.cache/tilecast."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "tilecast"
+
+
+def default_cache_dir() -> Path:
+    """The build cache outside a workdir: $TILECAST_BUILD_CACHE, else `build/` in
+    cache_root()."""
+    return Path(os.environ.get(BUILD_CACHE_ENV) or cache_root() / "build")
+
+
+@dataclass(frozen=True)
+class Built:
+    """One candidate after the build stage: its event and, when ok, the binary's path."""
+    kernel: str
+    config: object
+    event: BuildEvent
+    binary: Path | None
+    cache_key: str
+    cached: bool
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(compiler: str) -> str:
+    """First line of `<compiler> --version` (part of every cache key)."""
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise RuntimeError(f"C++ compiler {compiler!r} is not usable: {err}; install g++ "
+                           "or set build.compiler in the config") from None
+    return out.stdout.splitlines()[0].strip()
+
+
+@functools.lru_cache(maxsize=None)
+def native_target(compiler: str) -> str:
+    """The target -march=native resolves to for `compiler` on this CPU (e.g. "znver3"), and
+    the AVX-512 flag it enables: part of the cache key of a -march=native build, so that a
+    cache shared across machines (or moved to another CPU) never hands one CPU's binary to
+    another (an AVX-512 binary on an AVX2 CPU dies of SIGILL). "" if the compiler does not
+    say."""
+    try:
+        out = subprocess.run([compiler, "-march=native", "-Q", "--help=target"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    wanted = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("-march=", "-mavx512f", "-mavx2", "-mfma"):
+            wanted[parts[0]] = parts[1]
+    return ",".join(f"{key}{value}" for key, value in sorted(wanted.items()))
+
+
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+def local_includes(source: Path) -> list[Path]:
+    """The source and every file it includes with `#include "..."`, transitively (found
+    beside the including file); system headers are covered by the compiler version."""
+    seen: dict[Path, None] = {}
+    pending = [source.resolve()]
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.exists():
+            continue
+        seen[path] = None
+        pending.extend((path.parent / name).resolve()
+                       for name in INCLUDE_RE.findall(path.read_text(errors="replace")))
+    return sorted(seen)
+
+
+def _sources_digest(source: Path) -> str:
+    digest = hashlib.sha256()
+    for path in local_includes(source):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str) -> str:
+    """Content hash of source + headers, compiler version, flags and defines (and, with
+    -march=native, the target it resolves to here)."""
+    fields = {"src": _sources_digest(source), "cc": compiler_version(compiler),
+              "flags": list(flags), "defines": dict(sorted(defines.items()))}
+    if "-march=native" in flags:
+        fields["native"] = native_target(compiler)
+    payload = json.dumps(fields, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
+    """`spec` with its source and include directories moved from the project's kernels/ to
+    `kernels_dir`, another copy of that tree (e.g. a git revision's, see tilecast.workflows.rebench).
+    The cache key hashes file contents, so a rebased source with other contents gets its own
+    binary and an identical one shares the project's."""
+    def moved(path: Path) -> Path:
+        try:
+            return Path(kernels_dir) / Path(path).resolve().relative_to(KERNELS_DIR.resolve())
+        except ValueError:
+            raise ValueError(f"build source {path} is not under {KERNELS_DIR}: it cannot be "
+                             f"taken from another kernels tree ({kernels_dir})") from None
+
+    source = moved(spec.source)
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist: the kernels tree {kernels_dir} has no "
+                                f"{Path(spec.source).name}")
+    # an older tree may predate the in-process entry: it then builds executables only
+    library = moved(spec.library_source) if spec.library_source is not None else None
+    return BuildSpec(source=source, defines=spec.defines,
+                     include_dirs=tuple(moved(d) for d in spec.include_dirs),
+                     library_source=library if library is not None and library.exists() else None)
+
+
+def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str],
+             timeout_s: float, kernels_dir: Path | None = None, shared: bool = False) -> Built:
+    name = family.kernel_name(config)
+    spec = family.build_spec(config)
+    if kernels_dir is not None:
+        spec = rebase_spec(spec, kernels_dir)
+    source = spec.source
+    if shared:
+        if spec.library_source is None:
+            raise ValueError(f"kernel {name!r} has no in-process entry (its build spec has no "
+                             f"library_source); only the benchmark executable can be built")
+        source, flags = spec.library_source, (*flags, *SHARED_FLAGS)
+    key = cache_key(source, spec.defines, flags, compiler)
+    binary = cache_dir / (f"{name}-{key}" + (".so" if shared else ""))
+    failure = cache_dir / f"{name}-{key}.failed"
+    if binary.exists():
+        return Built(name, config, BuildEvent(name, "ok", "", 0.0, binary.stat().st_size), binary, key, True)
+    if failure.exists():
+        reason = failure.read_text()
+        return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, key, True)
+    tmp = binary.with_name(f".{binary.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    cmd = [compiler, *flags, *(f"-D{k}={v}" for k, v in spec.defines.items()),
+           *(f"-I{d}" for d in spec.include_dirs), str(source), "-o", str(tmp)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        ok, reason = proc.returncode == 0, proc.stderr.strip()[-2000:]
+    except subprocess.TimeoutExpired:
+        ok, reason = False, f"compile timed out after {timeout_s:g} s"
+    seconds = time.perf_counter() - start
+    if not ok:
+        tmp.unlink(missing_ok=True)
+        failure.write_text(reason or "compiler failed without a message")
+        return Built(name, config, BuildEvent(name, "failed", reason, seconds, 0), None, key, False)
+    os.replace(tmp, binary)
+    return Built(name, config, BuildEvent(name, "ok", "", seconds, binary.stat().st_size), binary, key, False)
+
+
+def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 2,
+                     compiler: str = "g++", flags: Sequence[str] = DEFAULT_FLAGS,
+                     timeout_s: float = 300.0,
+                     progress: Callable[[int, int, Built], None] | None = None,
+                     kernels_dir: Path | None = None, shared: bool = False) -> list[Built]:
+    """Compile every config in parallel (`jobs` compilers at once); one Built per config,
+    in the order given. Cached binaries are reused; failures are events, never exceptions.
+    `kernels_dir` compiles from another copy of the kernels/ tree (see `rebase_spec`);
+    `shared` builds the in-process shared libraries instead of the benchmark executables."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    compiler_version(compiler)  # fail early, with a clear message, if there is no compiler
+    results: list[Built] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_compile, family, cfg, cache_dir, compiler, tuple(flags), timeout_s,
+                               kernels_dir, shared)
+                   for cfg in configs]
+        for index, future in enumerate(futures, 1):
+            built = future.result()
+            results.append(built)
+            if progress:
+                progress(index, len(futures), built)
+    return results
+
+
+def build_library(family, config, cache_dir: Path | None = None, *, compiler: str = "g++",
+                  flags: Sequence[str] = DEFAULT_FLAGS, timeout_s: float = 300.0) -> Built:
+    """One variant's in-process shared library (shared mode), compiled unless cached in
+    `cache_dir` (default: default_cache_dir()). A compile error is a `failed` event, as in
+    build_candidates; a family without an in-process entry is a ValueError."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    compiler_version(compiler)
+    return _compile(family, config, cache_dir, compiler, tuple(flags), timeout_s, shared=True)
+
+
+def log_progress(index: int, total: int, built: Built) -> None:
+    """Default progress: one log line per candidate (cached, compiled or failed)."""
+    state = "cached" if built.cached else f"{built.event.seconds:.1f}s"
+    if built.event.status != "ok":
+        state = f"FAILED ({built.event.reason.splitlines()[0][:120] if built.event.reason else ''})"
+    log.info("build %d/%d %s %s", index, total, built.kernel, state)

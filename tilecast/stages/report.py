@@ -1,0 +1,144 @@
+"""The run report: `report/evaluation.json` (DESIGN.md's contract), `report/report.md` and
+one efficiency plot per model, every file written atomically."""
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from tilecast.stages.evaluate import Evaluation
+from tilecast.core.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+METRIC_ROWS = ("n_problems", "mean_efficiency", "median_efficiency", "p10_efficiency",
+               "min_efficiency", "top1", "top5", "top1_tie", "margin_over_static_best")
+WORST_COLUMNS = ("dims_key", "chosen_kernel", "best_kernel", "efficiency",
+                 "static_best_efficiency", "winner_rank")
+WORST_COUNT = 10
+
+
+def write_report(workdir: str | Path, results: Mapping[str, tuple[Evaluation, dict]],
+                 peer: Mapping) -> Path:
+    """Write the report files under `<workdir>/report/`; returns that directory.
+
+    `results` maps model name -> (Evaluation, extra); extra's JSON-able entries (e.g. "cv")
+    are added to the model's evaluation.json entry. `peer` is evaluate.peer_ratios()'s result
+    ({} when there were no peer rows); its summary is attached to every model entry unless
+    the model's extra carries its own "peer".
+    """
+    if not results:
+        raise ValueError("write_report: no model results to report")
+    for name in results:
+        if not MODEL_NAME_RE.match(str(name)):
+            raise ValueError(f"model name {name!r} cannot be used in a file name; use letters, "
+                             "digits, '_', '.' and '-'")
+    directory = Path(workdir) / "report"
+    directory.mkdir(parents=True, exist_ok=True)
+    models, sections = {}, ["# tilecast evaluation report", ""]
+    for name, (evaluation, extra) in results.items():
+        extra = dict(extra or {})
+        model_peer = extra.pop("peer", peer)
+        models[name] = {**evaluation.metrics, **extra,
+                        "peer": dict((model_peer or {}).get("problem_sets", {}))}
+        sections += _model_section(name, evaluation, extra, model_peer or {})
+        atomic_write_bytes(directory / f"efficiency_{name}.png", _plot(name, evaluation))
+    atomic_write_json(directory / "evaluation.json", {"models": models})
+    atomic_write_text(directory / "report.md", "\n".join(sections) + "\n")
+    return directory
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.4f}"
+    if value is None or value is pd.NA:
+        return "-"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_format(v) for v in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping) -> list[str]:
+    metrics = evaluation.metrics
+    static = metrics["static_best"]
+    lines = [f"## Model `{name}`", "", "### Holdout metrics", ""]
+    lines += _table(["metric", "value"], [[key, metrics[key]] for key in METRIC_ROWS
+                                         if key in metrics])
+    lines += ["### Model vs static best", ""]
+    lines += _table(["choice", "mean efficiency"],
+                    [[f"model `{name}`", metrics["mean_efficiency"]],
+                     [f"static best `{static['kernel']}`", static["mean_efficiency"]],
+                     ["margin (model - static)", metrics["margin_over_static_best"]]])
+    cv = extra.get("cv")
+    if cv:
+        lines += ["### Cross-validation (GroupKFold on dims_key)", ""]
+        lines += _table(["folds", "mean rmse (target space)", "mean efficiency"],
+                        [[len(cv["folds"]) if "folds" in cv else None, cv.get("mean_rmse"),
+                          cv.get("mean_efficiency")]])
+    noise = extra.get("noise")
+    if noise:
+        lines += ["### Measurement noise of this run", "",
+                  "How far this run's labels can be trusted: the spread of the best kernel's "
+                  "round medians (stretches of cycles, or processes), the problems whose winner "
+                  "has practical ties, the samples the guards kept apart. `tilecast "
+                  "repeatability` with a second run gives the ceiling any model is judged under.",
+                  ""]
+        lines += _table(["figure", "value"], [
+            ["problems", noise.get("n_problems")],
+            ["round spread of the best kernel, median (max/min)", noise.get("round_spread_median")],
+            ["round spread of the best kernel, P90", noise.get("round_spread_p90")],
+            ["share of problems with practical ties", noise.get("tie_share")],
+            ["share of samples kept apart", noise.get("samples_kept_apart_share")],
+            ["protocol (share of records)", ", ".join(f"{k} {v:.2f}" for k, v in
+                                                      (noise.get("timing") or {}).items()) or None]])
+    slices = metrics.get("slices")
+    if slices:
+        lines += ["### Per-slice results (held-out problems)", ""]
+        lines += _table(["slice", "problems", "mean efficiency", "P10", "top-1",
+                         "static best mean"],
+                        [[key, v["n_problems"], v["mean_efficiency"], v["p10_efficiency"],
+                          v["top1"], v["static_best_mean_efficiency"]]
+                         for key, v in slices.items()])
+    worst = evaluation.per_problem.sort_values(["efficiency", "dims_key"]).head(WORST_COUNT)
+    lines += [f"### Worst {WORST_COUNT} problems", ""]
+    lines += _table(list(WORST_COLUMNS), worst[list(WORST_COLUMNS)].values.tolist())
+    lines += ["### Best candidate vs peer library", ""]
+    sets = peer.get("problem_sets", {})
+    if sets:
+        lines += _table(["problem set", "problems", "geomean best/peer", "min", "max"],
+                        [[key, s["n_problems"], s["geomean_ratio"], s["min_ratio"], s["max_ratio"]]
+                         for key, s in sets.items()])
+    else:
+        lines += ["No peer measurements.", ""]
+    return lines
+
+
+def _plot(name: str, evaluation: Evaluation) -> bytes:
+    """PNG of the sorted per-problem efficiency of the model and of the static best."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    table = evaluation.per_problem
+    figure = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(figure)  # Agg, without touching pyplot's global state
+    axes = figure.add_subplot()
+    static_kernel = evaluation.metrics["static_best"]["kernel"]
+    for column, label in (("efficiency", f"model {name}"),
+                          ("static_best_efficiency", f"static best {static_kernel}")):
+        values = np.sort(table[column].to_numpy(dtype=np.float64))
+        axes.plot(np.arange(1, len(values) + 1), values, marker=".", label=label)
+    axes.set_xlabel("holdout problems, sorted by efficiency")
+    axes.set_ylabel("efficiency (measured / best)")
+    axes.set_ylim(0, 1.05)
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="lower right", fontsize=8)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()

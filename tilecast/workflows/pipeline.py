@@ -1,0 +1,320 @@
+"""The stages of one run as plain functions over a workdir: what the Prefect tasks wrap, and
+what `tilecast run --plain` calls directly. Each stage reads its inputs from files the
+previous stage wrote, so any stage can be re-run (or resumed) alone.
+
+    W/build/<family>/events.json     one BuildEvent per candidate, binary paths
+    W/bench/<family>.jsonl           raw records, every sample (resumable)
+    W/data/<family>.parquet          the dataset
+    W/models/<family>/               model.txt, feature_spec.json, train_manifest.json, candidates.json
+    W/eval/<family>/                 metrics.json, per_problem.parquet, peer.json
+    W/report/                        evaluation.json, report.md, efficiency_<model>.png
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from tilecast.stages import build
+from tilecast.core import dataset, hardware, tune
+from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
+from tilecast.core.config import PROBLEM_SETS, ConfigError, RunConfig, load_config
+from tilecast.families import get_family
+from tilecast.core.atomic import atomic_write_json
+from tilecast.workflows.repeatability import run_noise
+from tilecast.core.tune import BuildEvent
+
+log = logging.getLogger("tilecast.workflows.pipeline")
+
+
+def expand_workdir(workdir: str | Path, now: datetime | None = None) -> str:
+    """`{date}` in a workdir becomes today's UTC date: one fresh workdir per night from a
+    deployment's fixed parameter, shared by a re-run on the same day, which then resumes."""
+    now = now or datetime.now(timezone.utc)
+    return str(workdir).replace("{date}", now.strftime("%Y-%m-%d"))
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything a stage needs: the config, where to read and write, who is running."""
+    config: RunConfig
+    workdir: Path
+    registry: Path | str     # a local path, or an fsspec URL (tilecast.registry.api)
+    run_id: str
+    hardware: dict
+    git_sha: str
+
+    @classmethod
+    def create(cls, config: str | Path, workdir: str | Path, registry: str | Path,
+               run_id: str | None = None) -> "RunContext":
+        from tilecast.registry.api import normalize_root
+        from tilecast.stages.train import git_sha
+
+        cfg = load_config(config)
+        now = datetime.now(timezone.utc)
+        run_id = run_id or now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+        workdir = expand_workdir(workdir, now)
+        return cls(config=cfg, workdir=Path(workdir).resolve(), registry=normalize_root(registry),
+                   run_id=run_id, hardware=hardware.profile(cfg.protocol.threads),
+                   git_sha=git_sha())
+
+    def path(self, *parts: str) -> Path:
+        return self.workdir.joinpath(*parts)
+
+    @property
+    def build_cache(self) -> Path:
+        return Path(os.environ.get("TILECAST_BUILD_CACHE", self.path("cache", "build")))
+
+
+def _family(ctx: RunContext, name: str):
+    if name not in ctx.config.families:
+        raise ConfigError(f"family {name!r} is not in config {ctx.config.path}; "
+                          f"it has: {', '.join(ctx.config.families)}")
+    return get_family(name), ctx.config.families[name]
+
+
+def select_candidates(ctx: RunContext, name: str) -> list:
+    """The first `budget` valid variants in the seeded (FNV-1a) order of the space."""
+    family, fc = _family(ctx, name)
+    space = {family.kernel_name(c): c for c in family.candidate_space(fc.candidates, ctx.hardware)}
+    if not space:
+        raise ConfigError(f"{ctx.config.path}: family {name}: the candidate options allow no "
+                          "variant this CPU can run")
+    return [space[n] for n in tune.seeded_order(list(space), fc.seed)[:fc.budget]]
+
+
+def build_stage(ctx: RunContext, name: str) -> dict:
+    """Compile the selected candidates; writes W/build/<family>/events.json."""
+    family, _ = _family(ctx, name)
+    configs = select_candidates(ctx, name)
+    log.info("build %s: %d candidates, %d parallel compiles", name, len(configs), ctx.config.build_jobs)
+    builts = build.build_candidates(family, configs, ctx.build_cache, jobs=ctx.config.build_jobs,
+                                    progress=build.log_progress)
+    out = ctx.path("build", name)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "events.json", [
+        {**asdict(b.event), "binary": str(b.binary) if b.binary else None,
+         "cache_key": b.cache_key, "cached": b.cached} for b in builts])
+    counts = {status: sum(b.event.status == status for b in builts) for status in ("ok", "failed")}
+    return {"family": name, "candidates": len(builts), **counts,
+            "cached": sum(b.cached for b in builts)}
+
+
+def load_builds(ctx: RunContext, name: str) -> list[build.Built]:
+    """The build stage's results, read back from its events file."""
+    family, _ = _family(ctx, name)
+    path = ctx.path("build", name, "events.json")
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: run the build stage first")
+    builts = []
+    for item in json.loads(path.read_text()):
+        binary = Path(item.pop("binary")) if item.get("binary") else None
+        key, cached = item.pop("cache_key"), item.pop("cached")
+        event = BuildEvent(**item)
+        if binary is not None and not binary.exists():
+            raise FileNotFoundError(f"binary {binary} listed in {path} is gone: re-run the build stage")
+        builts.append(build.Built(event.candidate_id, family.parse_name(event.candidate_id),
+                                  event, binary, key, cached))
+    return builts
+
+
+def problems(ctx: RunContext, name: str) -> list[tuple[str, object]]:
+    """(problem_set, problem) pairs; a shape in both sets is a config error."""
+    family, fc = _family(ctx, name)
+    pairs = [(ps, family.problem(values)) for ps in PROBLEM_SETS for values in fc.problems[ps]]
+    keys = {ps: {family.dims_key(p) for s, p in pairs if s == ps} for ps in PROBLEM_SETS}
+    overlap = sorted(keys["train"] & keys["holdout"])
+    if overlap:
+        raise ConfigError(f"{ctx.config.path}: holdout problem {overlap[0]} is also a training "
+                          f"problem ({len(overlap)} in all); holdouts must never be trained on")
+    seen, unique = set(), []
+    for ps, problem in pairs:
+        key = family.dims_key(problem)
+        if key not in seen:
+            seen.add(key)
+            unique.append((ps, problem))
+    return unique
+
+
+def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
+    """Measure every built candidate on every problem; appends to W/bench/<family>.jsonl.
+    Holds `device` (default: this host's CPU) exclusively while it measures."""
+    from tilecast.core.device import default_device, exclusive
+    family, fc = _family(ctx, name)
+    builts = load_builds(ctx, name)
+    cfg = ctx.config
+    settings = BenchSettings(protocol=cfg.protocol, tie_threshold_pct=cfg.tie_threshold_pct,
+                             finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
+                             problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
+                             retry_disturbed=cfg.retry_disturbed,
+                             seed=fc.seed, interleave=cfg.interleave,
+                             race_cycles=cfg.race_cycles, race_margin_pct=cfg.race_margin_pct,
+                             libraries=in_process_libraries(family, builts, ctx.build_cache,
+                                                            cfg.build_jobs) if cfg.interleave else {})
+    run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
+                "hardware": ctx.hardware["fingerprint"]}
+    pairs = problems(ctx, name)
+    log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
+    with exclusive(device or default_device()):
+        summary = benchmark(family, builts, pairs, ctx.path("bench", f"{name}.jsonl"),
+                            ctx.path("scratch", name), run_info, settings)
+    return {"family": name, "new_records": summary.measured,
+            "already_measured": summary.skipped_existing, "statuses": dict(summary.statuses),
+            "seconds": round(summary.seconds, 1)}
+
+
+def convert_stage(ctx: RunContext, name: str) -> dict:
+    """Raw records -> W/data/<family>.parquet."""
+    from tilecast.stages.convert import convert_raw
+
+    summary = convert_raw([ctx.path("bench", f"{name}.jsonl")], ctx.path("data", f"{name}.parquet"))
+    return {"family": name, "rows": summary.rows, "problems": summary.problems,
+            "kernels": summary.kernels, "statuses": summary.statuses}
+
+
+def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    records = dataset.load(ctx.path("data", f"{name}.parquet"))
+    final = dataset.final_table(records)
+    return records, {ps: final[final["problem_set"] == ps] for ps in PROBLEM_SETS}
+
+
+def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[Path | None, dict]:
+    """(base model.txt or None, lineage entry) for the family's warm_start setting. A registry
+    without that version yet (a first run) trains from scratch and says so."""
+    from tilecast.registry import api as registry
+    from tilecast.stages.train import check_warm_start
+
+    if fc.warm_start is None:
+        return None, {}
+    try:
+        base_dir = registry.local_copy(ctx.registry, name, fc.warm_start)
+    except registry.RegistryError as err:
+        log.warning("train %s: warm start from %r impossible (%s); training from scratch",
+                    name, fc.warm_start, err)
+        return None, {"warm_start": fc.warm_start, "base": None, "why": str(err)}
+    init = check_warm_start(base_dir, family, engine, spec)
+    manifest = json.loads((base_dir / "train_manifest.json").read_text() or "{}")
+    return init, {"warm_start": fc.warm_start, "base": {
+        "model": name, "version": int(base_dir.name), "data_hash": manifest.get("data_hash"),
+        "registry": str(ctx.registry)}}
+
+
+def train_stage(ctx: RunContext, name: str) -> dict:
+    """Train the family's model; writes W/models/<family>/ (with candidates.json)."""
+    from tilecast.stages.evaluate import static_best
+    from tilecast.stages.train import ModelSpec, train_model
+
+    family, fc = _family(ctx, name)
+    _, by_set = _final_by_set(ctx, name)
+    spec = ModelSpec.from_mapping({"seed": fc.seed, **fc.model})
+    engine = family.feature_engine(ctx.hardware)
+    init, warm = _warm_start(ctx, name, fc, family, engine, spec)
+    lineage = [{"run_id": ctx.run_id, "config": str(ctx.config.path), "git_sha": ctx.git_sha,
+                "dataset": str(ctx.path("data", f"{name}.parquet")), **warm}]
+    out = ctx.path("models", name)
+    result = train_model(family, engine, dataset.valid(by_set["train"]), spec, out, ctx.hardware,
+                         lineage=lineage, init_model=init)
+    kernels = [b.kernel for b in load_builds(ctx, name) if b.binary is not None]
+    static_kernel, static_mean = static_best(by_set["train"], kernels)
+    atomic_write_json(out / "candidates.json", {"family": name, "kernels": kernels,
+                                                "static_best": static_kernel})
+    log.info("train %s: cv mean efficiency %.3f, %d rounds%s; static best %s (%.3f on training)",
+             name, result.cv["mean_efficiency"], result.num_boost_round,
+             f" on top of version {warm['base']['version']}" if warm.get("base") else "",
+             static_kernel, static_mean)
+    return {"family": name, "model_dir": str(out), "cv_mean_efficiency": result.cv["mean_efficiency"],
+            "num_boost_round": result.num_boost_round,
+            "warm_start_version": (warm.get("base") or {}).get("version")}
+
+
+def evaluate_stage(ctx: RunContext, name: str) -> dict:
+    """The model on the held-out problems; writes W/eval/<family>/."""
+    from tilecast.stages.evaluate import evaluate, peer_ratios, slice_metrics
+    from tilecast.stages.train import load_predictor
+
+    family, _ = _family(ctx, name)
+    records, by_set = _final_by_set(ctx, name)
+    model_dir = ctx.path("models", name)
+    candidates = json.loads((model_dir / "candidates.json").read_text())["kernels"]
+    evaluation = evaluate(family, family.feature_engine(ctx.hardware), load_predictor(model_dir),
+                          by_set["holdout"], by_set["train"], candidates, ctx.config.tie_threshold_pct)
+    peer = peer_ratios(records, family)
+    evaluation.metrics["slices"] = slice_metrics(family, evaluation.per_problem)
+    out = ctx.path("eval", name)
+    out.mkdir(parents=True, exist_ok=True)
+    evaluation.per_problem.to_parquet(out / "per_problem.parquet", index=False)
+    atomic_write_json(out / "metrics.json", evaluation.metrics)
+    atomic_write_json(out / "peer.json", {"problem_sets": peer.get("problem_sets", {})})
+    if "per_problem" in peer:
+        peer["per_problem"].to_parquet(out / "peer_per_problem.parquet", index=False)
+    m = evaluation.metrics
+    log.info("evaluate %s: %d held-out problems, mean eff %.3f, P10 %.3f, top1 %.2f, top5 %.2f, "
+             "static best %.3f", name, m["n_problems"], m["mean_efficiency"], m["p10_efficiency"],
+             m["top1"], m["top5"], m["static_best"]["mean_efficiency"])
+    return {"family": name, **{k: v for k, v in m.items() if k != "slices"}}
+
+
+def report_stage(ctx: RunContext) -> dict:
+    """evaluation.json, report.md and plots for every family of the config."""
+    from tilecast.stages.evaluate import Evaluation
+    from tilecast.stages.report import write_report
+
+    results = {}
+    for name in ctx.config.families:
+        out = ctx.path("eval", name)
+        metrics = json.loads((out / "metrics.json").read_text())
+        manifest = json.loads(ctx.path("models", name, "train_manifest.json").read_text())
+        peer = json.loads((out / "peer.json").read_text())
+        if (out / "peer_per_problem.parquet").exists():
+            peer["per_problem"] = pd.read_parquet(out / "peer_per_problem.parquet")
+        evaluation = Evaluation(metrics=metrics, per_problem=pd.read_parquet(out / "per_problem.parquet"))
+        noise = run_noise(dataset.load(ctx.path("data", f"{name}.parquet")),
+                          ctx.config.tie_threshold_pct)
+        results[name] = (evaluation, {"cv": manifest["cv"], "peer": peer, "noise": noise})
+    directory = write_report(ctx.workdir, results, peer={})
+    return {"report_dir": str(directory), "evaluation": str(directory / "evaluation.json")}
+
+
+def publish_stage(ctx: RunContext, name: str) -> dict:
+    """A new registry version of the family's model; production moves only if the new model
+    passes the gate against production's choices on this run's holdout (tilecast.registry.gate)."""
+    from tilecast.registry import gate as promotion, api as registry
+
+    family, _ = _family(ctx, name)
+    model_dir = ctx.path("models", name)
+    files = {f: model_dir / f for f in ("model.txt", "feature_spec.json", "train_manifest.json",
+                                        "candidates.json")}
+    per_problem = ctx.path("eval", name, "per_problem.parquet")
+    files["per_problem.parquet"] = per_problem
+    metrics = json.loads(ctx.path("eval", name, "metrics.json").read_text())
+    _, by_set = _final_by_set(ctx, name)
+    baseline = promotion.production_baseline(ctx.registry, name, family, by_set["holdout"],
+                                             ctx.config.tie_threshold_pct)
+    gate = promotion.make_gate(baseline, promotion.read_candidate_table(per_problem))
+    result = registry.publish(ctx.registry, name, files, metrics=metrics, gate=gate)
+    log.info("publish %s: version %d, %s (%s)", name, result.version,
+             "promoted" if result.promoted else "not promoted", result.reason)
+    outcome = {"family": name, "version": result.version, "promoted": result.promoted,
+               "reason": result.reason, "path": str(result.path),
+               "aliases": list(result.aliases), "baseline_version": baseline.version}
+    atomic_write_json(ctx.path("report", f"publish_{name}.json"), outcome)
+    return outcome
+
+
+def run_all(ctx: RunContext) -> dict:
+    """Every stage in order without Prefect (the plain-library baseline of the flow)."""
+    stages, published = {}, {}
+    for name in ctx.config.families:
+        stages[name] = {"build": build_stage(ctx, name), "bench": bench_stage(ctx, name),
+                        "convert": convert_stage(ctx, name), "train": train_stage(ctx, name),
+                        "evaluate": evaluate_stage(ctx, name)}
+    report = report_stage(ctx)
+    for name in ctx.config.families:
+        published[name] = publish_stage(ctx, name)
+    return {"run_id": ctx.run_id, "stages": stages, "report": report, "published": published}

@@ -1,0 +1,169 @@
+"""`tilecast evaluate`: a published model on a user's own problem set, against a measured oracle.
+
+The candidates are the ones the model version was published with (its candidates.json); they
+are built (content-hash cache in the workdir), every one is measured on every problem of the
+file with the run protocol of a config (the quick config by default; finalists confirmed,
+resumable like a run), and the version's choices (its Dispatcher, exactly what a kernel
+library gets at run time) are scored with the definitions of DESIGN.md:
+
+    W/bench/<model>.jsonl, W/data/<model>.parquet       the measurements
+    W/eval/<model>/metrics.json, per_problem.parquet     the published model on these problems
+
+The problems file is YAML (or JSON): `problems:` followed by the entries of a config's problem
+set (list / grid / random; see tilecast.core.config.expand_problems).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tilecast.stages import build
+from tilecast.core import dataset, hardware, stats
+from tilecast.registry import api as registry
+from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
+from tilecast.core.config import ConfigError, expand_problems, load_config
+from tilecast.stages.convert import convert_raw
+from tilecast.core.device import default_device, exclusive
+from tilecast.core.atomic import atomic_write_json
+
+log = logging.getLogger("tilecast.stages.evaluate")
+
+PROBLEM_SET = "holdout"  # every problem of the file is unseen by the model's training
+
+
+def read_problems(path: str | Path, family) -> list:
+    """The family's problems listed in a problems file; ConfigError names the file and entry."""
+    import yaml
+
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"problems file {path} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"problems file {path} is not valid YAML/JSON: {err}") from None
+    if not isinstance(document, dict) or "problems" not in document:
+        raise ConfigError(f"problems file {path}: expected a mapping with key 'problems' "
+                          "(a list of problem entries: list / grid / random)")
+    entries = expand_problems(f"{path}: problems", document["problems"])
+    if not entries:
+        raise ConfigError(f"problems file {path} lists no problem")
+    found, seen = [], set()
+    for index, values in enumerate(entries):
+        try:
+            problem = family.problem(values)
+        except ValueError as err:
+            raise ConfigError(f"problems file {path}, problem {index} {values}: {err}") from None
+        key = family.dims_key(problem)
+        if key not in seen:
+            seen.add(key)
+            found.append(problem)
+    return found
+
+
+def evaluate_published(registry_root, model: str, problems_file, workdir, *,
+                       alias: str = registry.PRODUCTION, config: str = "quick") -> dict:
+    """Measure the oracle on the problems file and score the published version's choices;
+    returns (and writes) the metrics. See the module docstring."""
+    from tilecast.runtime.dispatch import Dispatcher
+
+    workdir = Path(workdir).resolve()
+    dispatcher = Dispatcher.from_registry(registry_root, model, alias)
+    family = dispatcher.family
+    problems = read_problems(problems_file, family)
+    cfg = load_config(config)
+    profile = hardware.profile(cfg.protocol.threads)
+
+    configs = [family.parse_name(name) for name in dispatcher.kernels]
+    log.info("evaluate %s version %d: %d candidates x %d problems", model, dispatcher.version,
+             len(configs), len(problems))
+    builts = build.build_candidates(family, configs, workdir / "cache" / "build",
+                                    jobs=cfg.build_jobs, progress=build.log_progress)
+    libraries = (in_process_libraries(family, builts, workdir / "cache" / "build", cfg.build_jobs)
+                 if cfg.interleave else {})
+    settings = BenchSettings(protocol=cfg.protocol, tie_threshold_pct=cfg.tie_threshold_pct,
+                             finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
+                             problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
+                             retry_disturbed=cfg.retry_disturbed, interleave=cfg.interleave,
+                             race_cycles=cfg.race_cycles, race_margin_pct=cfg.race_margin_pct,
+                             libraries=libraries)
+    raw = workdir / "bench" / f"{model}.jsonl"
+    run_info = {"run_id": f"evaluate-{model}-v{dispatcher.version}", "git_sha": "",
+                "hardware": profile["fingerprint"]}
+    # the device a run's benchmark stage holds: never time kernels beside a nightly
+    with exclusive(default_device()):
+        benchmark(family, builts, [(PROBLEM_SET, p) for p in problems], raw, workdir / "scratch",
+                  run_info, settings)
+    data = workdir / "data" / f"{model}.parquet"
+    convert_raw([raw], data)
+    final = dataset.final_table(dataset.load(data))
+    final = final[final["dims_key"].isin({family.dims_key(p) for p in problems})]
+
+    per_problem = _score(dispatcher, family, final, cfg.tie_threshold_pct)
+    if per_problem.empty:
+        raise ValueError(f"no problem of {problems_file} has a valid measurement: nothing to "
+                         f"score (see {raw})")
+    metrics = _metrics(per_problem, dispatcher, model)
+    out = workdir / "eval" / model
+    out.mkdir(parents=True, exist_ok=True)
+    per_problem.to_parquet(out / "per_problem.parquet", index=False)
+    atomic_write_json(out / "metrics.json", metrics)
+    return metrics
+
+
+def _score(dispatcher, family, final: pd.DataFrame, tie_threshold_pct: float) -> pd.DataFrame:
+    measured = dataset.valid(final).pivot_table(index="dims_key", columns="kernel",
+                                                values="tflops", aggfunc="max")
+    first = final.drop_duplicates("dims_key").set_index("dims_key")
+    rows = []
+    for dims_key, winner in dataset.winners(final, tie_threshold_pct).items():
+        problem = family.problem({f: first.at[dims_key, f] for f in family.problem_fields})
+        ranking = dispatcher.ranking(problem)
+        row = measured.loc[dims_key]
+
+        def tflops_of(kernel: str) -> float:
+            value = row.get(kernel, np.nan)
+            return 0.0 if pd.isna(value) else float(value)
+
+        order = list(ranking.kernels)
+        rows.append({"dims_key": dims_key, "chosen_kernel": ranking.best,
+                     "chosen_tflops": tflops_of(ranking.best), "best_kernel": winner.kernel,
+                     "best_tflops": winner.best_tflops,
+                     "efficiency": tflops_of(ranking.best) / winner.best_tflops,
+                     "static_best_efficiency": tflops_of(dispatcher.static_best) / winner.best_tflops,
+                     "winner_rank": order.index(winner.kernel) + 1 if winner.kernel in order else None,
+                     "top1_tie": ranking.best in winner.tie_set,
+                     "fallback": ranking.fallback_reason})
+    return pd.DataFrame(rows)
+
+
+def _metrics(table: pd.DataFrame, dispatcher, model: str) -> dict:
+    eff = table["efficiency"].to_numpy(dtype=np.float64)
+    ranks = pd.to_numeric(table["winner_rank"], errors="coerce")
+    static = float(table["static_best_efficiency"].mean())
+    return {"model": model, "version": dispatcher.version, "n_problems": int(len(table)),
+            "mean_efficiency": float(eff.mean()), "median_efficiency": float(stats.median(eff)),
+            "p10_efficiency": float(np.percentile(eff, 10)), "min_efficiency": float(eff.min()),
+            "top1": float((ranks <= 1).mean()), "top5": float((ranks <= 5).mean()),
+            "top1_tie": float(table["top1_tie"].mean()),
+            "static_best": {"kernel": dispatcher.static_best, "mean_efficiency": static},
+            "margin_over_static_best": float(eff.mean()) - static,
+            "fallbacks": int(table["fallback"].notna().sum())}
+
+
+def summary_line(metrics: dict) -> str:
+    """One line for the console."""
+    return (f"{metrics['model']} v{metrics['version']} on {metrics['n_problems']} problems: "
+            f"mean efficiency {metrics['mean_efficiency']:.3f}, median "
+            f"{metrics['median_efficiency']:.3f}, P10 {metrics['p10_efficiency']:.3f}, min "
+            f"{metrics['min_efficiency']:.3f}, top-1 {metrics['top1']:.2f}, top-5 "
+            f"{metrics['top5']:.2f}; static best {metrics['static_best']['kernel']} "
+            f"{metrics['static_best']['mean_efficiency']:.3f}")
+
+
+def dump(metrics: dict) -> str:
+    return json.dumps(metrics, indent=2)
