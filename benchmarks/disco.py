@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilecast import probe  # noqa: E402
+from tilecast.core import probe  # noqa: E402
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
 from tilecast.disco.fused import block_rows  # noqa: E402
 from tilecast.disco.lines import regroup  # noqa: E402

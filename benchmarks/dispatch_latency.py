@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilecast import registry  # noqa: E402
+from tilecast.registry import api as registry  # noqa: E402
 from tilecast.runtime.dispatch import INVERSE_TRANSFORMS, Dispatcher  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilecast import dataset  # noqa: E402
+from tilecast.core import dataset  # noqa: E402
 
 RUNTIME_BINS_US = (0, 20, 100, 500, float("inf"))
 

@@ -1,11 +1,11 @@
-"""tilecast.core.probe: the FMA peak that the DISCO benchmark's mix bound divides by."""
+"""tilecast.core.probe: the FMA peak that the DISCO benchmark's mix bound divides by.
+
+How the peak compares with torch's sgemm beside it is a timing against a timing, so it is a
+benchmark (benchmarks/fma_probe.py), not a test here.
+"""
 from __future__ import annotations
 
-import statistics
-import time
-
 import pytest
-import torch
 
 from tilecast.core import probe
 
@@ -22,25 +22,9 @@ def test_the_probe_reads_a_rate_a_core_can_reach():
     assert 0 < rate <= FMA_PORTS * 2 * probe.lanes() * MAX_GHZ
 
 
-def test_no_gemm_beats_the_probe_beside_it():
-    """torch's sgemm on a cache-resident problem, interleaved with the probe: its median rate
-    stays under the highest probe (a GEMM does the same FMAs, plus loads)."""
-    threads = torch.get_num_threads()
-    a, b = torch.randn(96, 256), torch.randn(256, 512)
-    out = torch.empty(96, 512)
-    flops = 2.0 * 96 * 256 * 512
-    peaks, gemms = [], []
-    torch.mm(a, b, out=out)
-    for _ in range(5):
-        peaks.append(probe.fma_peak_gflops(threads))
-        start = time.perf_counter()
-        for _ in range(20):
-            torch.mm(a, b, out=out)
-        gemms.append(20 * flops / (time.perf_counter() - start) / 1e9)
-    assert statistics.median(gemms) <= max(peaks), (gemms, peaks)
-
-
-@pytest.mark.parametrize("threads, iterations", [(0, 10), (1, 0), (-2, 100)])
-def test_bad_arguments_are_refused(threads, iterations):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("threads, iterations, named", [(0, 10, "threads.*got 0"),
+                                                        (1, 0, "iterations.*got 0"),
+                                                        (-2, 100, "threads.*got -2")])
+def test_bad_arguments_are_refused(threads, iterations, named):
+    with pytest.raises(ValueError, match=named):
         probe.fma_peak_gflops(threads, iterations)

@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
-from tilecast import cli, serving  # noqa: E402
+from tilecast import cli  # noqa: E402
+from tilecast.runtime import serving  # noqa: E402
 from tilecast.registry import api as registry, remote as registry_remote
 from tilecast.registry.api import RegistryError  # noqa: E402
 

@@ -1,23 +1,14 @@
-"""Tests for tilecast.core.tune: the invariants of TUNE_DESIGN.md as properties, plus known answers."""
+"""Tests for tilecast.core.tune: the tie and selection invariants as properties, plus known answers."""
 
-import itertools
 import math
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tilecast.core import tune
-from tilecast.core.tune import (
-    BuildEvent,
-    BuiltCandidate,
-    CandidateError,
-    CandidateSpace,
-    HoldoutPlan,
-    Score,
-    TuningBudget,
-    TuningObjective,
-)
+from tilecast.core.tune import BuildEvent, Score
 
 PROPERTY = settings(max_examples=150, deadline=None)
 
@@ -43,11 +34,6 @@ def within_threshold(value, fastest, threshold_pct):
     if fastest == 0.0:
         return value == 0.0
     return (value - fastest) / fastest * 100 <= threshold_pct
-
-
-def dominates(o, c):
-    return (o.value <= c.value and o.secondary <= c.secondary
-            and (o.value, o.secondary) != (c.value, c.secondary))
 
 
 # --- select_best / tie_set ---------------------------------------------------
@@ -111,7 +97,6 @@ def test_select_best_known_table_ties_by_secondary_then_id():
     assert tune.select_best(table, threshold_pct=1.0).id == "k_b"
     assert tune.select_best(table, threshold_pct=5.0).id == "k_d"
     assert [s.id for s in tune.tie_set(table, 1.0)] == ["k_a", "k_b", "k_c"]
-    assert tune.global_policy(table, 1.0) == "global:k_b"
 
 
 def test_select_best_with_zero_fastest_ties_only_zeros():
@@ -128,55 +113,9 @@ def test_select_best_rejects_duplicate_ids_and_bad_threshold():
         tune.select_best([Score("x", 1.0)], threshold_pct=math.nan)
 
 
-def test_global_policy_without_usable_score_raises():
+def test_select_best_without_usable_score_is_none():
     assert tune.select_best([Score("a", math.nan), Score("b", math.inf)]) is None
-    with pytest.raises(ValueError, match="no usable score among 2"):
-        tune.global_policy([Score("a", math.nan), Score("b", math.inf)], 1.0)
-
-
-# --- pareto_frontier ---------------------------------------------------------
-
-
-@PROPERTY
-@given(scores=score_lists(max_size=16))
-def test_pareto_frontier_is_exactly_the_usable_non_dominated_scores(scores):
-    frontier = tune.pareto_frontier(scores)
-    usable = [s for s in scores if s.usable]
-    assert all(s.usable for s in frontier)
-    for point in frontier:
-        assert not any(dominates(other, point) for other in usable)
-    frontier_ids = {s.id for s in frontier}
-    for point in usable:
-        if point.id not in frontier_ids:
-            # every off-frontier point is dominated by a point on the frontier
-            assert any(dominates(f, point) for f in frontier)
-    keys = [(s.value, s.secondary, s.id) for s in frontier]
-    assert keys == sorted(keys)
-    assert len(frontier_ids) == len(frontier)
-
-
-@PROPERTY
-@given(scores=score_lists(max_size=16))
-def test_pareto_frontier_secondary_strictly_decreases_along_primary(scores):
-    frontier = tune.pareto_frontier(scores)
-    for a, b in itertools.pairwise(frontier):
-        if a.value < b.value:
-            assert a.secondary > b.secondary
-        else:  # equal primary on the frontier means the same point
-            assert (a.value, a.secondary) == (b.value, b.secondary)
-
-
-def test_pareto_frontier_known_answer():
-    table = [
-        Score("fast_big", 1.0, 900),
-        Score("mid", 1.5, 400),
-        Score("mid_twin", 1.5, 400),  # same point: both stay
-        Score("mid_worse", 1.5, 500),  # dominated by mid
-        Score("slow_small", 3.0, 100),
-        Score("slow_bigger", 3.5, 100),  # dominated by slow_small
-        Score("broken", math.nan, 0),
-    ]
-    assert [s.id for s in tune.pareto_frontier(table)] == ["fast_big", "mid", "mid_twin", "slow_small"]
+    assert tune.tie_set([Score("a", math.nan), Score("b", -1.0)], 1.0) == []
 
 
 # --- fnv1a64 / seeded_order --------------------------------------------------
@@ -220,6 +159,14 @@ def test_fnv1a64_rejects_bad_seed(seed):
 IDS = st.lists(st.text(min_size=1, max_size=6), max_size=15, unique=True)
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """An object with a str ``.id``, as seeded_order accepts beside bare ids."""
+
+    id: str
+    config: dict
+
+
 @PROPERTY
 @given(data=st.data(), ids=IDS, seed=st.integers(0, 2**32))
 def test_seeded_order_is_a_permutation_depending_only_on_ids_and_seed(data, ids, seed):
@@ -227,7 +174,7 @@ def test_seeded_order_is_a_permutation_depending_only_on_ids_and_seed(data, ids,
     assert sorted(ordered) == sorted(ids)
     assert tune.seeded_order(data.draw(st.permutations(ids)), seed) == ordered
     # objects are ordered by their ids alone
-    candidates = [BuiltCandidate(i, {"n": n}) for n, i in enumerate(ids)]
+    candidates = [Candidate(i, {"n": n}) for n, i in enumerate(ids)]
     shuffled = data.draw(st.permutations(candidates))
     assert [c.id for c in tune.seeded_order(shuffled, seed)] == ordered
     # and the order is the hash order of the utf-8 ids
@@ -244,100 +191,6 @@ def test_seeded_order_known_answer_and_seed_dependence():
 def test_seeded_order_rejects_items_without_id():
     with pytest.raises(TypeError, match="42"):
         tune.seeded_order(["a", 42], 0)
-
-
-# --- exhaustive_scores -------------------------------------------------------
-
-
-@st.composite
-def search_cases(draw):
-    ids = draw(st.lists(st.text("xyz0123", min_size=1, max_size=4), max_size=12, unique=True))
-    candidates = [BuiltCandidate(i, {}, secondary=float(n)) for n, i in enumerate(ids)]
-    fate = {i: draw(st.sampled_from(["ok", "false", "reason", "raise"])) for i in ids}
-    budget = draw(st.integers(0, len(ids) + 3))
-    return candidates, fate, budget
-
-
-@PROPERTY
-@given(case=search_cases())
-def test_exhaustive_scores_examines_prefix_and_scores_only_valid(case):
-    candidates, fate, budget = case
-    pulled, scored = [], []
-
-    def stream():
-        for candidate in candidates:
-            pulled.append(candidate.id)
-            yield candidate
-
-    def is_valid(candidate):
-        return {"false": False, "reason": f"too big: {candidate.id}"}.get(fate[candidate.id], True)
-
-    def score_fn(candidate):
-        scored.append(candidate.id)
-        if fate[candidate.id] == "raise":
-            raise CandidateError(f"no kernel for {candidate.id}")
-        return Score(candidate.id, float(len(scored)), candidate.secondary)
-
-    scores, events = tune.exhaustive_scores(stream(), score_fn, budget, is_valid)
-
-    examined = [c.id for c in candidates[:budget]]
-    assert len(pulled) <= budget
-    assert [e.candidate_id for e in events] == examined  # one event per examined candidate
-    assert scored == [i for i in examined if fate[i] in ("ok", "raise")]
-    expected_status = {"ok": "ok", "raise": "failed", "false": "rejected", "reason": "rejected"}
-    assert [e.status for e in events] == [expected_status[fate[i]] for i in examined]
-    assert [s.id for s in scores] == scored
-    for score in scores:
-        assert score.usable == (fate[score.id] == "ok")
-    for event in events:
-        if fate[event.candidate_id] == "reason":
-            assert event.reason == f"too big: {event.candidate_id}"
-        if event.status == "failed":
-            assert event.reason == f"CandidateError: no kernel for {event.candidate_id}"
-
-
-def test_exhaustive_scores_known_run():
-    candidates = ["k1", "k2", "k3", "k4"]
-    scores, events = tune.exhaustive_scores(
-        candidates,
-        lambda c: Score(c, {"k1": 2.0, "k3": 1.0}[c]),
-        budget=3,
-        is_valid=lambda c: c != "k2",
-    )
-    assert [(s.id, s.value) for s in scores] == [("k1", 2.0), ("k3", 1.0)]
-    assert [(e.candidate_id, e.status, e.reason) for e in events] == [
-        ("k1", "ok", ""),
-        ("k2", "rejected", "is_valid returned False"),
-        ("k3", "ok", ""),
-    ]
-
-
-def test_exhaustive_scores_rejects_with_falsy_verdicts_and_refuses_empty_reason():
-    _, events = tune.exhaustive_scores(["k1", "k2"], lambda c: Score(c, 1.0), 2,
-                                       is_valid=lambda c: None if c == "k1" else 0)
-    assert [(e.status, e.reason) for e in events] == [
-        ("rejected", "is_valid returned None"), ("rejected", "is_valid returned 0")
-    ]
-    with pytest.raises(ValueError, match="empty reason for 'k1'"):
-        tune.exhaustive_scores(["k1"], lambda c: Score(c, 1.0), 1, is_valid=lambda c: "")
-
-
-def test_exhaustive_scores_lets_unnamed_errors_propagate():
-    def score_fn(candidate):
-        raise ZeroDivisionError("bug in the harness")
-
-    with pytest.raises(ZeroDivisionError):
-        tune.exhaustive_scores(["k1"], score_fn, budget=1)
-    # ...unless the caller names them
-    scores, events = tune.exhaustive_scores(["k1"], score_fn, 1, errors=(ZeroDivisionError,))
-    assert events[0].status == "failed" and scores[0].value == math.inf
-
-
-def test_exhaustive_scores_rejects_negative_budget_and_wrong_score():
-    with pytest.raises(ValueError, match="budget.*-1"):
-        tune.exhaustive_scores(["k1"], lambda c: Score(c, 1.0), -1)
-    with pytest.raises(ValueError, match="'k1'"):
-        tune.exhaustive_scores(["k1"], lambda c: Score("other", 1.0), 1)
 
 
 # --- confirmation_count ------------------------------------------------------
@@ -399,110 +252,7 @@ def test_score_usable_property():
     assert not any(Score("a", v).usable for v in (math.nan, math.inf, -math.inf, -0.5))
 
 
-# --- CandidateSpace ----------------------------------------------------------
-
-
-def test_candidate_space_enumerates_in_declared_order():
-    space = CandidateSpace({"bm": (32, 64), "bn": [16, 32, 64]})
-    assert [(c["bm"], c["bn"]) for c in space.enumerate()] == [
-        (32, 16), (32, 32), (32, 64), (64, 16), (64, 32), (64, 64)
-    ]
-    assert len(space) == 6
-    assert space.contains({"bm": 64, "bn": 16})
-    assert not space.contains({"bm": 48, "bn": 16})
-    assert not space.contains({"bm": 64})
-
-
-def test_candidate_space_neighbors_on_2x3():
-    space = CandidateSpace({"bm": (32, 64), "bn": (16, 32, 64)})
-    assert space.neighbors({"bm": 32, "bn": 32}) == [
-        {"bm": 64, "bn": 32},
-        {"bm": 32, "bn": 16},
-        {"bm": 32, "bn": 64},
-    ]
-    assert space.neighbors({"bm": 64, "bn": 64}) == [{"bm": 32, "bn": 64}, {"bm": 64, "bn": 32}]
-
-
-def test_candidate_space_constraint_filters_enumeration_and_neighbors():
-    space = CandidateSpace({"bm": (32, 64), "bn": (16, 32, 64)},
-                           constraint=lambda c: c["bm"] * c["bn"] <= 2048)
-    assert len(space) == 5
-    assert not space.contains({"bm": 64, "bn": 64})
-    assert space.neighbors({"bm": 64, "bn": 32}) == [{"bm": 32, "bn": 32}, {"bm": 64, "bn": 16}]
-
-
-@PROPERTY
-@given(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3), data=st.data())
-def test_candidate_space_neighbors_differ_in_one_step(sizes, data):
-    space = CandidateSpace({f"p{n}": tuple(range(0, 10 * size, 10)) for n, size in enumerate(sizes)})
-    config = data.draw(st.sampled_from(list(space.enumerate())))
-    neighbors = space.neighbors(config)
-    for neighbor in neighbors:
-        changed = [k for k in config if neighbor[k] != config[k]]
-        assert len(changed) == 1 and abs(neighbor[changed[0]] - config[changed[0]]) == 10
-    expected = sum((config[f"p{n}"] > 0) + (config[f"p{n}"] < 10 * (size - 1))
-                   for n, size in enumerate(sizes))
-    assert len(neighbors) == expected
-
-
-def test_candidate_space_rejects_bad_definitions():
-    with pytest.raises(ValueError, match="'bk'"):
-        CandidateSpace({"bk": ()})
-    with pytest.raises(ValueError, match="32"):
-        CandidateSpace({"bk": (32, 32)})
-    with pytest.raises(ValueError, match="48"):
-        CandidateSpace({"bm": (32, 64)}).neighbors({"bm": 48})
-
-
-# --- HoldoutPlan -------------------------------------------------------------
-
-
-def test_holdout_plan_split_keeps_input_order():
-    plan = HoldoutPlan(("p3", "p1"))
-    assert plan.split(["p1", "p2", "p3", "p4"]) == (["p2", "p4"], ["p1", "p3"])
-    with pytest.raises(ValueError, match="p3"):
-        plan.split(["p1", "p2"])
-
-
-@PROPERTY
-@given(ids=st.lists(st.text(min_size=1, max_size=5), min_size=2, max_size=20, unique=True),
-       fraction=st.floats(0.01, 0.99), seed=st.integers(0, 1000))
-def test_holdout_plan_from_fraction_partitions_reproducibly(ids, fraction, seed):
-    plan = HoldoutPlan.from_fraction(ids, fraction, seed)
-    train, holdout = plan.split(ids)
-    assert sorted(train + holdout) == sorted(ids)
-    assert train and holdout
-    assert plan == HoldoutPlan.from_fraction(list(reversed(ids)), fraction, seed)
-    assert list(plan.holdout_ids) == tune.seeded_order(ids, seed)[: len(holdout)]
-
-
-def test_holdout_plan_from_fraction_count():
-    ids = [f"p{n}" for n in range(10)]
-    assert len(HoldoutPlan.from_fraction(ids, 0.2, seed=4).holdout_ids) == 2
-    with pytest.raises(ValueError, match="1.0"):
-        HoldoutPlan.from_fraction(ids, 1.0)
-
-
 # --- value objects -----------------------------------------------------------
-
-
-def test_tuning_budget_defaults_and_validation():
-    budget = TuningBudget(max_candidates=60)
-    assert (budget.samples, budget.confirmation_samples, budget.finalists,
-            budget.tie_threshold_pct) == (5, 3, 3, 1.0)
-    assert TuningBudget(10, confirmation_samples=0).confirmation_samples == 0
-    for kwargs in [{"max_candidates": 0}, {"max_candidates": 5, "samples": 0},
-                   {"max_candidates": 5, "finalists": -1},
-                   {"max_candidates": 5, "confirmation_samples": -2},
-                   {"max_candidates": 5, "tie_threshold_pct": -0.5}]:
-        with pytest.raises(ValueError, match=repr(list(kwargs.values())[-1])):
-            TuningBudget(**kwargs)
-
-
-def test_tuning_objective_defaults():
-    assert TuningObjective() == TuningObjective("median_s", "binary_bytes", True)
-    with pytest.raises(ValueError, match="secondary"):
-        TuningObjective(secondary="")
 
 
 def test_build_event_status_comes_from_the_table():
@@ -511,6 +261,13 @@ def test_build_event_status_comes_from_the_table():
         assert BuildEvent("k1", status).status == status
     with pytest.raises(ValueError, match="'crashed'.*ok, failed, rejected"):
         BuildEvent("k1", "crashed")
+
+
+@pytest.mark.parametrize(("field", "value"), [("seconds", -0.5), ("seconds", math.inf),
+                                              ("binary_bytes", -1), ("binary_bytes", 1.5)])
+def test_build_event_refuses_a_bad_cost(field, value):
+    with pytest.raises(ValueError, match=f"{field}.*{value!r}"):
+        BuildEvent("k1", "ok", **{field: value})
 
 
 def test_value_objects_are_frozen():

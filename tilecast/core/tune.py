@@ -1,17 +1,18 @@
-"""Tuning policy: robust scores, practical ties, Pareto fronts, reproducible subsets.
+"""Choosing among measured candidates: robust scores, practical ties, a seeded order.
 
-Implements ``seeds/TUNE_DESIGN.md``. The policy takes scores and never builds,
-runs or validates a candidate; the application does that (through the same
-measurement protocol as every other benchmark) and hands the results in, so
-every function here is testable with made-up numbers.
+``score_samples`` scores a candidate by the median of its usable timings, ``tie_set`` and
+``select_best`` find the candidates within a threshold of the fastest and the one that wins
+among them (smaller secondary cost, then id), ``confirmation_count`` sizes a finalist's fresh
+samples by how noisy its first ones were, ``seeded_order`` is the reproducible order a
+candidate budget takes its prefix of, and ``BuildEvent`` records what happened to each
+candidate the build examined. Nothing here builds, runs or times a kernel: the stages hand
+in the numbers, so every function is testable with made-up ones.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,18 +21,9 @@ from tilecast.core import stats
 __all__ = [
     "BUILD_STATUSES",
     "BuildEvent",
-    "BuiltCandidate",
-    "CandidateError",
-    "CandidateSpace",
-    "HoldoutPlan",
     "Score",
-    "TuningBudget",
-    "TuningObjective",
     "confirmation_count",
-    "exhaustive_scores",
     "fnv1a64",
-    "global_policy",
-    "pareto_frontier",
     "score_samples",
     "seeded_order",
     "select_best",
@@ -48,10 +40,6 @@ _MAX_CONFIRMATION_MULTIPLIER = 3
 _FNV_OFFSET_BASIS = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
 _MASK64 = (1 << 64) - 1
-
-
-class CandidateError(Exception):
-    """A candidate failed to build or run; exhaustive_scores records it as ``failed``."""
 
 
 def _require_int(name: str, value: Any, minimum: int) -> None:
@@ -74,174 +62,6 @@ def _item_id(item: Any) -> str:
 
 
 # --- value objects -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TuningBudget:
-    """How much measuring a tuning run may spend; data only, nothing enforces it."""
-
-    max_candidates: int
-    samples: int = 5
-    confirmation_samples: int = 3
-    finalists: int = 3
-    tie_threshold_pct: float = 1.0
-
-    def __post_init__(self) -> None:
-        _require_int("max_candidates", self.max_candidates, 1)
-        _require_int("samples", self.samples, 1)
-        _require_int("confirmation_samples", self.confirmation_samples, 0)
-        _require_int("finalists", self.finalists, 1)
-        _require_threshold(self.tie_threshold_pct)
-
-
-@dataclass(frozen=True)
-class TuningObjective:
-    """Names of the primary (e.g. median seconds) and tie-breaking secondary metrics."""
-
-    primary: str = "median_s"
-    secondary: str = "binary_bytes"
-    minimize: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("primary", "secondary"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"{name} must be a non-empty metric name, got {value!r}")
-        if not isinstance(self.minimize, bool):
-            raise ValueError(f"minimize must be a bool, got {self.minimize!r}")
-
-
-@dataclass(frozen=True)
-class HoldoutPlan:
-    """Ids (problems, shapes) a winner is evaluated on but never selected on."""
-
-    holdout_ids: tuple[str, ...]
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        holdout_ids = tuple(self.holdout_ids)
-        for holdout_id in holdout_ids:
-            if not isinstance(holdout_id, str):
-                raise ValueError(f"holdout id {holdout_id!r} is not a str")
-        duplicates = sorted({i for i in holdout_ids if holdout_ids.count(i) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate holdout ids {duplicates}")
-        object.__setattr__(self, "holdout_ids", holdout_ids)
-
-    @classmethod
-    def from_fraction(cls, ids: Iterable[str], fraction: float, seed: int = 0) -> HoldoutPlan:
-        """Hold out ``round(fraction * n)`` ids (at least 1, at most n - 1) in seeded order."""
-        ids = list(ids)
-        if not 0.0 < fraction < 1.0:
-            raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
-        if len(ids) < 2:
-            raise ValueError(f"need at least 2 ids to hold some out, got {ids!r}")
-        count = min(max(math.floor(fraction * len(ids) + 0.5), 1), len(ids) - 1)
-        return cls(tuple(seeded_order(ids, seed)[:count]), seed)
-
-    def split(self, ids: Iterable[str]) -> tuple[list[str], list[str]]:
-        """Return ``(train, holdout)``, each in the order of ``ids``.
-
-        Raises ValueError when a holdout id is missing from ``ids`` (the holdout
-        would silently shrink) or ``ids`` has duplicates.
-        """
-        ids = list(ids)
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"duplicate ids in {ids!r}")
-        known = set(ids)
-        missing = [i for i in self.holdout_ids if i not in known]
-        if missing:
-            raise ValueError(f"holdout ids {missing} are not among the ids to split")
-        held = set(self.holdout_ids)
-        return [i for i in ids if i not in held], [i for i in ids if i in held]
-
-
-@dataclass(frozen=True)
-class CandidateSpace:
-    """A cartesian product of parameter values, optionally filtered by a constraint.
-
-    ``params`` maps each parameter name to its ordered list of values; the
-    declared order of names and values fixes the enumeration order and what
-    "one step" means for ``neighbors``.
-    """
-
-    params: Mapping[str, Sequence]
-    constraint: Callable[[dict], bool] | None = None
-
-    def __post_init__(self) -> None:
-        params = {}
-        for name, values in dict(self.params).items():
-            values = tuple(values)
-            if not values:
-                raise ValueError(f"parameter {name!r} has no values")
-            for value in values:
-                if values.count(value) > 1:
-                    raise ValueError(f"parameter {name!r} lists value {value!r} twice")
-            params[name] = values
-        if self.constraint is not None and not callable(self.constraint):
-            raise ValueError(f"constraint must be callable or None, got {self.constraint!r}")
-        object.__setattr__(self, "params", params)
-
-    def _allowed(self, config: dict) -> bool:
-        return self.constraint is None or bool(self.constraint(config))
-
-    def enumerate(self) -> Iterator[dict]:
-        """Yield every valid config as a dict, in declared (row-major) order."""
-        names = list(self.params)
-        for values in itertools.product(*self.params.values()):
-            config = dict(zip(names, values))
-            if self._allowed(config):
-                yield config
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self.enumerate())
-
-    def contains(self, config: Mapping) -> bool:
-        """True when ``config`` names exactly the parameters, with listed values, and is valid."""
-        if set(config) != set(self.params):
-            return False
-        if any(config[name] not in values for name, values in self.params.items()):
-            return False
-        return self._allowed(dict(config))
-
-    def neighbors(self, config: Mapping) -> list[dict]:
-        """Valid configs that differ from ``config`` in one parameter by one list step.
-
-        Ordered by declared parameter, the lower step before the upper one.
-        Raises ValueError when ``config`` does not name exactly the parameters
-        or uses a value that is not listed.
-        """
-        if set(config) != set(self.params):
-            raise ValueError(
-                f"config keys {sorted(config)} differ from parameters {sorted(self.params)}"
-            )
-        found = []
-        for name, values in self.params.items():
-            if config[name] not in values:
-                raise ValueError(
-                    f"value {config[name]!r} of parameter {name!r} is not one of {list(values)}"
-                )
-            position = values.index(config[name])
-            for step in (-1, 1):
-                if 0 <= position + step < len(values):
-                    neighbor = {**config, name: values[position + step]}
-                    if self._allowed(neighbor):
-                        found.append(neighbor)
-        return found
-
-
-@dataclass(frozen=True)
-class BuiltCandidate:
-    """A built variant: its id, config, the runner's implementation and a secondary cost."""
-
-    id: str
-    config: Mapping
-    implementation: Any = None
-    secondary: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"candidate id must be a non-empty str, got {self.id!r}")
 
 
 @dataclass(frozen=True)
@@ -345,23 +165,6 @@ def select_best(scores: Iterable[Score], threshold_pct: float = 0.0) -> Score | 
     return min(tied, key=lambda s: (s.secondary, s.id)) if tied else None
 
 
-def pareto_frontier(scores: Iterable[Score]) -> list[Score]:
-    """Usable scores not dominated in (value, secondary), sorted by value, secondary, id.
-
-    ``o`` dominates ``c`` when it is no worse in both and differs in at least
-    one; scores at the same point therefore all stay on the frontier.
-    """
-    ordered = sorted(_usable_unique(scores), key=lambda s: (s.value, s.secondary, s.id))
-    frontier = []
-    best_secondary_before = math.inf  # over all points strictly before this group
-    for _, group in itertools.groupby(ordered, key=lambda s: (s.value, s.secondary)):
-        group = list(group)
-        if group[0].secondary < best_secondary_before:
-            frontier.extend(group)
-            best_secondary_before = group[0].secondary
-    return frontier
-
-
 # --- reproducible orders -----------------------------------------------------
 
 
@@ -393,61 +196,7 @@ def seeded_order(ids_or_candidates: Iterable, seed: int) -> list:
     return [entry[2] for entry in keyed]
 
 
-# --- search and confirmation -------------------------------------------------
-
-
-def exhaustive_scores(
-    candidates: Iterable,
-    score_fn: Callable[[Any], Score],
-    budget: int,
-    is_valid: Callable[[Any], bool | str] | None = None,
-    *,
-    errors: tuple[type[Exception], ...] = (CandidateError,),
-) -> tuple[list[Score], list[BuildEvent]]:
-    """Score the first ``budget`` candidates in the given order.
-
-    Each examined candidate (a str id or an object with ``.id``) gets one
-    BuildEvent. ``is_valid`` returning a falsy value or a reason string rejects
-    it without calling ``score_fn``. A valid one is scored by ``score_fn``; if
-    that raises one of ``errors`` the candidate is ``failed`` with an ``inf``
-    score; other exceptions propagate. Rejected candidates have no Score.
-    """
-    _require_int("budget", budget, 0)
-    scores: list[Score] = []
-    events: list[BuildEvent] = []
-    for candidate in itertools.islice(candidates, budget):
-        candidate_id = _item_id(candidate)
-        if is_valid is not None:
-            verdict = is_valid(candidate)
-            if isinstance(verdict, str):
-                if not verdict:
-                    raise ValueError(f"is_valid returned an empty reason for {candidate_id!r}")
-                events.append(BuildEvent(candidate_id, "rejected", verdict))
-                continue
-            if not verdict:
-                events.append(
-                    BuildEvent(candidate_id, "rejected", f"is_valid returned {verdict!r}")
-                )
-                continue
-        started = time.perf_counter()
-        try:
-            score = score_fn(candidate)
-        except errors as error:
-            seconds = time.perf_counter() - started
-            events.append(
-                BuildEvent(candidate_id, "failed", f"{type(error).__name__}: {error}", seconds)
-            )
-            secondary = getattr(candidate, "secondary", 0.0)
-            scores.append(Score(candidate_id, math.inf, secondary))
-            continue
-        seconds = time.perf_counter() - started
-        if not isinstance(score, Score) or score.id != candidate_id:
-            raise ValueError(
-                f"score_fn must return a Score with id {candidate_id!r}, got {score!r}"
-            )
-        events.append(BuildEvent(candidate_id, "ok", "", seconds))
-        scores.append(score)
-    return scores, events
+# --- confirmation ------------------------------------------------------------
 
 
 def confirmation_count(base: int, relative_uncertainty: float, budget: int) -> int:
@@ -465,17 +214,3 @@ def confirmation_count(base: int, relative_uncertainty: float, budget: int) -> i
         _MAX_CONFIRMATION_MULTIPLIER,
     )
     return min(base * multiplier, budget)
-
-
-def global_policy(scores: Iterable[Score], threshold_pct: float) -> str:
-    """The policy string ``global:<id>`` naming the select_best winner.
-
-    Raises ValueError when no score is usable.
-    """
-    scores = list(scores)
-    best = select_best(scores, threshold_pct)
-    if best is None:
-        raise ValueError(
-            f"no usable score among {len(scores)} candidates; cannot choose a global winner"
-        )
-    return f"global:{best.id}"
