@@ -9,7 +9,7 @@ import pytest
 from tilecast.stages.bench import _validate
 from tilecast.stages.build import build_candidates
 from tilecast.families import get_family
-from tilecast.families.gemm import MICRO_TILES, GemmConfig
+from tilecast.families.gemm import ISAS, GemmConfig, micro_tiles
 from tilecast.core.measure import Protocol, run_binary
 
 GEMM = get_family("gemm")
@@ -18,8 +18,8 @@ SCHEMES = itertools.cycle([("m", True, True), ("n", False, True), ("k", True, Fa
                            ("m", False, False), ("n", True, False), ("k", False, True)])
 # small cache blocks so that every shape below crosses several MC, NC and KC blocks
 VARIANTS = [GemmConfig("fp32", isa, mr, nr, 2 * mr, 2 * nr, 48, par, pack_a, prefetch)
-            for isa, tiles in MICRO_TILES.items() for (mr, nr), (par, pack_a, prefetch)
-            in zip(tiles, SCHEMES)]
+            for isa in sorted(ISAS, reverse=True) for (mr, nr), (par, pack_a, prefetch)
+            in zip(micro_tiles(isa), SCHEMES)]
 VARIANTS += [GemmConfig("bf16", "avx512", 14, 32, 28, 64, 48, "m", True, True),
              GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False)]
 SHAPES = [(1, 1, 1), (7, 13, 5), (1, 300, 200), (130, 1, 70), (33, 65, 300), (129, 257, 65),

@@ -1,9 +1,10 @@
 """The protocol every kernel family implements, and the value objects the stages pass around."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ctypes
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -20,6 +21,28 @@ def table_choice(value, table, what: str, context: str):
         raise FamilyError(f"unknown {what} {value!r} in {context}; "
                           f"valid: {', '.join(map(str, table))}")
     return value
+
+
+def reject_unknown(given: Iterable[str], valid: Sequence[str], what: str) -> None:
+    """FamilyError naming the keys of `given` that are not in `valid` (problem fields,
+    candidate options), and the valid ones."""
+    unknown = set(given) - set(valid)
+    if unknown:
+        raise FamilyError(f"unknown {what}(s) {sorted(unknown)}; valid: {', '.join(valid)}")
+
+
+def integer_field(context: str, name: str, value, minimum: int | None = None) -> int:
+    """`value` as an int when it is a whole number (an int, a numpy integer, "64", 64.0), else
+    FamilyError naming `context` field `name` and the value; also when below `minimum`."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not number.is_integer():
+        raise FamilyError(f"{context} field {name}={value!r} is not an integer")
+    if minimum is not None and number < minimum:
+        raise FamilyError(f"{context} field {name}={int(number)} must be >= {minimum}")
+    return int(number)
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,8 @@ class Family(Protocol):
     def problem(self, fields: Mapping[str, Any]) -> Any: ...
     def problem_dict(self, problem: Any) -> dict: ...
     def dims_key(self, problem: Any) -> str: ...
+    def applicable(self, config: Any, problem: Any) -> bool: ...
+    def applicability_key(self, problem: Any) -> Hashable | None: ...
     def unsupported_reason(self, config: Any, problem: Any) -> str | None: ...
     def prepare(self, problem: Any, directory: Path, seed: int) -> PreparedProblem: ...
     def read_output(self, prepared: PreparedProblem) -> np.ndarray: ...
@@ -83,6 +108,70 @@ class Family(Protocol):
     def peer(self, prepared: PreparedProblem, threads: int): ...
     def has_peer(self) -> bool: ...
     def feature_engine(self, hardware: Mapping) -> FeatureEngine: ...
+
+
+class FamilyBase:
+    """The defaults every family shares; a family subclasses it, sets `name`,
+    `problem_fields` and `config_fields`, and overrides what it does differently."""
+    name: str
+    problem_fields: tuple[str, ...]
+    config_fields: tuple[str, ...]
+
+    @property
+    def dims_fields(self) -> tuple[str, ...]:
+        """The problem fields `dims_key` spells (all of them unless the family fixes some)."""
+        return self.problem_fields
+
+    def config_dict(self, config: Any) -> dict:
+        """The config's fields as a plain dict (a dataset row's kernel columns)."""
+        return asdict(config)
+
+    def problem_dict(self, problem: Any) -> dict:
+        """The problem's fields as a plain dict; `problem(problem_dict(p)) == p`."""
+        return asdict(problem)
+
+    def dims_key(self, problem: Any) -> str:
+        """Canonical `field=value,...` string of `dims_fields`: the join key and CV group."""
+        return ",".join(f"{name}={getattr(problem, name)}" for name in self.dims_fields)
+
+    def applicable(self, config: Any, problem: Any) -> bool:
+        """Whether the kernel is a candidate for the problem at all. Default: it has no
+        unsupported_reason; a family whose reasons are costly (or cover more than the
+        kernel's own limits) overrides this with a check on fields alone."""
+        return self.unsupported_reason(config, problem) is None
+
+    def applicability_key(self, problem: Any) -> Hashable | None:
+        """What `applicable` reads of a problem: equal keys must give equal candidate masks,
+        so a dispatcher computes one mask per key. None: no such key, masks per query."""
+        return None
+
+    def read_output(self, prepared: PreparedProblem) -> np.ndarray:
+        """The kernel's float32 output in the reference's shape (see read_float32_output)."""
+        return read_float32_output(prepared)
+
+    def has_peer(self) -> bool:
+        """Whether the peer can run here; by default it is torch, always importable."""
+        return True
+
+
+def library_timer(entry, leading_args: Sequence, threads: int,
+                  owners: Sequence = ()) -> Callable[[int], float]:
+    """time(reps) -> seconds per call through an in-process entry point whose arguments end
+    in (threads, reps, double* seconds, char* message, message length) and which returns a
+    nonzero status on failure: RuntimeError with its status and message then. `owners` are
+    the buffers the pointers in `leading_args` point into: the timer keeps them alive."""
+    seconds = ctypes.c_double()
+    message = ctypes.create_string_buffer(512)
+
+    def time_calls(reps: int) -> float:
+        status = entry(*leading_args, threads, reps, ctypes.byref(seconds), message,
+                       len(message))
+        if status != 0:
+            raise RuntimeError(f"status {status}: {message.value.decode(errors='replace')}")
+        return seconds.value
+
+    time_calls.owners = tuple(owners)  # the buffers live as long as the timer
+    return time_calls
 
 
 def read_float32_output(prepared: PreparedProblem) -> np.ndarray:

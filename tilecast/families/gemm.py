@@ -5,38 +5,85 @@ from __future__ import annotations
 import ctypes
 import itertools
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
+from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
+                                    PreparedProblem, integer_field, library_timer,
+                                    reject_unknown, table_choice)
 
-from tilecast.families.base import KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem
 
-DTYPES = {"fp32": 0, "bf16": 1}            # name -> TC_DTYPE
-ISAS = {"avx2": 0, "avx512": 1}            # name -> TC_ISA
+@dataclass(frozen=True)
+class Dtype:
+    """One input dtype: its TC_DTYPE code, stored element size, the tolerance against the
+    float64 torch reference (norm-relative error) and the CPU flags it needs."""
+    code: int
+    element_bytes: int
+    tolerance: float
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Isa:
+    """One vector ISA of kernels/cpu/gemm_simd.hpp: its TC_ISA code, fp32 lanes and
+    architectural registers (gemm_config.hpp's TC_VEC_WIDTH / TC_VEC_REGS), and the CPU flags
+    it needs (as /proc/cpuinfo spells them)."""
+    code: int
+    vector_floats: int
+    registers: int
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True, order=True)
+class MicroKernel:
+    """One registered micro-kernel: an MR x NR register tile of one ISA. Its code is the
+    template of kernels/cpu/gemm_microkernel.hpp, compiled with -DTC_MR/-DTC_NR."""
+    isa: str
+    mr: int
+    nr: int
+
+
+DTYPES = {"fp32": Dtype(0, 4, 1e-4), "bf16": Dtype(1, 2, 1e-3, ("avx512_bf16",))}
+ISAS = {"avx2": Isa(0, 8, 16, ("avx2", "fma")), "avx512": Isa(1, 16, 32, ("avx512f",))}
 PARALLEL = {"m": 0, "n": 1, "k": 2}        # name -> TC_PAR (k = split-K)
 LAYOUTS = ("row", "col")
 
-# The single source of truth for register micro-tiles (MR x NR) per ISA: a variant is valid
-# only with a tile from this table. NR is a multiple of the vector width (16 fp32 for
-# AVX-512, 8 for AVX2); each tile's accumulators fit the ISA's register file.
-MICRO_TILES = {
-    "avx512": ((14, 32), (8, 32), (6, 48), (4, 64), (6, 32), (16, 16)),
-    "avx2": ((6, 16), (4, 24), (8, 8)),
-}
+# The single source of truth for micro-kernels: a variant is valid only with a tile of its
+# ISA from this table, one row per tile (adding a row adds the tile to every candidate space,
+# name, build and feature). Each row must obey micro_tile_reason (gemm_config.hpp's rules).
+MICRO_KERNELS: tuple[MicroKernel, ...] = (
+    MicroKernel("avx512", 14, 32), MicroKernel("avx512", 8, 32), MicroKernel("avx512", 6, 48),
+    MicroKernel("avx512", 4, 64), MicroKernel("avx512", 6, 32), MicroKernel("avx512", 16, 16),
+    MicroKernel("avx2", 6, 16), MicroKernel("avx2", 4, 24), MicroKernel("avx2", 8, 8),
+)
 
-# CPU flags an ISA or dtype needs (as /proc/cpuinfo spells them).
-REQUIRED_FLAGS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma"), "bf16": ("avx512_bf16",)}
 
-TOLERANCE = {"fp32": 1e-4, "bf16": 1e-3}   # norm-relative error vs a float64 torch reference
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
+def micro_tiles(isa: str) -> tuple[tuple[int, int], ...]:
+    """The (MR, NR) tiles MICRO_KERNELS registers for `isa`, in table order."""
+    return tuple((row.mr, row.nr) for row in MICRO_KERNELS if row.isa == isa)
+
+
+def micro_tile_reason(isa: str, mr: int, nr: int) -> str | None:
+    """Why an MR x NR tile cannot compile for `isa` (kernels/cpu/gemm_config.hpp's checks:
+    NR a multiple of the vector width; accumulators + one B row + one A broadcast fit the
+    registers, else they spill), or None."""
+    unit = ISAS[isa]
+    if mr < 1 or nr < 1 or nr % unit.vector_floats:
+        return f"nr={nr} must be a positive multiple of the {isa} vector width {unit.vector_floats}"
+    vectors = nr // unit.vector_floats
+    if mr * vectors + vectors + 1 > unit.registers:
+        return (f"{mr}x{nr} needs {mr * vectors + vectors + 1} {isa} vector registers "
+                f"(mr*nr/width + nr/width + 1), more than its {unit.registers}")
+    return None
+
 
 NAME_RE = re.compile(
     r"^gemm_(?P<dtype>[a-z0-9]+)_(?P<isa>[a-z0-9]+)_(?P<mr>\d+)x(?P<nr>\d+)"
     r"_mc(?P<mc>\d+)_nc(?P<nc>\d+)_kc(?P<kc>\d+)_par(?P<parallel>[a-z]+)"
     r"_pa(?P<pack_a>[01])_pf(?P<prefetch>[01])$")
 NAME_GRAMMAR = "gemm_{dtype}_{isa}_{mr}x{nr}_mc{mc}_nc{nc}_kc{kc}_par{m|n|k}_pa{0|1}_pf{0|1}"
+CANDIDATE_OPTIONS = ("dtype", "isa", "tiles", "mc", "nc", "kc", "parallel", "pack_a", "prefetch")
 
 
 @dataclass(frozen=True, order=True)
@@ -65,10 +112,7 @@ class GemmProblem:
     layout_b: str = "row"
 
 
-def _choice(value: str, table, what: str, context: str) -> str:
-    if value not in table:
-        raise FamilyError(f"unknown {what} {value!r} in {context}; valid: {', '.join(table)}")
-    return value
+_choice = table_choice
 
 
 def validate_config(cfg: GemmConfig) -> GemmConfig:
@@ -77,9 +121,15 @@ def validate_config(cfg: GemmConfig) -> GemmConfig:
     _choice(cfg.dtype, DTYPES, "dtype", ctx)
     _choice(cfg.isa, ISAS, "isa", ctx)
     _choice(cfg.parallel, PARALLEL, "parallel scheme", ctx)
-    if (cfg.mr, cfg.nr) not in MICRO_TILES[cfg.isa]:
-        valid = ", ".join(f"{m}x{n}" for m, n in MICRO_TILES[cfg.isa])
-        raise FamilyError(f"micro-tile {cfg.mr}x{cfg.nr} is not valid for {cfg.isa}; valid: {valid}")
+    tiles = micro_tiles(cfg.isa)
+    if (cfg.mr, cfg.nr) not in tiles:
+        valid = ", ".join(f"{m}x{n}" for m, n in tiles)
+        raise FamilyError(f"micro-tile {cfg.mr}x{cfg.nr} is not valid for {cfg.isa}; valid: {valid} "
+                          "(a new tile is one MicroKernel row in MICRO_KERNELS)")
+    reason = micro_tile_reason(cfg.isa, cfg.mr, cfg.nr)
+    if reason:
+        raise FamilyError(f"micro-tile row MicroKernel({cfg.isa!r}, {cfg.mr}, {cfg.nr}) of "
+                          f"MICRO_KERNELS cannot compile: {reason}")
     if cfg.mc < cfg.mr or cfg.mc % cfg.mr:
         raise FamilyError(f"mc={cfg.mc} must be a positive multiple of mr={cfg.mr}")
     if cfg.nc < cfg.nr or cfg.nc % cfg.nr:
@@ -91,7 +141,7 @@ def validate_config(cfg: GemmConfig) -> GemmConfig:
     return cfg
 
 
-class GemmFamily:
+class GemmFamily(FamilyBase):
     """The GEMM family (see the module docstring)."""
     name = "gemm"
     problem_fields = tuple(f.name for f in fields(GemmProblem))
@@ -124,32 +174,27 @@ class GemmFamily:
         except FamilyError as err:
             raise FamilyError(f"invalid kernel name {name!r}: {err}") from None
 
-    def config_dict(self, cfg: GemmConfig) -> dict:
-        return asdict(cfg)
-
     # -- candidate space ----------------------------------------------------------------
     def candidate_space(self, options: Mapping[str, Sequence], hardware: Mapping) -> list[GemmConfig]:
         """Every valid variant the options allow on this hardware, deduplicated and sorted.
         mc/nc values are targets rounded down to a multiple of the tile (at least one tile)."""
-        known = {"dtype", "isa", "tiles", "mc", "nc", "kc", "parallel", "pack_a", "prefetch"}
-        unknown = set(options) - known
-        if unknown:
-            raise FamilyError(f"unknown GEMM candidate option(s) {sorted(unknown)}; valid: {sorted(known)}")
+        reject_unknown(options, CANDIDATE_OPTIONS, "GEMM candidate option")
         flags = set(hardware.get("flags", ()))
         dtypes = [_choice(d, DTYPES, "dtype", "candidates") for d in options.get("dtype", ["fp32"])]
         isas = [_choice(i, ISAS, "isa", "candidates") for i in options.get("isa", list(ISAS))]
         configs = set()
         for dtype, isa in itertools.product(dtypes, isas):
-            needs = REQUIRED_FLAGS[isa] + (REQUIRED_FLAGS["bf16"] if dtype == "bf16" else ())
+            needs = ISAS[isa].flags + DTYPES[dtype].flags
             if flags and not set(needs) <= flags:
                 continue  # the CPU cannot run it; never build what cannot run
-            tiles = options.get("tiles") or [f"{m}x{n}" for m, n in MICRO_TILES[isa]]
+            registered = micro_tiles(isa)
+            tiles = options.get("tiles") or [f"{m}x{n}" for m, n in registered]
             for tile, mc, nc, kc, par, pack_a, pf in itertools.product(
                     tiles, options.get("mc", [128]), options.get("nc", [1024]),
                     options.get("kc", [256]), options.get("parallel", list(PARALLEL)),
                     options.get("pack_a", [True]), options.get("prefetch", [True])):
                 mr, nr = (int(v) for v in str(tile).split("x"))
-                if (mr, nr) not in MICRO_TILES[isa]:
+                if (mr, nr) not in registered:
                     continue
                 cfg = GemmConfig(dtype, isa, mr, nr, max(mr, int(mc) // mr * mr),
                                  max(nr, int(nc) // nr * nr), int(kc), str(par),
@@ -162,7 +207,7 @@ class GemmFamily:
     def build_spec(self, cfg: GemmConfig) -> BuildSpec:
         validate_config(cfg)
         return BuildSpec(source=self.source, library_source=self.library_source, defines={
-            "TC_DTYPE": DTYPES[cfg.dtype], "TC_ISA": ISAS[cfg.isa], "TC_MR": cfg.mr,
+            "TC_DTYPE": DTYPES[cfg.dtype].code, "TC_ISA": ISAS[cfg.isa].code, "TC_MR": cfg.mr,
             "TC_NR": cfg.nr, "TC_MC": cfg.mc, "TC_NC": cfg.nc, "TC_KC": cfg.kc,
             "TC_PACK_A": int(cfg.pack_a), "TC_PAR": PARALLEL[cfg.parallel],
             "TC_PREFETCH": int(cfg.prefetch)})
@@ -170,32 +215,15 @@ class GemmFamily:
     # -- problems -----------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> GemmProblem:
         """A GemmProblem from a mapping (config entry, CLI `k=v` pairs, parquet row)."""
-        unknown = set(values) - set(self.problem_fields)
-        if unknown:
-            raise FamilyError(f"unknown GEMM problem field(s) {sorted(unknown)}; "
-                              f"valid: {', '.join(self.problem_fields)}")
+        reject_unknown(values, self.problem_fields, "GEMM problem field")
         missing = [f for f in ("m", "n", "k") if f not in values]
         if missing:
             raise FamilyError(f"GEMM problem is missing field(s) {missing} in {dict(values)}")
-        dims = {}
-        for f in ("m", "n", "k"):
-            try:
-                dims[f] = int(values[f])
-            except (TypeError, ValueError):
-                raise FamilyError(f"GEMM problem field {f}={values[f]!r} is not an integer") from None
-            if dims[f] < 1:
-                raise FamilyError(f"GEMM problem field {f}={dims[f]} must be >= 1")
+        dims = {f: integer_field("GEMM problem", f, values[f], minimum=1) for f in ("m", "n", "k")}
         dtype = _choice(str(values.get("dtype", "fp32")), DTYPES, "dtype", "GEMM problem")
         la = _choice(str(values.get("layout_a", "row")), LAYOUTS, "layout_a", "GEMM problem")
         lb = _choice(str(values.get("layout_b", "row")), LAYOUTS, "layout_b", "GEMM problem")
         return GemmProblem(dims["m"], dims["n"], dims["k"], dtype, la, lb)
-
-    def problem_dict(self, problem: GemmProblem) -> dict:
-        return asdict(problem)
-
-    def dims_key(self, problem: GemmProblem) -> str:
-        """Canonical string of every shape field: the join key and the CV group."""
-        return ",".join(f"{f}={getattr(problem, f)}" for f in self.problem_fields)
 
     def applicable(self, cfg: GemmConfig, problem: GemmProblem) -> bool:
         """Whether the variant is a candidate for the problem at all (same input dtype)."""
@@ -225,11 +253,11 @@ class GemmFamily:
         return 2.0 * problem.m * problem.n * problem.k
 
     def bytes_moved(self, problem: GemmProblem) -> float:
-        elt = ELEMENT_BYTES[problem.dtype]
+        elt = DTYPES[problem.dtype].element_bytes
         return float(elt * (problem.m * problem.k + problem.k * problem.n) + 4 * problem.m * problem.n)
 
     def tolerance(self, problem: GemmProblem) -> float:
-        return TOLERANCE[problem.dtype]
+        return DTYPES[problem.dtype].tolerance
 
     # -- inputs, reference, peer --------------------------------------------------------
     def prepare(self, problem: GemmProblem, directory: Path, seed: int) -> PreparedProblem:
@@ -257,14 +285,6 @@ class GemmFamily:
         return PreparedProblem(problem=problem, job_args=job, output_path=paths["c"],
                                reference=reference, tensors={"a": peer_a, "b": peer_b})
 
-    def read_output(self, prepared: PreparedProblem) -> np.ndarray:
-        p = prepared.problem
-        data = np.fromfile(prepared.output_path, dtype=np.float32)
-        if data.size != p.m * p.n:
-            raise FamilyError(f"kernel output {prepared.output_path} holds {data.size} floats, "
-                              f"expected {p.m * p.n}")
-        return data.reshape(p.m, p.n)
-
     def output_tensor(self, prepared: PreparedProblem):
         """C for the interleaved protocol: float32 m x n, shared by a problem's candidates."""
         import torch
@@ -283,22 +303,9 @@ class GemmFamily:
         entry.restype = ctypes.c_int
         p = prepared.problem
         a, b = prepared.tensors["a"], prepared.tensors["b"]
-        seconds = ctypes.c_double()
-        message = ctypes.create_string_buffer(512)
-
-        def time_calls(reps: int) -> float:
-            status = entry(a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0),
-                           b.stride(1), output.data_ptr(), p.n, p.m, p.n, p.k, threads, reps,
-                           ctypes.byref(seconds), message, len(message))
-            if status != 0:
-                raise RuntimeError(f"status {status}: {message.value.decode(errors='replace')}")
-            return seconds.value
-
-        return time_calls
-
-    def has_peer(self) -> bool:
-        """The peer is torch, always importable here."""
-        return True
+        return library_timer(entry, (a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(),
+                                     b.stride(0), b.stride(1), output.data_ptr(), p.n, p.m, p.n,
+                                     p.k), threads, owners=(a, b, output))
 
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch.matmul on the same operands with the same thread count: (name, callable),

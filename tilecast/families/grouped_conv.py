@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
-
-from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
-                   table_choice)
+from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError, PreparedProblem,
+                                    integer_field, library_timer, reject_unknown, table_choice)
 from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, NDIMS, PIPELINE_VARIANTS, PIPELINES,
                                    REQUIRED_FLAGS, TILE_ENGINE_DTYPES, WAVE_MODES,
                                    GroupedConvConfig, kernel_name, parse_kernel_name,
@@ -88,25 +86,12 @@ REQUIRED_FIELDS = ("C", "K", "Hi", "Wi", "Y", "X")
 NONNEGATIVE_FIELDS = ("pad_d", "pad_h", "pad_w")
 
 
-def _integer(field: str, value) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not number.is_integer():
-        raise FamilyError(f"grouped-conv problem field {field}={value!r} is not an integer")
-    return int(number)
-
-
 def make_problem(values: Mapping[str, Any], direction: str) -> GroupedConvProblem:
     """Validate a mapping (config entry, CLI `k=v`, parquet row) into a GroupedConvProblem.
     ndim defaults to 3 when any depth field is given, else 2; a 2D problem's depth fields
     must be trivial (Di = Z = 1, stride_d = dilation_d = 1, pad_d = 0)."""
-    names = tuple(f.name for f in fields(GroupedConvProblem))
-    unknown = set(values) - set(names)
-    if unknown:
-        raise FamilyError(f"unknown grouped-conv problem field(s) {sorted(unknown)}; "
-                          f"valid: {', '.join(names)}")
+    reject_unknown(values, tuple(f.name for f in fields(GroupedConvProblem)),
+                   "grouped-conv problem field")
     given = {k: v for k, v in values.items() if v is not None}
     if str(given.get("direction", direction)) != direction:
         raise FamilyError(f"problem direction {given['direction']!r} != family direction "
@@ -114,19 +99,16 @@ def make_problem(values: Mapping[str, Any], direction: str) -> GroupedConvProble
     dtype = _choice(str(given.get("dtype", "fp32")), TILE_ENGINE_DTYPES, "dtype", "grouped-conv problem")
     missing = [f for f in REQUIRED_FIELDS if f not in given]
     depth_given = any(f in given for f in ("Di", "Z"))
-    ndim = _integer("ndim", given.get("ndim", 3 if depth_given else 2))
+    ndim = integer_field("grouped-conv problem", "ndim", given.get("ndim", 3 if depth_given else 2))
     _choice(ndim, NDIMS, "ndim", "grouped-conv problem")
     if ndim == 3:
         missing += [f for f in ("Di", "Z") if f not in given]
     if missing:
         raise FamilyError(f"grouped-conv problem is missing field(s) {missing} in {dict(values)}")
-    dims = {f: _integer(f, given.get(f, default))
+    dims = {f: integer_field("grouped-conv problem", f, given.get(f, default),
+                             minimum=0 if f in NONNEGATIVE_FIELDS else 1)
             for f, default in {**SPATIAL_D_DEFAULTS, **OPTIONAL_DEFAULTS,
                                **{r: None for r in REQUIRED_FIELDS}}.items()}
-    for f, value in dims.items():
-        low = 0 if f in NONNEGATIVE_FIELDS else 1
-        if value < low:
-            raise FamilyError(f"grouped-conv problem field {f}={value} must be >= {low}")
     if ndim == 2:
         for f, trivial in SPATIAL_D_DEFAULTS.items():
             if dims[f] != trivial:
@@ -181,7 +163,7 @@ DIRECTION_IO = {
 _LAYOUT_OF = {"x": _to_ndhwgc, "dy": _to_ndhwgc, "w": _to_gkzyxc}
 
 
-class GroupedConvFamily:
+class GroupedConvFamily(FamilyBase):
     """A grouped-conv family for one direction (see the module docstring)."""
     problem_fields = tuple(f.name for f in fields(GroupedConvProblem))
     config_fields = tuple(f.name for f in fields(GroupedConvConfig))
@@ -204,9 +186,6 @@ class GroupedConvFamily:
                               f"holds {self.direction} kernels (use grouped_conv_{cfg.direction})")
         return cfg
 
-    def config_dict(self, cfg) -> dict:
-        return asdict(cfg)
-
     # -- candidate space ----------------------------------------------------------------
     CANDIDATE_OPTIONS = {"dtype": ["fp32"], "ndim": list(NDIMS),
                          "tiles": ["32x32x32", "64x32x32", "32x64x32", "64x64x64", "128x64x32"],
@@ -218,10 +197,7 @@ class GroupedConvFamily:
         CANDIDATE_OPTIONS), filtered through PIPELINE_VARIANTS, deduplicated and sorted.
         Empty when the hardware's flags are known and lack AVX-512F (never build what
         cannot run)."""
-        unknown = set(options) - set(self.CANDIDATE_OPTIONS)
-        if unknown:
-            raise FamilyError(f"unknown grouped-conv candidate option(s) {sorted(unknown)}; "
-                              f"valid: {sorted(self.CANDIDATE_OPTIONS)}")
+        reject_unknown(options, tuple(self.CANDIDATE_OPTIONS), "grouped-conv candidate option")
         opt = {k: list(options.get(k) or default) for k, default in self.CANDIDATE_OPTIONS.items()}
         for p in opt["pipeline"]:
             _choice(p, PIPELINES, "pipeline", "candidates")
@@ -260,13 +236,10 @@ class GroupedConvFamily:
     def problem(self, values: Mapping[str, Any]) -> GroupedConvProblem:
         return make_problem(values, self.direction)
 
-    def problem_dict(self, problem: GroupedConvProblem) -> dict:
-        return asdict(problem)
-
-    def dims_key(self, problem: GroupedConvProblem) -> str:
-        """Every shape field (the family fixes the direction): the join key and CV group."""
-        return ",".join(f"{f}={getattr(problem, f)}" for f in self.problem_fields
-                        if f != "direction")
+    @property
+    def dims_fields(self) -> tuple[str, ...]:
+        """Every shape field but the direction, which the family fixes."""
+        return tuple(f for f in self.problem_fields if f != "direction")
 
     def applicable(self, cfg, problem: GroupedConvProblem) -> bool:
         """Whether the kernel is a candidate for the problem at all: same direction, dtype
@@ -275,6 +248,10 @@ class GroupedConvFamily:
         return (cfg.direction == problem.direction and cfg.dtype == problem.dtype
                 and cfg.ndim_spatial == problem.ndim
                 and (cfg.pipeline != "dw" or problem.is_depthwise()))
+
+    def applicability_key(self, problem: GroupedConvProblem):
+        """What `applicable` reads of a problem: equal keys, equal candidate masks."""
+        return problem.direction, problem.dtype, problem.ndim, problem.is_depthwise()
 
     def unsupported_reason(self, cfg, problem: GroupedConvProblem) -> str | None:
         for field, kernel_value, problem_value in (
@@ -353,9 +330,6 @@ class GroupedConvFamily:
         (grad,) = torch.autograd.grad(y, wrt, tensors["dy"].double())
         return grad
 
-    def read_output(self, prepared: PreparedProblem) -> np.ndarray:
-        return read_float32_output(prepared)
-
     def output_tensor(self, prepared: PreparedProblem):
         """The output buffer of the interleaved protocol, shared by a problem's candidates:
         zeroed float32, the reference's elements in kernel layout, then the kernels' slack."""
@@ -389,21 +363,8 @@ class GroupedConvFamily:
             padded[:stored.numel()] = stored
             inputs.append(padded)
         shape = (ctypes.c_longlong * len(JOB_FIELDS))(*(getattr(p, f) for f in JOB_FIELDS))
-        seconds = ctypes.c_double()
-        message = ctypes.create_string_buffer(512)
-
-        def time_calls(reps: int) -> float:
-            status = entry(shape, inputs[0].data_ptr(), inputs[1].data_ptr(), output.data_ptr(),
-                           threads, reps, ctypes.byref(seconds), message, len(message))
-            if status != 0:
-                raise RuntimeError(f"status {status}: {message.value.decode(errors='replace')}")
-            return seconds.value
-
-        return time_calls
-
-    def has_peer(self) -> bool:
-        """The peer is torch, always importable here."""
-        return True
+        return library_timer(entry, (shape, inputs[0].data_ptr(), inputs[1].data_ptr(),
+                                     output.data_ptr()), threads, owners=(inputs, output))
 
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch's own CPU op for this direction on the same operands and thread count:

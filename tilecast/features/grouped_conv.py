@@ -13,36 +13,13 @@ reduction length each thread runs.
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import numpy as np
 
-from tilecast.features.hardware import EngineBase
-
 from tilecast.families.grouped_conv_kernels import GroupedConvConfig, TileEngineConvConfig
-
-PROBLEM_FEATURES = (
-    "N", "G", "C", "K", "Di", "Hi", "Wi", "Z", "Y", "X", "stride_d", "stride_h", "stride_w",
-    "pad_d", "pad_h", "pad_w", "dilation_d", "dilation_h", "dilation_w", "Do", "Ho", "Wo",
-    "gemm_m", "gemm_n", "gemm_k", "log2_gemm_m", "log2_gemm_n", "log2_gemm_k", "log2_flops",
-    "log2_bytes", "log2_intensity", "log2_in_spatial", "log2_out_spatial", "filter_volume",
-    "log2_total_c", "log2_total_k", "log2_c_over_k", "is_depthwise", "is_3d", "strided",
-    "dilated", "padded", "is_pointwise", "is_bwd_data", "is_bwd_weight", "element_bytes",
-)
-KERNEL_FEATURES = (
-    "bm", "bn", "bk", "te_block", "log2_tile_area", "is_direct", "is_im2col", "is_dw",
-    "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
-    "is_te_preshuffle", "te_pipeline_version", "is_intrawave", "is_interwave", "has_dsb",
-    "has_si", "log2_a_block_bytes", "log2_b_block_bytes", "log2_c_block_bytes",
-)
-INTERACTION_FEATURES = (
-    "m_tile_eff", "n_tile_eff", "k_tile_eff", "tile_eff", "log2_m_tiles", "log2_n_tiles",
-    "log2_k_blocks", "k_splits", "log2_intra_units", "log2_inter_units", "log2_si_units",
-    "intra_balance", "inter_balance", "si_balance", "log2_par_units", "par_balance",
-    "par_busy_frac", "ab_block_l1_ratio", "c_block_l2_ratio", "working_set_l3_ratio",
-    "log2_k_per_thread", "si_reduce_ratio", "im2col_expansion", "dw_on_dense",
-    "log2_flops_per_thread", "log2_est_ms",
-)
+from tilecast.features.hardware import EngineBase, evaluate, names
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "bf8": 1}
 
@@ -59,6 +36,77 @@ TE_PIPELINE_FLAGS = {
     "comp_async": ("is_te_compv", "is_te_async"), "compv": ("is_te_compv",),
     "mem": ("is_te_mem",), "preshufflev": ("is_te_preshuffle",),
 }
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _log2(x):
+    return np.log2(np.maximum(x, 1.0))
+
+
+def _problem_terms(p) -> SimpleNamespace:
+    out = tuple(max(v, 0) for v in p.output_dims())
+    gm, gn, gk = IMPLICIT_GEMM[p.direction](p, out)
+    elt = ELEMENT_BYTES[p.dtype]
+    flops = 2.0 * p.G * gm * gn * gk
+    nbytes = elt * (p.N * p.Di * p.Hi * p.Wi * p.G * p.C + p.G * p.K * p.Z * p.Y * p.X * p.C
+                    + p.N * np.prod(out) * p.G * p.K)
+    return SimpleNamespace(p=p, out=out, gm=gm, gn=gn, gk=gk, elt=elt, flops=flops, nbytes=nbytes,
+                           strides=(p.stride_d, p.stride_h, p.stride_w),
+                           pads=(p.pad_d, p.pad_h, p.pad_w),
+                           dilations=(p.dilation_d, p.dilation_h, p.dilation_w))
+
+
+def _field(name: str) -> tuple[str, Callable]:
+    return name, lambda t: getattr(t.p, name)
+
+
+# Each feature once, with its formula; the tables' order is the column order.
+PROBLEM_COLUMNS = (
+    *(_field(name) for name in ("N", "G", "C", "K", "Di", "Hi", "Wi", "Z", "Y", "X", "stride_d",
+                                "stride_h", "stride_w", "pad_d", "pad_h", "pad_w", "dilation_d",
+                                "dilation_h", "dilation_w")),
+    ("Do", lambda t: t.out[0]),
+    ("Ho", lambda t: t.out[1]),
+    ("Wo", lambda t: t.out[2]),
+    ("gemm_m", lambda t: t.gm),
+    ("gemm_n", lambda t: t.gn),
+    ("gemm_k", lambda t: t.gk),
+    ("log2_gemm_m", lambda t: _log2(t.gm)),
+    ("log2_gemm_n", lambda t: _log2(t.gn)),
+    ("log2_gemm_k", lambda t: _log2(t.gk)),
+    ("log2_flops", lambda t: _log2(t.flops)),
+    ("log2_bytes", lambda t: _log2(t.nbytes)),
+    ("log2_intensity", lambda t: np.log2(max(t.flops, 1.0) / t.nbytes)),
+    ("log2_in_spatial", lambda t: _log2(t.p.Di * t.p.Hi * t.p.Wi)),
+    ("log2_out_spatial", lambda t: _log2(np.prod(t.out))),
+    ("filter_volume", lambda t: t.p.Z * t.p.Y * t.p.X),
+    ("log2_total_c", lambda t: np.log2(t.p.G * t.p.C)),
+    ("log2_total_k", lambda t: np.log2(t.p.G * t.p.K)),
+    ("log2_c_over_k", lambda t: np.log2(t.p.C / t.p.K)),
+    ("is_depthwise", lambda t: float(t.p.C == 1 and t.p.K == 1)),
+    ("is_3d", lambda t: float(t.p.ndim == 3)),
+    ("strided", lambda t: float(max(t.strides) > 1)),
+    ("dilated", lambda t: float(max(t.dilations) > 1)),
+    ("padded", lambda t: float(max(t.pads) > 0)),
+    ("is_pointwise", lambda t: float(t.p.Z * t.p.Y * t.p.X == 1)),
+    ("is_bwd_data", lambda t: float(t.p.direction == "bwd_data")),
+    ("is_bwd_weight", lambda t: float(t.p.direction == "bwd_weight")),
+    ("element_bytes", lambda t: float(t.elt)),
+)
+PROBLEM_FEATURES = names(PROBLEM_COLUMNS)
+
+# Kernel features are named by the per-config-type functions below (KERNEL_ROWS), which fill
+# the ones their kernels have; the rest are 0. Derived ones are added in kernel_features.
+KERNEL_FEATURES = (
+    "bm", "bn", "bk", "te_block", "log2_tile_area", "is_direct", "is_im2col", "is_dw",
+    "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
+    "is_te_preshuffle", "te_pipeline_version", "is_intrawave", "is_interwave", "has_dsb",
+    "has_si", "log2_a_block_bytes", "log2_b_block_bytes", "log2_c_block_bytes",
+)
+_KERNEL_FEATURE_SET = frozenset(KERNEL_FEATURES)
 
 
 def _wave_flags(wave_mode) -> dict:
@@ -83,12 +131,77 @@ KERNEL_ROWS: dict[type, Callable] = {GroupedConvConfig: _own_kernel,
                                      TileEngineConvConfig: _tile_engine_kernel}
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
+def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace:
+    """The quantities the interaction formulas share, one value per kernel (see the module
+    docstring): tiles, the parallel units of each schedule, cache footprints."""
+    t = SimpleNamespace(kf=kf, pf=pf)
+    gm, gn, gk, groups = pf["gemm_m"], pf["gemm_n"], pf["gemm_k"], pf["G"]
+    t.gk, t.groups, t.gm, t.gn = gk, groups, gm, gn
+    bm, bn = np.maximum(kf["bm"], 1.0), np.maximum(kf["bn"], 1.0)
+    bk = np.where(kf["bk"] > 0, kf["bk"], np.maximum(gk, 1.0))  # no K tile: one block
+    t.bm = bm
+    t.threads = threads = max(hw["hw_threads"], 1.0)
+    t.flops = flops = 2.0 * groups * gm * gn * gk
+    t.m_tiles, t.n_tiles = _ceil_div(max(gm, 1.0), bm), _ceil_div(max(gn, 1.0), bn)
+    t.k_blocks = _ceil_div(max(gk, 1.0), bk)
+    t.m_eff, t.n_eff = gm / (t.m_tiles * bm), gn / (t.n_tiles * bn)
+    t.k_eff = gk / (t.k_blocks * bk)
+    # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp)
+    t.intra = t.m_tiles * t.n_tiles                # block grid of one group at a time
+    images = 1.0 if problem.direction == "bwd_weight" else pf["N"]
+    group_units = np.where(kf["is_dw"] > 0, _ceil_div(groups, bn), groups)
+    t.inter = group_units * images                 # whole (group, image) GEMMs
+    t.si_units = np.full_like(bm, min(threads, max(gk, 1.0)))   # K split over threads
+    t.k_splits = np.where(kf["has_si"] > 0, t.si_units, 1.0)
+    t.units = np.where(kf["has_si"] > 0, t.si_units,
+                       np.where(kf["is_intrawave"] > 0, t.intra, t.inter))
+    t.l1, t.l2, t.l3 = (max(hw[name] * 1024, 1.0) for name in ("hw_l1d_kib", "hw_l2_kib", "hw_l3_kib"))
+    t.ab_block = (bm * bk + bk * bn) * 4
+    t.c_block = bm * bn * 4
+    t.busy = np.minimum(t.units, threads) / threads
+    out_spatial = max(2.0 ** pf["log2_out_spatial"], 1.0)
+    in_spatial = 2.0 ** pf["log2_in_spatial"]
+    t.expansion = kf["is_im2col"] * pf["filter_volume"] * out_spatial / in_spatial
+    t.est_s = flops / (threads * 16 * max(hw["hw_clock_mhz"], 1.0) * 1e6 * t.busy * t.m_eff
+                       * t.n_eff + 1.0)
+    return t
 
 
-def _log2(x):
-    return np.log2(np.maximum(x, 1.0))
+def _balance(t, units):
+    return units / (_ceil_div(units, t.threads) * t.threads)
+
+
+# over the terms of one problem and every kernel (arrays, or a scalar for all kernels)
+INTERACTION_COLUMNS = (
+    ("m_tile_eff", lambda t: t.m_eff),
+    ("n_tile_eff", lambda t: t.n_eff),
+    ("k_tile_eff", lambda t: t.k_eff),
+    ("tile_eff", lambda t: t.m_eff * t.n_eff),
+    ("log2_m_tiles", lambda t: np.log2(t.m_tiles)),
+    ("log2_n_tiles", lambda t: np.log2(t.n_tiles)),
+    ("log2_k_blocks", lambda t: np.log2(t.k_blocks)),
+    ("k_splits", lambda t: t.k_splits),
+    ("log2_intra_units", lambda t: np.log2(t.intra)),
+    ("log2_inter_units", lambda t: _log2(t.inter)),
+    ("log2_si_units", lambda t: np.log2(t.si_units)),
+    ("intra_balance", lambda t: _balance(t, t.intra)),
+    ("inter_balance", lambda t: _balance(t, t.inter)),
+    ("si_balance", lambda t: _balance(t, t.si_units)),
+    ("log2_par_units", lambda t: np.log2(t.units)),
+    ("par_balance", lambda t: _balance(t, t.units)),
+    ("par_busy_frac", lambda t: t.busy),
+    ("ab_block_l1_ratio", lambda t: t.ab_block / t.l1),
+    ("c_block_l2_ratio", lambda t: t.c_block / t.l2),
+    ("working_set_l3_ratio", lambda t: 2.0 ** t.pf["log2_bytes"] / t.l3),
+    ("log2_k_per_thread", lambda t: _log2(t.gk / t.k_splits)),
+    ("si_reduce_ratio",
+     lambda t: t.kf["has_si"] * t.k_splits * t.groups * t.gm * t.gn / max(t.flops, 1.0)),
+    ("im2col_expansion", lambda t: t.expansion),
+    ("dw_on_dense", lambda t: t.kf["is_dw"] * (1.0 - t.pf["is_depthwise"])),
+    ("log2_flops_per_thread", lambda t: _log2(t.flops / t.threads)),
+    ("log2_est_ms", lambda t: np.log2(t.est_s * 1e3 + 1e-9)),
+)
+INTERACTION_FEATURES = names(INTERACTION_COLUMNS)
 
 
 class GroupedConvFeatureEngine(EngineBase):
@@ -108,75 +221,24 @@ class GroupedConvFeatureEngine(EngineBase):
             bm, bn, bk = (float(values[k]) for k in ("bm", "bn", "bk"))
             values.update(log2_tile_area=np.log2(bm * bn), log2_a_block_bytes=_log2(bm * bk * 4),
                           log2_b_block_bytes=_log2(bk * bn * 4), log2_c_block_bytes=np.log2(bm * bn * 4))
+            unknown = set(values) - _KERNEL_FEATURE_SET
+            if unknown:  # a misspelt feature would otherwise read as a silent 0
+                raise ValueError(f"kernel feature(s) {sorted(unknown)} of {c} are not in "
+                                 f"KERNEL_FEATURES")
             rows.append([float(values.get(name, 0.0)) for name in KERNEL_FEATURES])
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(KERNEL_FEATURES))
 
     def problem_features(self, p) -> np.ndarray:
-        out = tuple(max(v, 0) for v in p.output_dims())
-        gm, gn, gk = IMPLICIT_GEMM[p.direction](p, out)
-        elt = ELEMENT_BYTES[p.dtype]
-        flops = 2.0 * p.G * gm * gn * gk
-        nbytes = elt * (p.N * p.Di * p.Hi * p.Wi * p.G * p.C + p.G * p.K * p.Z * p.Y * p.X * p.C
-                        + p.N * np.prod(out) * p.G * p.K)
-        strides, pads = (p.stride_d, p.stride_h, p.stride_w), (p.pad_d, p.pad_h, p.pad_w)
-        dilations = (p.dilation_d, p.dilation_h, p.dilation_w)
-        return np.array([
-            p.N, p.G, p.C, p.K, p.Di, p.Hi, p.Wi, p.Z, p.Y, p.X, *strides, *pads, *dilations, *out,
-            gm, gn, gk, _log2(gm), _log2(gn), _log2(gk), _log2(flops), _log2(nbytes),
-            np.log2(max(flops, 1.0) / nbytes), _log2(p.Di * p.Hi * p.Wi), _log2(np.prod(out)),
-            p.Z * p.Y * p.X, np.log2(p.G * p.C), np.log2(p.G * p.K), np.log2(p.C / p.K),
-            float(p.C == 1 and p.K == 1), float(p.ndim == 3), float(max(strides) > 1),
-            float(max(dilations) > 1), float(max(pads) > 0), float(p.Z * p.Y * p.X == 1),
-            float(p.direction == "bwd_data"), float(p.direction == "bwd_weight"), float(elt),
-        ], dtype=np.float64)
+        return evaluate(PROBLEM_COLUMNS, _problem_terms(p), 1)[0]
 
     def combine(self, problem, problem_row: np.ndarray, kernel_matrix: np.ndarray,
                 configs: Sequence = ()) -> np.ndarray:
         """The full feature matrix: one row per kernel for this problem."""
         kf = {name: kernel_matrix[:, i] for i, name in enumerate(KERNEL_FEATURES)}
         pf = dict(zip(PROBLEM_FEATURES, problem_row))
-        gm, gn, gk, groups = pf["gemm_m"], pf["gemm_n"], pf["gemm_k"], pf["G"]
-        bm, bn = np.maximum(kf["bm"], 1.0), np.maximum(kf["bn"], 1.0)
-        bk = np.where(kf["bk"] > 0, kf["bk"], np.maximum(gk, 1.0))  # no K tile: one block
-        threads = max(self._hw[0], 1.0)
-        flops = 2.0 * groups * gm * gn * gk
-        m_tiles, n_tiles = _ceil_div(max(gm, 1.0), bm), _ceil_div(max(gn, 1.0), bn)
-        k_blocks = _ceil_div(max(gk, 1.0), bk)
-        m_eff, n_eff = gm / (m_tiles * bm), gn / (n_tiles * bn)
-        k_eff = gk / (k_blocks * bk)
-        # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp)
-        intra = m_tiles * n_tiles                  # block grid of one group at a time
-        images = 1.0 if problem.direction == "bwd_weight" else pf["N"]
-        group_units = np.where(kf["is_dw"] > 0, _ceil_div(groups, bn), groups)
-        inter = group_units * images               # whole (group, image) GEMMs
-        si_units = np.full_like(bm, min(threads, max(gk, 1.0)))   # K split over threads
-        k_splits = np.where(kf["has_si"] > 0, si_units, 1.0)
-        units = np.where(kf["has_si"] > 0, si_units,
-                         np.where(kf["is_intrawave"] > 0, intra, inter))
-
-        def balance(u):
-            return u / (_ceil_div(u, threads) * threads)
-
-        l1, l2, l3 = (max(v * 1024, 1.0) for v in self._hw[2:5])
-        ab_block = (bm * bk + bk * bn) * 4
-        c_block = bm * bn * 4
-        busy = np.minimum(units, threads) / threads
-        out_spatial = max(2.0 ** pf["log2_out_spatial"], 1.0)
-        in_spatial = 2.0 ** pf["log2_in_spatial"]
-        expansion = kf["is_im2col"] * pf["filter_volume"] * out_spatial / in_spatial
-        est_s = flops / (threads * 16 * max(self._hw[5], 1.0) * 1e6 * busy * m_eff * n_eff + 1.0)
-        interactions = np.column_stack([
-            m_eff, n_eff, k_eff, m_eff * n_eff, np.log2(m_tiles), np.log2(n_tiles),
-            np.log2(k_blocks), k_splits, np.log2(intra), _log2(inter), np.log2(si_units),
-            balance(intra), balance(inter), balance(si_units), np.log2(units),
-            balance(units), busy, ab_block / l1, c_block / l2,
-            np.full_like(bm, 2.0 ** pf["log2_bytes"] / l3), _log2(gk / k_splits),
-            kf["has_si"] * k_splits * groups * gm * gn / max(flops, 1.0), expansion,
-            kf["is_dw"] * (1.0 - pf["is_depthwise"]), np.full_like(bm, _log2(flops / threads)),
-            np.log2(est_s * 1e3 + 1e-9)])
-        count = kernel_matrix.shape[0]
-        return np.hstack([np.broadcast_to(problem_row, (count, problem_row.size)), kernel_matrix,
-                          interactions, np.broadcast_to(self._hw, (count, self._hw.size))])
+        terms = _interaction_terms(problem, kf, pf, self.hw)
+        interactions = evaluate(INTERACTION_COLUMNS, terms, kernel_matrix.shape[0])
+        return self.stack(problem_row, kernel_matrix, interactions)
 
     def matrix(self, problem, configs: Sequence, kernel_matrix: np.ndarray | None = None) -> np.ndarray:
         """Convenience: features of every config for one problem."""
