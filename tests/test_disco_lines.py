@@ -292,3 +292,109 @@ def test_the_transpose_convolution_runs_the_line_blocked_transpose_bit_for_bit(d
     with pytest.raises(ValueError, match="runs on the CPU"):
         ops.disco_transpose_contraction_lines(grad.to("meta").unsqueeze(2), *conv._psi_tensors(),
                                               *in_shape, conv._line_layout(torch.device("cpu")))
+
+
+# ---------------------------------------------------------------- the line-blocked ops
+
+def _rel_error(actual, expected) -> float:
+    actual, expected = actual.detach().double(), expected.detach().double()
+    return float((actual - expected).norm() / expected.norm())
+
+
+def _lines_problem(grid="down"):
+    psi, csr = _csr(grid)
+    return psi, csr, regroup(csr.troff, csr.tcol, csr.tvals, native.line_block())
+
+
+@pytest.mark.parametrize("grid", ["down", "stride3"])
+def test_line_blocked_ops_match_the_dense_reference_in_outputs_and_gradients(grid):
+    """Both ops, their gradients (each the other op) and their gradients' gradients against
+    the float64 reference."""
+    psi, csr, layout = _lines_problem(grid)
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, *psi.in_shape, generator=generator)
+    y = torch.randn(2, 3, psi.kernel_size, *psi.out_shape, generator=generator)
+    grad_y = torch.randn(2, 3, psi.kernel_size, *psi.out_shape, generator=generator)
+    grad_x = torch.randn(2, 3, *psi.in_shape, generator=generator)
+    cases = (  # op, its input, the reference, the gradient it is given
+        (lambda t: ops.disco_lines_contraction(t, *csr.tensors(), *layout.tensors(),
+                                               psi.kernel_size, *psi.out_shape),
+         x, lambda t: reference.disco_contraction(t, psi, psi.out_shape[1]), grad_y),
+        (lambda t: ops.disco_lines_transpose_contraction(t, *csr.tensors(), *layout.tensors(),
+                                                         *psi.in_shape),
+         y, lambda t: reference.disco_transpose_contraction(t, psi, psi.in_shape[1]), grad_x),
+    )
+    for op, value, exact, grad in cases:
+        ours_in, ref_in = value.clone().requires_grad_(), value.double().requires_grad_()
+        ours_grad, ref_grad = grad.clone().requires_grad_(), grad.double().requires_grad_()
+        ours, ref = op(ours_in), exact(ref_in)
+        assert ours.shape == ref.shape and ours.dtype == torch.float32
+        assert _rel_error(ours, ref) < 1e-5
+        ours_dx, = torch.autograd.grad(ours, ours_in, ours_grad, create_graph=True)
+        ref_dx, = torch.autograd.grad(ref, ref_in, ref_grad, create_graph=True)
+        assert _rel_error(ours_dx, ref_dx) < 1e-5
+        # the gradient's gradient with respect to the incoming gradient: the op again
+        ours_dx.backward(value)
+        ref_dx.backward(value.double())
+        assert _rel_error(ours_grad.grad, ref_grad.grad) < 1e-5
+
+
+def test_line_blocked_gradients_run_the_line_blocked_kernel(monkeypatch):
+    psi, csr, layout = _lines_problem()
+    calls = []
+    original = native.transpose_lines
+    monkeypatch.setattr(native, "transpose_lines", lambda *a: calls.append(1) or original(*a))
+    x = torch.randn(1, 2, *psi.in_shape, requires_grad=True)
+    out = ops.disco_lines_contraction(x, *csr.tensors(), *layout.tensors(), psi.kernel_size,
+                                      *psi.out_shape)
+    assert calls == []
+    out.backward(torch.randn_like(out))
+    assert calls == [1]
+    expected = native.transpose_contraction(torch.ones_like(out), csr.troff, csr.tcol, csr.tvals,
+                                            *psi.in_shape)
+    x.grad = None
+    ops.disco_lines_contraction(x, *csr.tensors(), *layout.tensors(), psi.kernel_size,
+                                *psi.out_shape).sum().backward()
+    assert torch.equal(x.grad, expected)   # bit for bit the CSR transpose
+
+
+def test_opcheck_line_blocked_ops():
+    psi, csr, layout = _lines_problem()
+    x = torch.randn(2, 3, *psi.in_shape, requires_grad=True)
+    y = torch.randn(2, 3, psi.kernel_size, *psi.out_shape, requires_grad=True)
+    torch.library.opcheck(ops.disco_lines_contraction,
+                          (x, *csr.tensors(), *layout.tensors(), psi.kernel_size, *psi.out_shape))
+    torch.library.opcheck(ops.disco_lines_transpose_contraction,
+                          (y, *csr.tensors(), *layout.tensors(), *psi.in_shape))
+
+
+def test_line_blocked_ops_autocast_in_float32_as_the_csr_ops():
+    psi, csr, layout = _lines_problem()
+    x = torch.randn(1, 2, *psi.in_shape).bfloat16()
+    y = torch.randn(1, 2, psi.kernel_size, *psi.out_shape).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pairs = ((ops.disco_lines_contraction(x, *csr.tensors(), *layout.tensors(),
+                                              psi.kernel_size, *psi.out_shape),
+                  ops.disco_contraction(x, *csr.tensors(), psi.kernel_size, *psi.out_shape)),
+                 (ops.disco_lines_transpose_contraction(y, *csr.tensors(), *layout.tensors(),
+                                                        *psi.in_shape),
+                  ops.disco_transpose_contraction(y, *csr.tensors(), *psi.in_shape)))
+    for lines_out, csr_out in pairs:
+        assert lines_out.dtype == csr_out.dtype == torch.float32
+        assert torch.equal(lines_out, csr_out)
+
+
+def test_line_blocked_ops_refuse_a_layout_of_another_psi():
+    psi, csr, _ = _lines_problem("down")
+    _, other_csr, other = _lines_problem("same")
+    x = torch.randn(1, 2, *psi.in_shape)
+    y = torch.randn(1, 2, psi.kernel_size, *psi.out_shape)
+    with pytest.raises(ValueError, match=r"line-blocked layout does not fit psi's transpose of "
+                                         r"48 lines"):
+        ops.disco_lines_contraction(x, *csr.tensors(), *other.tensors(), psi.kernel_size,
+                                    *psi.out_shape)
+    with pytest.raises(ValueError, match="line-blocked layout does not fit"):
+        ops.disco_lines_transpose_contraction(y, *csr.tensors(), *other.tensors(), *psi.in_shape)
+    with pytest.raises(ValueError, match="psi does not fit"):
+        ops.disco_lines_transpose_contraction(y, *other_csr.tensors(), *other.tensors(),
+                                              *psi.in_shape)

@@ -1,15 +1,17 @@
 """The kpacked and fused DISCO paths and DiscoConvS2's four-way dispatch (the seed's test
 matrix): every path in its enabled and disabled state (the K_PAD = 24 monkeypatch), fused ==
 unfused in outputs and gradients, the kpacked kernel against the float64 reference in three
-precisions, psi blocks, opcheck, and the fused path's transposed backward (psi's adjoint)."""
+precisions, psi blocks, opcheck, the fused path's transposed backward (psi's adjoint), and the
+variant -> op table (tilecast.disco.variants) against the kernel space."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tilecast.disco import DiscoConvS2, compute_psi, fused, native, ops, reference
+from tilecast.disco import DiscoConvS2, compute_psi, fused, native, ops, reference, variants
 from tilecast.disco.blocks import restrict_psi, split_rows
 from tilecast.disco.kpacked import kpack_psi
+from tilecast.families.disco_kernels import LANES, TILES, UNUSED_TILE_FIELD, VARIANTS, DiscoConfig
 
 # torch-harmonics-style conventions: harmonic bases share their support (kpacked-eligible),
 # piecewise-linear ones do not
@@ -200,6 +202,68 @@ def test_every_path_matches_the_reference_and_takes_its_kernel(fused_path, kpack
     assert spy.transposes() >= 1   # the backward transposes (CSR, or line-blocked bands)
     for actual, expected in zip(results, _reference(conv, x, grad)):
         assert _rel_error(actual, expected) < 1e-5
+
+
+# ---------------------------------------------------------------- the variant -> op table
+
+def _machine_isa() -> str:
+    return {lanes: isa for isa, lanes in LANES.items()}[native.lanes()]
+
+
+def _kernel_space(direction: str) -> set[str]:
+    return {variant for d, variant, _ in TILES if d == direction}
+
+
+def test_the_variant_tables_hold_one_row_per_variant_of_the_kernel_space():
+    assert set(variants.FORWARD) == _kernel_space("forward") == {"csr", "kpacked"}
+    assert set(variants.BACKWARD) == _kernel_space("backward") == {"csr", "lines"}
+    assert set(variants.FORWARD_PREFERENCE) == set(variants.FORWARD)
+
+
+def test_an_unknown_variant_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown DISCO forward variant 'lines'; valid: csr, "
+                                         r"kpacked"):
+        variants.forward_op("lines")
+    with pytest.raises(ValueError, match=r"unknown DISCO backward variant 'kpacked'; valid: "
+                                         r"csr, lines"):
+        variants.gradient_kernel("kpacked", (1, 1), lambda: None)
+    with pytest.raises(ValueError, match=r"unknown DISCO forward variant 'simd'"):
+        variants.has_layout("simd", None)
+    conv = _module(False)
+    conv._chosen_kernels = lambda x: ({"variant": "lines", "tile": ()}, None)   # a bad choice
+    with pytest.raises(ValueError, match=r"unknown DISCO forward variant 'lines'"):
+        conv(torch.randn(1, 4, *conv.in_shape))
+
+
+@pytest.mark.parametrize("backward", sorted(_kernel_space("backward")))
+@pytest.mark.parametrize("forward", sorted(_kernel_space("forward")))
+def test_every_row_pair_runs_its_kernels_and_matches_the_reference(forward, backward,
+                                                                   monkeypatch):
+    """Each forward row, with each backward row's gradient (a TILES tile of this CPU), runs
+    the ops it names and gives the float64 reference's output and input gradient."""
+    isa = _machine_isa()
+    configs = {direction: DiscoConfig(direction, variant, isa, lat_block=1, **{
+        **UNUSED_TILE_FIELD, **dict(zip(VARIANTS[variant].tile_fields,
+                                        TILES[(direction, variant, isa)][0]))})
+        for direction, variant in (("forward", forward), ("backward", backward))}
+    conv = _module(False)
+    psi, packed = conv._psi_tensors(), conv._kpacked()
+    gradient = variants.gradient_kernel(backward, configs["backward"].tile(),
+                                        lambda: conv._chosen_line_layout(torch.device("cpu")))
+    assert (gradient.lines is not None) == (backward == "lines")
+    spy = _Spy(monkeypatch)
+    x = torch.randn(2, 4, *conv.in_shape, requires_grad=True)
+    out = variants.forward_op(forward)(x, psi, packed, conv.kernel_size, *conv.out_shape,
+                                       list(configs["forward"].tile()), gradient)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    forward_op = {"csr": "disco_contraction", "kpacked": "disco_kpacked_contraction"}[forward]
+    transpose = {"csr": "disco_transpose_contraction", "lines": "transpose_lines"}[backward]
+    assert spy.calls == {forward_op: 1, transpose: 1}, spy.calls
+    xd = x.detach().double().requires_grad_()
+    expected = reference.disco_contraction(xd, conv.psi, conv.out_shape[1])
+    expected.backward(grad.double())
+    assert _rel_error(out, expected) < 1e-5 and _rel_error(x.grad, xd.grad) < 1e-5
 
 
 def test_piecewise_linear_basis_falls_back_to_csr(monkeypatch):

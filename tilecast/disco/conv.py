@@ -16,6 +16,9 @@ switches as the seed prescribes:
     kpacked only      ops.disco_contraction_kpacked, then the mix
     neither           ops.disco_contraction, then the mix
 
+The unfused paths run their variant through the table of tilecast.disco.variants (one row per
+variant of the kernel space, tilecast.families.disco_kernels), never an if on its name.
+
 The unfused paths' backward runs the line-blocked transpose where psi's transpose has that
 layout (CPU, tilecast.disco.lines: dense filters such as the downsampling ones; built at the
 first forward that needs the input's gradient), else the CSR transpose.
@@ -42,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from tilecast.disco import fused as fused_path
-from tilecast.disco import native, ops, reference, selector
+from tilecast.disco import native, ops, reference, selector, variants
 from tilecast.disco.basis import get_basis
 from tilecast.disco.csr import DiscoCSR, csr_from_psi
 from tilecast.disco.grids import default_theta_cutoff
@@ -194,35 +197,38 @@ class _DiscoConvBase(nn.Module):
         if self.fused:
             plan = self._fused_plan(x.device)
             return fused_path.fused_conv(x, self.weight, plan, packed, self.groups)
-        psi = self._psi_tensors()
         forward, backward = self._chosen_kernels(x)
-        tile = None if forward is None else list(forward["tile"])
-        backward_tile = None if backward is None else list(backward["tile"])
-        lines = None
+        variant, tile = self._forward_kernel(forward, packed)
+        gradient = variants.Gradient()
         if x.requires_grad and torch.is_grad_enabled():
-            if backward is None:
-                lines = self._line_layout(x.device)
-            elif backward["variant"] == "lines":
-                # the selector's choice: the line-blocked layout whatever its fill
-                lines, backward_tile = self._chosen_line_layout(x.device), None
-        if packed is not None and (forward is None or forward["variant"] == "kpacked"):
-            expanded = ops.disco_contraction_kpacked(x, *packed.tensors(), *psi, self.kernel_size,
-                                                     nlat_out, nlon_out, tile, backward_tile,
-                                                     lines)
-        else:
-            if forward is not None and forward["variant"] != "csr":
-                tile = None   # a kpacked choice where the path is not eligible
-            if lines is not None:
-                expanded = ops.disco_contraction_lines(x, *psi, self.kernel_size, nlat_out,
-                                                       nlon_out, lines, tile)
-            else:
-                expanded = ops.disco_contraction(x, *psi, self.kernel_size, nlat_out, nlon_out,
-                                                 tile, backward_tile)
+            gradient = self._gradient_kernel(backward, x.device)
+        expanded = variants.forward_op(variant)(x, self._psi_tensors(), packed, self.kernel_size,
+                                                nlat_out, nlon_out, tile, gradient)
         batch = x.shape[0]
         expanded = expanded.reshape(batch, self.groups, self.groupsize, self.kernel_size,
                                     nlat_out, nlon_out)
         out = self._mix("bgckxy,gock->bgoxy", expanded)
         return out.reshape(batch, self.out_channels, nlat_out, nlon_out)
+
+    @staticmethod
+    def _forward_kernel(choice: Optional[dict],
+                        packed: Optional[KPacked]) -> tuple[str, Optional[list[int]]]:
+        """The forward variant and register tile to run: the selector's choice where psi has
+        its variant's layout, else the first of variants.FORWARD_PREFERENCE psi has the
+        layout for, with the library's tile."""
+        if choice is not None and variants.has_layout(choice["variant"], packed):
+            return choice["variant"], list(choice["tile"])
+        preferred = (v for v in variants.FORWARD_PREFERENCE if variants.has_layout(v, packed))
+        return next(preferred), None
+
+    def _gradient_kernel(self, choice: Optional[dict], device: torch.device) -> variants.Gradient:
+        """The kernel of the input gradient: the selector's choice (the line-blocked layout
+        whatever its fill where it chose that kernel), else the line-blocked transpose where
+        its fill pays (_line_layout) and the CSR transpose with the library's tile elsewhere."""
+        if choice is None:
+            return variants.Gradient(lines=self._line_layout(device))
+        return variants.gradient_kernel(choice["variant"], choice["tile"],
+                                        lambda: self._chosen_line_layout(device))
 
     def _chosen_kernels(self, x: Tensor) -> tuple[Optional[dict], Optional[dict]]:
         """The (forward, backward) kernels the registry's selector chose for x's batch size

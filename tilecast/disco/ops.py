@@ -13,6 +13,20 @@ implementation, autograd (the gradient of one is the other), a CPU autocast impl
 that runs it in float32 and a CUDA one that runs it in the autocast dtype (the seed's
 AutocastCUDA pattern: the 16-bit kernels halve the memory traffic of a memory-bound op).
 
+The line-blocked pair (CPU) is registered the same way (schema, fake, autograd, CPU
+autocast), with psi's transpose in the line-blocked layout (boff, bcol, bvals:
+tilecast.disco.lines) after the six psi tensors:
+
+    tilecast::disco_lines_contraction(x, psi..., boff, bcol, bvals, kernel_size, nlat_out,
+                                      nlon_out)   disco_contraction, gradient line-blocked
+    tilecast::disco_lines_transpose_contraction(y, psi..., boff, bcol, bvals, nlat_in,
+                                                nlon_in)   the line-blocked transpose kernel
+
+each the gradient of the other; disco_contraction_lines / disco_transpose_contraction_lines
+take the layout as a LineBlocked. The line-blocked kernel has one tile, so the pair carries
+only the CSR forward kernel's: `tile` of the first, `backward_tile` of the second. The kpacked forward (tilecast::disco_kpacked_contraction)
+has no autograd of its own: disco_contraction_kpacked pairs it with a transpose.
+
 Each op takes an optional register `tile` for its own kernel and a `backward_tile` for its
 gradient's (the other op's tile format): None lets the CPU library pick per call; DiscoConvS2
 passes the tiles a published selector chose (tilecast.disco.selector). The CUDA kernels pick
@@ -229,81 +243,143 @@ def _(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in,
                                            backward_tile)
 
 
-class _DiscoCsrLinesFn(torch.autograd.Function):
-    """The CSR forward paired with the line-blocked transpose (native.transpose_lines) as its
-    backward: different kernels, so an autograd.Function, as for the kpacked forward below."""
-
-    @staticmethod
-    def forward(ctx, x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out, nlon_out,
-                tile, lines):
-        ctx.in_shape = tuple(x.shape)
-        ctx.lines = lines
-        return disco_contraction(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out,
-                                 nlon_out, tile)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _lines_transpose(grad, ctx.lines, ctx.in_shape)
-        return (grad_x,) + (None,) * 11
+# ------------------------------------------------------------------ the line-blocked pair
+def _check_line_layout(troff: Tensor, boff: Tensor, bcol: Tensor, bvals: Tensor) -> None:
+    """The line-blocked layout must be that of psi's transpose (troff over its lines)."""
+    lines = troff.numel() - 1
+    if bvals.dim() != 2 or bvals.shape[0] != bcol.numel() or bvals.shape[1] < 1 \
+            or boff.numel() != -(-lines // bvals.shape[1]) + 1:
+        raise ValueError(f"the line-blocked layout does not fit psi's transpose of {lines} lines: "
+                         f"boff {tuple(boff.shape)}, bcol {tuple(bcol.shape)}, bvals "
+                         f"{tuple(bvals.shape)} (need [ceil(lines / LB) + 1], [keys], [keys, LB]; "
+                         "tilecast.disco.lines.line_blocked builds it)")
 
 
-def _lines_transpose(grad: Tensor, lines: LineBlocked, in_shape: tuple[int, ...]) -> Tensor:
-    """The input gradient by the line-blocked transpose (CPU)."""
-    grad = grad.contiguous()
-    _check_dtype("the gradient", grad)
-    return native.transpose_lines(grad, *lines.tensors(), *in_shape[-2:])
+@torch.library.custom_op("tilecast::disco_lines_contraction", mutates_args=(),
+                         device_types=("cpu",))
+def disco_lines_contraction(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, troff: Tensor,
+                            tcol: Tensor, tvals: Tensor, boff: Tensor, bcol: Tensor,
+                            bvals: Tensor, kernel_size: int, nlat_out: int, nlon_out: int,
+                            tile: Optional[list[int]] = None) -> Tensor:
+    """disco_contraction (its CSR kernel, its result) whose gradient runs the line-blocked
+    transpose (disco_lines_transpose_contraction) on psi's transpose in that layout (boff,
+    bcol, bvals: tilecast.disco.lines), bit for bit the CSR transpose's result. CPU only.
+    tile: (nv, lat_block) of the forward kernel, for this op and its gradient's gradient."""
+    _check_line_layout(troff, boff, bcol, bvals)
+    _check_device("x", x, (boff, bcol, bvals))
+    return disco_contraction(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out,
+                             nlon_out, tile)
+
+
+@torch.library.custom_op("tilecast::disco_lines_transpose_contraction", mutates_args=(),
+                         device_types=("cpu",))
+def disco_lines_transpose_contraction(y: Tensor, roff: Tensor, col: Tensor, vals: Tensor,
+                                      troff: Tensor, tcol: Tensor, tvals: Tensor, boff: Tensor,
+                                      bcol: Tensor, bvals: Tensor, nlat_in: int, nlon_in: int,
+                                      backward_tile: Optional[list[int]] = None) -> Tensor:
+    """disco_transpose_contraction on the line-blocked kernel (native.transpose_lines), bit
+    for bit the CSR kernel's result, from psi's transpose in that layout (boff, bcol, bvals:
+    tilecast.disco.lines). CPU only. Its gradient is disco_lines_contraction (the CSR forward
+    kernel) on psi's six tensors; backward_tile: that kernel's (nv, lat_block)."""
+    psi = (roff, col, vals, troff, tcol, tvals)
+    shape = _transpose_shape(y, psi, nlat_in, nlon_in)
+    _check_line_layout(troff, boff, bcol, bvals)
+    _check_dtype("y", y)
+    _check_device("y", y, (*psi, boff, bcol, bvals))
+    if y.numel() == 0:
+        return y.new_zeros(shape)
+    return native.transpose_lines(y.contiguous(), _index(boff), _index(bcol), _values(bvals),
+                                  nlat_in, nlon_in)
+
+
+@disco_lines_contraction.register_fake
+def _(x, roff, col, vals, troff, tcol, tvals, boff, bcol, bvals, kernel_size, nlat_out, nlon_out,
+      tile=None):
+    _check_line_layout(troff, boff, bcol, bvals)
+    return x.new_empty(_contraction_shape(x, (roff, col, vals, troff, tcol, tvals), kernel_size,
+                                          nlat_out, nlon_out))
+
+
+@disco_lines_transpose_contraction.register_fake
+def _(y, roff, col, vals, troff, tcol, tvals, boff, bcol, bvals, nlat_in, nlon_in,
+      backward_tile=None):
+    _check_line_layout(troff, boff, bcol, bvals)
+    return y.new_empty(_transpose_shape(y, (roff, col, vals, troff, tcol, tvals), nlat_in, nlon_in))
+
+
+def _save_psi_and_lines(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs[1:10])   # psi's six tensors, then boff, bcol, bvals
+    ctx.in_shape = tuple(inputs[0].shape)
+    ctx.tile = inputs[-1]
+
+
+def _lines_contraction_backward(ctx, grad):
+    grad_x = None
+    if ctx.needs_input_grad[0]:
+        grad_x = disco_lines_transpose_contraction(grad, *ctx.saved_tensors, *ctx.in_shape[-2:],
+                                                   ctx.tile)
+    return (grad_x,) + (None,) * 13
+
+
+def _lines_transpose_backward(ctx, grad):
+    grad_y = None
+    if ctx.needs_input_grad[0]:
+        grad_y = disco_lines_contraction(grad, *ctx.saved_tensors, *ctx.in_shape[-3:], ctx.tile)
+    return (grad_y,) + (None,) * 12
+
+
+disco_lines_contraction.register_autograd(_lines_contraction_backward,
+                                          setup_context=_save_psi_and_lines)
+disco_lines_transpose_contraction.register_autograd(_lines_transpose_backward,
+                                                    setup_context=_save_psi_and_lines)
+
+
+@torch.library.impl("tilecast::disco_lines_contraction", "AutocastCPU")
+def _(x, roff, col, vals, troff, tcol, tvals, boff, bcol, bvals, kernel_size, nlat_out, nlon_out,
+      tile=None):
+    with torch.amp.autocast("cpu", enabled=False):
+        return disco_lines_contraction(x.float(), roff, col, vals.float(), troff, tcol,
+                                       tvals.float(), boff, bcol, bvals.float(), kernel_size,
+                                       nlat_out, nlon_out, tile)
+
+
+@torch.library.impl("tilecast::disco_lines_transpose_contraction", "AutocastCPU")
+def _(y, roff, col, vals, troff, tcol, tvals, boff, bcol, bvals, nlat_in, nlon_in,
+      backward_tile=None):
+    with torch.amp.autocast("cpu", enabled=False):
+        return disco_lines_transpose_contraction(y.float(), roff, col, vals.float(), troff, tcol,
+                                                 tvals.float(), boff, bcol, bvals.float(),
+                                                 nlat_in, nlon_in, backward_tile)
+
+
+def _on_cpu(name: str, tensor: Tensor) -> None:
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{name} is on {tensor.device}; the line-blocked transpose runs on the "
+                         "CPU (the CSR ops run on both devices)")
 
 
 def disco_contraction_lines(x: Tensor, roff: Tensor, col: Tensor, vals: Tensor, troff: Tensor,
                             tcol: Tensor, tvals: Tensor, kernel_size: int, nlat_out: int,
                             nlon_out: int, lines: LineBlocked,
                             tile: Optional[list[int]] = None) -> Tensor:
-    """disco_contraction (CPU), differentiable through the line-blocked transpose: `lines` is
-    psi's transpose in that layout (tilecast.disco.lines), whose result is bit for bit the
-    CSR transpose's. tile: the forward kernel's (nv, lat_block)."""
-    if x.device.type != "cpu":
-        raise ValueError(f"x is on {x.device}; the line-blocked transpose runs on the CPU")
-    return _DiscoCsrLinesFn.apply(x, roff, col, vals, troff, tcol, tvals, kernel_size, nlat_out,
-                                  nlon_out, tile, lines)
-
-
-class _DiscoLinesTransposeFn(torch.autograd.Function):
-    """The line-blocked transpose contraction as a forward (the transpose convolution's),
-    paired with the CSR forward contraction as its backward."""
-
-    @staticmethod
-    def forward(ctx, y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in, lines,
-                backward_tile):
-        ctx.save_for_backward(roff, col, vals, troff, tcol, tvals)
-        ctx.out_shape, ctx.backward_tile = tuple(y.shape), backward_tile
-        return _lines_transpose(y, lines, (nlat_in, nlon_in))
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_y = None
-        if ctx.needs_input_grad[0]:
-            grad_y = disco_contraction(grad.contiguous(), *ctx.saved_tensors,
-                                       *ctx.out_shape[-3:], ctx.backward_tile)
-        return (grad_y,) + (None,) * 10
+    """disco_lines_contraction with psi's transpose given as its LineBlocked layout (CPU):
+    disco_contraction, differentiable through the line-blocked transpose. tile: the forward
+    kernel's (nv, lat_block)."""
+    _on_cpu("x", x)
+    return disco_lines_contraction(x, roff, col, vals, troff, tcol, tvals, *lines.tensors(),
+                                   kernel_size, nlat_out, nlon_out, tile)
 
 
 def disco_transpose_contraction_lines(y: Tensor, roff: Tensor, col: Tensor, vals: Tensor,
                                       troff: Tensor, tcol: Tensor, tvals: Tensor, nlat_in: int,
                                       nlon_in: int, lines: LineBlocked,
                                       backward_tile: Optional[list[int]] = None) -> Tensor:
-    """disco_transpose_contraction (CPU) on the line-blocked kernel, bit for bit the CSR
-    kernel's result, differentiable: the gradient runs the CSR forward contraction on psi's
-    six tensors. lines: psi's transpose in the line-blocked layout (tilecast.disco.lines);
-    backward_tile: the forward kernel's (nv, lat_block)."""
-    if y.device.type != "cpu":
-        raise ValueError(f"y is on {y.device}; the line-blocked transpose runs on the CPU")
-    _transpose_shape(y, (roff, col, vals, troff, tcol, tvals), nlat_in, nlon_in)
-    if torch.is_autocast_enabled("cpu") and y.dtype != torch.float64:
-        y = y.float()   # as the CSR op's AutocastCPU implementation: float32 in and out
-    return _DiscoLinesTransposeFn.apply(y, roff, col, vals, troff, tcol, tvals, nlat_in, nlon_in,
-                                        lines, backward_tile)
+    """disco_lines_transpose_contraction with psi's transpose given as its LineBlocked layout
+    (CPU): disco_transpose_contraction on the line-blocked kernel, differentiable.
+    backward_tile: the gradient's forward kernel's (nv, lat_block)."""
+    _on_cpu("y", y)
+    return disco_lines_transpose_contraction(y, roff, col, vals, troff, tcol, tvals,
+                                             *lines.tensors(), nlat_in, nlon_in, backward_tile)
 
 
 # ------------------------------------------------------------------ the kpacked forward
@@ -356,8 +432,8 @@ def _(x, idx, vals, offset, kernel_size, nlat_out, nlon_out, ho_begin, ho_count,
 
 class _DiscoKpackedFn(torch.autograd.Function):
     """The kpacked forward paired with the transpose contraction as its backward: the CSR
-    one, or the line-blocked one (native.transpose_lines) where `lines` holds psi's transpose
-    in that layout. The two directions run different kernels, so the pairing is an
+    one, or the line-blocked one (disco_lines_transpose_contraction) where `lines` holds psi's
+    transpose in that layout. The two directions run different kernels, so the pairing is an
     autograd.Function (the seed's rule)."""
 
     @staticmethod
@@ -374,7 +450,9 @@ class _DiscoKpackedFn(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             if ctx.lines is not None and grad.device.type == "cpu":
-                grad_x = _lines_transpose(grad, ctx.lines, ctx.in_shape)
+                grad_x = disco_lines_transpose_contraction(grad, *ctx.saved_tensors,
+                                                           *ctx.lines.tensors(),
+                                                           *ctx.in_shape[-2:])
             else:
                 grad_x = disco_transpose_contraction(grad.contiguous(), *ctx.saved_tensors,
                                                      *ctx.in_shape[-2:], ctx.backward_tile)

@@ -13,6 +13,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from tilecast.families.base import FamilyError
+from tilecast.registry.base import RegistryError
+
 #: registry model name -> the family whose kernels it chooses among
 MODELS = {"disco_forward": "forward", "disco_backward": "backward"}
 
@@ -32,8 +35,9 @@ def clear_cache() -> None:
 
 
 def _dispatcher(registry, model: str, alias):
+    # here, not at the top: the dispatcher imports lightgbm, which DiscoConvS2 without a
+    # registry (and `import tilecast.disco`) must not
     from tilecast.runtime.dispatch import Dispatcher
-    from tilecast.registry.api import RegistryError
 
     key = (str(registry), model, str(alias))
     with _lock:
@@ -80,8 +84,6 @@ def choose_variant(registry, problem, model: str = "disco_forward",
     predicted_tflops is None when no candidate applied (the static best is returned then).
     SelectorError on an unknown model, a registry without it, or a problem the family rejects.
     """
-    from tilecast.families.base import FamilyError
-
     if model not in MODELS:
         raise SelectorError(f"unknown DISCO model {model!r}; valid: {', '.join(MODELS)}")
     dispatcher = _dispatcher(registry, model, alias)

@@ -31,6 +31,11 @@ runtime runs the same tile through the tilecast.disco.native entry RUNTIME names
 `tile=cfg.tile()`. TILES mirrors the C++ tables (the harness refuses to compile a tile missing
 there, and tests/test_disco_family.py checks they agree). Adding a variant is a row of VARIANTS
 and TILES, its layout in `prepare`, and its branch in disco_bench.cpp.
+
+The problem (DiscoProblem), the precisions and the bases are in disco_kernels.py, which the
+feature engine reads too. tilecast.disco (psi, grids, bases, the reference) and torch are
+imported inside the functions that build psi or inputs: importing this module (tilecast.families
+does, for the dispatcher and the CLI) must not import torch.
 """
 from __future__ import annotations
 
@@ -38,25 +43,22 @@ import functools
 import itertools
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem, read_float32_output,
-                   table_choice)
-from tilecast.families.disco_kernels import (DIRECTIONS, ISA_FLAGS, ISAS, LAT_BLOCKS, TILES, UNUSED_TILE_FIELD,
-                            VARIANTS, DiscoConfig, kernel_name, parse_kernel_name,
-                            validate_config)
+from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem,
+                                    read_float32_output, table_choice)
+from tilecast.families.disco_kernels import (BASES, DIRECTIONS, ELEMENT_BYTES, ISA_FLAGS, ISAS,
+                                             LAT_BLOCKS, PRECISIONS, TILES, UNUSED_TILE_FIELD,
+                                             VARIANTS, DiscoConfig, DiscoProblem, kernel_name,
+                                             parse_kernel_name, shape_tuple, validate_config)
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # norm-relative error vs the float64 reference on the same stored inputs: the output is
 # rounded to the storage type (bf16 keeps 8 bits, fp16 11)
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
-# problem field value -> tilecast.disco basis_type
-BASES = {"harmonic": "harmonic", "piecewise_linear": "piecewise linear"}
 BASIS_ALIASES = {"piecewise linear": "piecewise_linear"}
 NORM_MODE = "mean"
 #: input lines per block of the lines variant's layout: its tiles' LB, the kernels'
@@ -64,42 +66,7 @@ NORM_MODE = "mean"
 LINE_BLOCK = 4
 
 
-@dataclass(frozen=True, order=True)
-class DiscoProblem:
-    """One contraction (see the module docstring); kernel_shape is 'AxB', theta_cutoff rounded
-    to 6 significant digits so that it survives a round trip through text."""
-    batch: int
-    channels: int
-    nlat_in: int
-    nlon_in: int
-    nlat_out: int
-    nlon_out: int
-    kernel_shape: str
-    basis: str
-    grid_in: str
-    grid_out: str
-    theta_cutoff: float
-    precision: str
-
-    @property
-    def bc(self) -> int:
-        return self.batch * self.channels
-
-    @property
-    def stride(self) -> int:
-        return self.nlon_in // self.nlon_out
-
-    @property
-    def kernel_size(self) -> int:
-        return _kernel_size(self.basis, self.kernel_shape)
-
-    def psi_key(self) -> tuple:
-        """The fields psi depends on (not batch, channels or precision)."""
-        return (self.nlat_in, self.nlon_in, self.nlat_out, self.nlon_out, self.kernel_shape,
-                self.basis, self.grid_in, self.grid_out, self.theta_cutoff)
-
-
-# -- problems ------------------------------------------------------------------------------
+# -- problems (DiscoProblem: tilecast/families/disco_kernels.py) ---------------------------
 
 _choice = table_choice
 
@@ -108,20 +75,9 @@ DEFAULTS = {"batch": 1, "kernel_shape": "3x3", "basis": "harmonic", "grid_in": "
             "grid_out": "equiangular", "theta_cutoff": None, "precision": "fp32"}
 
 
-@functools.lru_cache(maxsize=64)
-def _kernel_size(basis: str, kernel_shape: str) -> int:
-    from tilecast.disco.basis import get_basis
-
-    return get_basis(BASES[basis], _shape_tuple(kernel_shape)).kernel_size
-
-
-def _shape_tuple(kernel_shape: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in kernel_shape.split("x"))
-
-
 def _canonical_kernel_shape(value, basis: str) -> str:
     """'AxB' from an int, a sequence or a string ('3', '3x3', '(3, 3)'), as the basis reads it."""
-    from tilecast.disco.basis import get_basis
+    from tilecast.disco.basis import get_basis   # torch: see the module docstring
 
     if isinstance(value, str):
         parts = [p for p in re.split(r"[x,()\[\]\s]+", value.strip()) if p]
@@ -151,7 +107,7 @@ def _integer(name: str, value) -> int:
 def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
     """A validated DiscoProblem from field values (strings from the CLI, numpy values from a
     dataset); FamilyError names the offending field."""
-    from tilecast.disco.grids import GRIDS, default_theta_cutoff
+    from tilecast.disco.grids import GRIDS, default_theta_cutoff   # torch: see the module docstring
 
     names = {f.name for f in fields(DiscoProblem)}
     unknown = set(values) - names
@@ -198,11 +154,11 @@ def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
 def _psi_and_csr(psi_key: tuple):
     """psi and both CSR layouts for a problem's psi_key (shared by its directions, batches
     and precisions; prepare and flops both need them)."""
-    from tilecast.disco.csr import csr_from_psi
+    from tilecast.disco.csr import csr_from_psi   # torch: see the module docstring
     from tilecast.disco.psi import compute_psi
 
     nlat_in, nlon_in, nlat_out, nlon_out, kernel_shape, basis, grid_in, grid_out, cutoff = psi_key
-    psi = compute_psi((nlat_in, nlon_in), (nlat_out, nlon_out), _shape_tuple(kernel_shape),
+    psi = compute_psi((nlat_in, nlon_in), (nlat_out, nlon_out), shape_tuple(kernel_shape),
                       basis_type=BASES[basis], basis_norm_mode=NORM_MODE, grid_in=grid_in,
                       grid_out=grid_out, theta_cutoff=cutoff)
     return psi, csr_from_psi(psi)
@@ -211,7 +167,7 @@ def _psi_and_csr(psi_key: tuple):
 @functools.lru_cache(maxsize=8)
 def _kpacked(psi_key: tuple):
     """psi's kpacked layout for a psi_key, None where it has none."""
-    from tilecast.disco.kpacked import kpack_psi
+    from tilecast.disco.kpacked import kpack_psi   # torch: see the module docstring
 
     return kpack_psi(_psi_and_csr(psi_key)[0])
 
@@ -220,7 +176,7 @@ def _kpacked(psi_key: tuple):
 def _lines(psi_key: tuple):
     """psi's transpose regrouped by blocks of the lines tile's LB input lines (every ISA's
     lines tile has the same LB: the layout is the kernel's)."""
-    from tilecast.disco.lines import regroup
+    from tilecast.disco.lines import regroup   # torch: see the module docstring
 
     csr = _psi_and_csr(psi_key)[1]
     return regroup(csr.troff, csr.tcol, csr.tvals, LINE_BLOCK)
@@ -407,7 +363,7 @@ class DiscoFamily:
         `0 0 - - -` without), for the backward also its line-blocked layout (<keys> <boff>
         <bcol> <bvals>), and the input in its storage precision; the reference is
         tilecast.disco.reference in float64 on the stored values."""
-        import torch
+        import torch   # torch: see the module docstring
 
         from tilecast.disco import reference
 
@@ -476,7 +432,7 @@ class DiscoFamily:
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch-harmonics' optimized CPU contraction of this direction on the same stored
         input and psi, with the same thread count: (name, callable)."""
-        import torch
+        import torch   # torch, and the optional torch_harmonics: see the module docstring
         from torch_harmonics.disco.optimized.disco_optimized import (
             _disco_s2_contraction_optimized, _disco_s2_transpose_contraction_optimized)
 
@@ -494,6 +450,8 @@ class DiscoFamily:
                     stored, *th_psi, psi.kernel_size, p.nlat_in, p.nlon_in))
 
     def feature_engine(self, hardware: Mapping):
+        # not at the top: tilecast.features.disco imports tilecast.families.disco_kernels,
+        # whose package (tilecast/families/__init__.py) imports this module
         from tilecast.features.disco import DiscoFeatureEngine
 
         return DiscoFeatureEngine(hardware)

@@ -1,10 +1,14 @@
 """The DISCO kernel space: the table of valid kernels (TILES, the single source of truth),
 the compile-time config of one kernel binary, and the name grammar with
-`parse_kernel_name(kernel_name(cfg)) == cfg`. The families that measure these kernels are in
-tilecast/families/disco.py; the C++ tables the rows mirror are named at TILES.
+`parse_kernel_name(kernel_name(cfg)) == cfg`; and the problem those kernels run (DiscoProblem,
+with the precisions and bases its fields take), which the families (tilecast/families/disco.py)
+and the feature engine (tilecast/features/disco.py) both read from here. The C++ tables the
+rows mirror are named at TILES; what runs each variant in DiscoConvS2 is
+tilecast/disco/variants.py.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -101,7 +105,6 @@ class DiscoConfig:
         return RUNTIME[self.direction, self.variant][0]
 
 
-
 _choice = table_choice
 
 
@@ -166,3 +169,62 @@ def parse_kernel_name(name: str) -> DiscoConfig:
                                            **{**UNUSED_TILE_FIELD, **tile}))
     except FamilyError as err:
         raise FamilyError(f"invalid kernel name {name!r}: {err}") from None
+
+
+# -- problems ------------------------------------------------------------------------------
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# problem field value -> tilecast.disco basis_type
+BASES = {"harmonic": "harmonic", "piecewise_linear": "piecewise linear"}
+
+
+@dataclass(frozen=True, order=True)
+class DiscoProblem:
+    """One contraction (tilecast/families/disco.py: make_problem builds a validated one);
+    kernel_shape is 'AxB', theta_cutoff rounded to 6 significant digits so that it survives a
+    round trip through text."""
+    batch: int
+    channels: int
+    nlat_in: int
+    nlon_in: int
+    nlat_out: int
+    nlon_out: int
+    kernel_shape: str
+    basis: str
+    grid_in: str
+    grid_out: str
+    theta_cutoff: float
+    precision: str
+
+    @property
+    def bc(self) -> int:
+        return self.batch * self.channels
+
+    @property
+    def stride(self) -> int:
+        return self.nlon_in // self.nlon_out
+
+    @property
+    def kernel_size(self) -> int:
+        return kernel_size(self.basis, self.kernel_shape)
+
+    def psi_key(self) -> tuple:
+        """The fields psi depends on (not batch, channels or precision)."""
+        return (self.nlat_in, self.nlon_in, self.nlat_out, self.nlon_out, self.kernel_shape,
+                self.basis, self.grid_in, self.grid_out, self.theta_cutoff)
+
+
+def shape_tuple(kernel_shape: str) -> tuple[int, ...]:
+    """'AxB' -> (A, B)."""
+    return tuple(int(v) for v in kernel_shape.split("x"))
+
+
+@functools.lru_cache(maxsize=64)
+def kernel_size(basis: str, kernel_shape: str) -> int:
+    """K, the basis functions of a problem's basis (a BASES key) and kernel_shape ('AxB')."""
+    # here, not at the top: tilecast.disco imports torch, which importing the kernel space
+    # (the dispatcher, the feature engine) must not
+    from tilecast.disco.basis import get_basis
+
+    return get_basis(BASES[basis], shape_tuple(kernel_shape)).kernel_size
