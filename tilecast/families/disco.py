@@ -43,14 +43,14 @@ import functools
 import itertools
 import math
 import re
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyError, PreparedProblem,
-                                    read_float32_output, table_choice)
+from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
+                                    PreparedProblem, reject_unknown, table_choice)
 from tilecast.families.disco_kernels import (BASES, DIRECTIONS, ELEMENT_BYTES, ISA_FLAGS, ISAS,
                                              LAT_BLOCKS, PRECISIONS, TILES, UNUSED_TILE_FIELD,
                                              VARIANTS, DiscoConfig, DiscoProblem, kernel_name,
@@ -109,11 +109,7 @@ def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
     dataset); FamilyError names the offending field."""
     from tilecast.disco.grids import GRIDS, default_theta_cutoff   # torch: see the module docstring
 
-    names = {f.name for f in fields(DiscoProblem)}
-    unknown = set(values) - names
-    if unknown:
-        raise FamilyError(f"unknown disco problem field(s) {sorted(unknown)}; "
-                          f"valid: {', '.join(f.name for f in fields(DiscoProblem))}")
+    reject_unknown(values, tuple(f.name for f in fields(DiscoProblem)), "disco problem field")
     given = {k: v for k, v in values.items() if v is not None and not (
         isinstance(v, float) and math.isnan(v))}
     missing = [f for f in REQUIRED_FIELDS if f not in given]
@@ -225,7 +221,7 @@ def _peer_available() -> bool:
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-class DiscoFamily:
+class DiscoFamily(FamilyBase):
     """A DISCO contraction family for one direction (see the module docstring)."""
     problem_fields = tuple(f.name for f in fields(DiscoProblem))
     config_fields = tuple(f.name for f in fields(DiscoConfig))
@@ -246,9 +242,6 @@ class DiscoFamily:
                               f"holds {self.direction} kernels (use disco_{cfg.direction})")
         return cfg
 
-    def config_dict(self, cfg: DiscoConfig) -> dict:
-        return asdict(cfg)
-
     # -- candidate space ------------------------------------------------------------------
     CANDIDATE_OPTIONS = ("variant", "isa", "tiles", "lat_block")
 
@@ -258,10 +251,7 @@ class DiscoFamily:
         kpacked, LBxNV for lines; lat_block: ints, default LAT_BLOCKS, and 1 alone for the
         variants that take none), sorted. ISAs the hardware's flags (when known) cannot build
         are left out."""
-        unknown = set(options) - set(self.CANDIDATE_OPTIONS)
-        if unknown:
-            raise FamilyError(f"unknown disco candidate option(s) {sorted(unknown)}; "
-                              f"valid: {sorted(self.CANDIDATE_OPTIONS)}")
+        reject_unknown(options, self.CANDIDATE_OPTIONS, "disco candidate option")
         variants = [_choice(v, VARIANTS, "variant", "candidates") for v in options.get("variant") or VARIANTS]
         isas = [_choice(i, ISAS, "isa", "candidates") for i in options.get("isa") or ISAS]
         flags = set(hardware.get("flags", ()))
@@ -301,9 +291,6 @@ class DiscoFamily:
     # -- problems -------------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> DiscoProblem:
         return make_problem(values)
-
-    def problem_dict(self, problem: DiscoProblem) -> dict:
-        return asdict(problem)
 
     def dims_key(self, problem: DiscoProblem) -> str:
         """Every problem field: the join key and the CV group."""
@@ -421,9 +408,6 @@ class DiscoFamily:
             paths.append(directory / f"lines_{name}.bin")
             tensor.contiguous().numpy().tofile(paths[-1])
         return (str(int(layout.bcol.numel())), *map(str, paths))
-
-    def read_output(self, prepared: PreparedProblem) -> np.ndarray:
-        return read_float32_output(prepared)
 
     def has_peer(self) -> bool:
         """Whether the peer (torch-harmonics' optimized CPU contraction) can run here."""
