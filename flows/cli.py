@@ -8,10 +8,16 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
+from flows.embedded_server import EmbeddedServer
 from tilecast import cli
 from tilecast.core.atomic import atomic_write_bytes
+from tilecast.core.config import load_config
+from tilecast.core.settings import EMBEDDED_SERVER_ENV, settings
+from tilecast.stages import layout
+from tilecast.workflows import pipeline
 
 
 def _template_database() -> Path | None:
@@ -19,11 +25,7 @@ def _template_database() -> Path | None:
     tilecast's cache: a new workdir starts from a copy instead of migrating a new database
     (about 7 s of every cold run on 2 cores). None when it cannot be made (then Prefect
     migrates as usual)."""
-    from importlib.metadata import version
-
-    from tilecast.stages.build import cache_root
-
-    directory = cache_root() / "prefect-db" / version("prefect")
+    directory = settings().cache_root / "prefect-db" / version("prefect")
     template = directory / "prefect.db"
     if template.exists():
         return template
@@ -60,7 +62,7 @@ def prefect_env(workdir: Path) -> None:
     """Offline Prefect: state inside the workdir, no telemetry; set before prefect is imported.
     A new workdir's database starts as a copy of the migrated template (_template_database);
     an embedded server runs without the services it never needs (EPHEMERAL_IDLE_SERVICES)."""
-    home = (workdir / ".prefect").resolve()
+    home = layout.Workdir(workdir).prefect_home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ \
             and not (home / "prefect.db").exists():
@@ -79,31 +81,23 @@ def prefect_env(workdir: Path) -> None:
 
 
 def _cmd_run(args) -> int:
-    from tilecast.workflows.pipeline import expand_workdir
-
-    workdir = Path(expand_workdir(args.workdir))
+    workdir = Path(pipeline.expand_workdir(args.workdir))
     if args.plain:
-        from tilecast.workflows import pipeline
-
         ctx = pipeline.RunContext.create(args.config, args.workdir, args.registry, run_id=args.run_id)
         summary = pipeline.run_all(ctx)
     else:
         prefect_env(workdir)
-        from tilecast.core.config import load_config
-
         load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
         server = None
         if "PREFECT_API_URL" not in os.environ:
-            from flows.embedded_server import EmbeddedServer
-            from tasks.orchestration import EMBEDDED_ENV
-
             # boots while this process imports Prefect and the flows (see embedded_server.py);
             # stopped at exit, after the exit handlers Prefect registers later (they run
             # first) have sent the run's last logs and events to it
-            server = EmbeddedServer(workdir / ".prefect" / "server.log")
+            server = EmbeddedServer(layout.Workdir(workdir).prefect_home / "server.log")
             atexit.register(server.stop)
             os.environ["PREFECT_API_URL"] = server.api_url
-            os.environ[EMBEDDED_ENV] = "1"
+            os.environ[EMBEDDED_SERVER_ENV] = "1"
+        # Prefect reads its settings when first imported: only after prefect_env set them
         from flows.nightly import nightly
         from tasks import orchestration
 

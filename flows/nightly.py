@@ -27,8 +27,7 @@ def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: st
     families = list(ctx.config.families)
 
     builds = {f: stages.build_kernels.submit(*args, f) for f in families}
-    bench_task = stages.benchmark_candidates.with_options(
-        tags=["bench", orchestration.device_tag(device)])
+    bench_task = orchestration.on_device(stages.benchmark_candidates, device)
     benches, previous = {}, list(builds.values())
     for f in families:
         benches[f] = bench_task.submit(*args, f, builds[f], device, wait_for=previous)

@@ -29,7 +29,7 @@ def rebenchmark(config: str = "quick", workdir: str = "work/rebench-{date}",
                         git_ref, repo, alpha=alpha, min_effect=min_effect)
     device = device or default_device()
     orchestration.ensure_device_limit(device)
-    task = stages.rebench_family.with_options(tags=["bench", orchestration.device_tag(device)])
+    task = orchestration.on_device(stages.rebench_family, device)
     futures, previous = [], []
     for name in plan.families:  # one device: one family at a time
         futures.append(task.submit(plan, name, device, wait_for=previous))

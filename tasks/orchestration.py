@@ -2,8 +2,9 @@
 the task runner by name, and the artifacts people read after a run.
 
 A benchmark measures wall time on a device; two benchmarks on one device at once corrupt
-each other's samples. Every benchmark task carries the tag `device:<name>` (the default name
-is this host's CPU), and the tag gets a concurrency limit of 1 on the Prefect server, so
+each other's samples. Every benchmark task carries the device's tag (`device:<name>`, from
+tilecast.core.device: the default name is this host's CPU; `on_device` adds it to a task),
+and the tag gets a concurrency limit of 1 on the Prefect server, so
 benchmark tasks of different flow runs (a nightly and a CI rebenchmark on the same worker)
 never overlap. Within one flow run the benchmarks are also chained, so they never wait on the
 limit's polling."""
@@ -11,35 +12,37 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
+from pathlib import Path
 
+from prefect.artifacts import create_markdown_artifact
+from prefect.client.base import ServerType
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tilecast.core.device import device_tag
+from tilecast.core.settings import settings
+from tilecast.stages import layout
 
 log = logging.getLogger("tilecast.orchestration")
-
-#: set (to "1") by `tilecast run` while it runs its own embedded server
-#: (flows/embedded_server.py): the device's concurrency slot a killed run of the same
-#: workdir left taken is then stale
-EMBEDDED_ENV = "TILECAST_EMBEDDED_SERVER"
 
 TASK_RUNNERS = ("threads", "dask")
 
 
-def device_tag(device: str) -> str:
-    return f"device:{device}"
+def on_device(task, device: str | None = None):
+    """`task` with the tag of `device` (default: this host's CPU) added to its own tags: the
+    tag whose concurrency limit keeps benchmarks on one device apart."""
+    return task.with_options(tags=[*task.tags, device_tag(device)])
 
 
 def ensure_device_limit(device: str, limit: int = 1) -> None:
     """Create the tag concurrency limit of `device` on the current Prefect server if it is
     missing; a limit someone set by hand on a shared server (e.g. 0 to pause benchmarks) is
     left as it is. On the embedded server the limit is made anew."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    from prefect.client.base import ServerType
-
     tag = device_tag(device)
-    # the command's own server (flows/embedded_server.py) is as private as Prefect's ephemeral one
-    own_server = os.environ.get(EMBEDDED_ENV) == "1"
+    # the command's own server (flows/embedded_server.py; $TILECAST_EMBEDDED_SERVER) is as
+    # private as Prefect's ephemeral one
+    own_server = settings().embedded_server
     with get_client(sync_client=True) as client:
         if own_server or client.server_type == ServerType.EPHEMERAL:
             # this process's own server: no one else holds the device's slot, but a killed
@@ -61,10 +64,9 @@ def task_runner(name: str, *, workers: int | None = None, address: str | None = 
     """`threads` (Prefect's default pool) or `dask`: a Dask LocalCluster of `workers`
     processes, or the existing Dask scheduler at `address`."""
     if name == "threads":
-        from prefect.task_runners import ThreadPoolTaskRunner
-
         return ThreadPoolTaskRunner()
     if name == "dask":
+        # imports dask.distributed: only a dask run needs it
         from prefect_dask import DaskTaskRunner
 
         if address:
@@ -78,13 +80,9 @@ def task_runner(name: str, *, workers: int | None = None, address: str | None = 
 def publish_artifacts(run_id: str, report_dir: str, published: dict) -> None:
     """Markdown artifacts of a finished run: the evaluation report with its plots, and the
     registry versions published (with the gate's reason)."""
-    from pathlib import Path
-
-    from prefect.artifacts import create_markdown_artifact
-
     directory = Path(report_dir)
-    report = (directory / "report.md").read_text()
-    for plot in sorted(directory.glob("efficiency_*.png")):
+    report = (directory / layout.REPORT_FILE).read_text()
+    for plot in sorted(directory.glob(layout.PLOT_FILE.format(model="*"))):
         encoded = base64.b64encode(plot.read_bytes()).decode()
         report += f"\n![{plot.stem}](data:image/png;base64,{encoded})\n"
     create_markdown_artifact(key="tilecast-evaluation", markdown=report,
@@ -101,8 +99,6 @@ def publish_artifacts(run_id: str, report_dir: str, published: dict) -> None:
 
 def rebench_artifact(run_id: str, markdown: str) -> None:
     """The rebenchmark's per-kernel table as a markdown artifact."""
-    from prefect.artifacts import create_markdown_artifact
-
     create_markdown_artifact(key="tilecast-rebench", markdown=markdown,
                              description=f"rebenchmark {run_id}: regressions and improvements")
 

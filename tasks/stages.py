@@ -1,6 +1,8 @@
 """One Prefect task per pipeline stage. Each wraps the plain-Python stage in
 `tilecast.workflows.pipeline`, which is tested without Prefect; the task adds retries, caching on
-inputs + source, tags (the benchmark's device tag for concurrency limits) and logging."""
+inputs + source, tags and logging. The benchmark tasks get their device's tag (its
+concurrency limit keeps benchmarks on one device apart) from the flow that runs them
+(tasks.orchestration.on_device), since the device is a flow parameter."""
 from __future__ import annotations
 
 import contextvars
@@ -37,7 +39,7 @@ def build_kernels(config: str, workdir: str, registry: str, run_id: str, family:
     return pipeline.build_stage(_ctx(config, workdir, registry, run_id), family)
 
 
-@task(name="benchmark-candidates", cache_policy=CACHE, tags=["bench", "device:cpu0"],
+@task(name="benchmark-candidates", cache_policy=CACHE, tags=["bench"],
       retries=2, retry_delay_seconds=[5, 30])
 def benchmark_candidates(config: str, workdir: str, registry: str, run_id: str, family: str,
                          build: dict, device: str | None = None) -> dict:

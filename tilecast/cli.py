@@ -7,14 +7,25 @@ import logging
 import sys
 from pathlib import Path
 
+from tilecast.core.config import ConfigError
+from tilecast.core.dataset import DatasetError
+from tilecast.families.base import FamilyError
+from tilecast.registry import api as registry
+from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
+from tilecast.stages import layout
+from tilecast.stages.convert import convert_raw
+from tilecast.stages.convert_ck import convert_ck_csv
+from tilecast.stages.train import ModelArtifactError
+from tilecast.workflows.rebench import RebenchError, rebench
+from tilecast.workflows.repeatability import report
+from tilecast.workflows.user_eval import dump, evaluate_published, summary_line
+
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
 def _cmd_select(args) -> int:
-    from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
-
     dispatcher = Dispatcher.from_registry(args.registry, args.model, args.alias)
     problem = parse_problem_string(args.problem)
     if args.json:
@@ -25,9 +36,6 @@ def _cmd_select(args) -> int:
 
 
 def _cmd_convert(args) -> int:
-    from tilecast.stages.convert import convert_raw
-    from tilecast.stages.convert_ck import convert_ck_csv
-
     inputs = [Path(p) for p in args.inputs]
     if args.source == "ck-csv":
         summary = convert_ck_csv(inputs, Path(args.out), problem_set=args.problem_set)
@@ -40,15 +48,13 @@ def _cmd_convert(args) -> int:
 
 def _version_summary(root, model: str, version: int) -> dict:
     """What `registry list/show` print for one version: headline metrics, promotion, lineage."""
-    from tilecast.registry import api as registry
-
     path = registry.version_path(root, model, version)
     summary: dict = {"version": version, "path": str(path)}
-    for name, keys in (("metrics.json", ("mean_efficiency", "median_efficiency",
-                                         "p10_efficiency", "top1", "top5", "n_problems")),
-                       ("promotion.json", ("promoted", "reason", "published_at")),
-                       ("train_manifest.json", ("created", "git_sha", "data_hash", "rows",
-                                                "lineage"))):
+    for name, keys in ((registry.METRICS_FILE, ("mean_efficiency", "median_efficiency",
+                                                 "p10_efficiency", "top1", "top5", "n_problems")),
+                       (registry.PROMOTION_FILE, ("promoted", "reason", "published_at")),
+                       (layout.MANIFEST_FILE, ("created", "git_sha", "data_hash", "rows",
+                                               "lineage"))):
         try:
             document = json.loads(registry.read_version_file(root, model, version, name))
         except (registry.RegistryError, ValueError) as err:
@@ -59,15 +65,11 @@ def _version_summary(root, model: str, version: int) -> dict:
 
 
 def _cmd_repeatability(args) -> int:
-    from tilecast.workflows.repeatability import report
-
     print(report(args.runs[0], args.runs[1], args.family, args.tie_threshold_pct))
     return 0
 
 
 def _cmd_registry(args) -> int:
-    from tilecast.registry import api as registry
-
     root = args.registry
     if args.action == "list":
         models = [args.model] if args.model else registry.list_models(root)
@@ -99,8 +101,6 @@ def _cmd_registry(args) -> int:
 
 
 def _cmd_evaluate(args) -> int:
-    from tilecast.workflows.user_eval import dump, evaluate_published, summary_line
-
     metrics = evaluate_published(args.registry, args.model, args.problems, args.workdir,
                                  alias=args.alias, config=args.config)
     print(dump(metrics))
@@ -109,8 +109,6 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_rebench(args) -> int:
-    from tilecast.workflows.rebench import rebench
-
     families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
     if args.families is not None and not families:
         raise CliError(f"--families {args.families!r} names no family; e.g. --families gemm")
@@ -231,22 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Errors a user can cause: printed as a message, never as a traceback.
-def user_errors() -> tuple[type[BaseException], ...]:
-    from tilecast.core.config import ConfigError
-    from tilecast.core.dataset import DatasetError
-    from tilecast.families.base import FamilyError
-    from tilecast.stages.train import ModelArtifactError
-
-    from tilecast.workflows.rebench import RebenchError
-
-    errors: list[type[BaseException]] = [CliError, ConfigError, DatasetError, FamilyError,
-                                         FileNotFoundError, ModelArtifactError, RebenchError]
-    try:
-        from tilecast.registry.api import RegistryError
-        errors.append(RegistryError)
-    except ImportError:
-        pass
-    return tuple(errors)
+USER_ERRORS = (CliError, ConfigError, DatasetError, FamilyError, FileNotFoundError,
+               ModelArtifactError, RebenchError, registry.RegistryError)
 
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
@@ -259,6 +243,6 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         return args.func(args)
-    except user_errors() as err:
+    except USER_ERRORS as err:
         print(f"tilecast {args.command}: error: {err}", file=sys.stderr)
         return 2

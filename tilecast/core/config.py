@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+import numpy as np
 import yaml
 
 from tilecast.core.measure import Protocol, ProtocolError
+from tilecast.families import FAMILIES
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 PROBLEM_SETS = ("train", "holdout")
@@ -117,8 +119,6 @@ def expand_problems(where: str, entries: list) -> list[dict]:
 
 
 def _random_problems(where: str, body: Mapping) -> list[dict]:
-    import numpy as np
-
     rng = np.random.default_rng(int(body.get("seed", 0)))
     ranges = body["ranges"]
     out = []
@@ -199,8 +199,6 @@ def load_config(path: str | Path) -> RunConfig:
     families_raw = raw["families"]
     if not isinstance(families_raw, Mapping) or not families_raw:
         raise ConfigError(f"{where}.families: expected a non-empty mapping of family name -> settings")
-    from tilecast.families import FAMILIES
-
     families = {}
     for name, values in families_raw.items():
         if name not in FAMILIES:

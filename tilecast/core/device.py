@@ -17,23 +17,30 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tilecast.stages.build import cache_root
+from tilecast.core.settings import settings
 
 log = logging.getLogger("tilecast.core.device")
+
+#: a benchmark task's Prefect tag is this and the device's name; the tag's concurrency limit
+#: of 1 keeps benchmark tasks of every flow run on one server apart (tasks.orchestration)
+TAG_PREFIX = "device:"
 
 
 def default_device() -> str:
     """The device a benchmark here runs on: $TILECAST_DEVICE, else this host's CPU. Workers in
     containers of one machine set the same TILECAST_DEVICE (and share the lock directory), so
     they take turns on the CPU they share."""
-    return os.environ.get("TILECAST_DEVICE") or f"cpu@{socket.gethostname()}"
+    return settings().device or f"cpu@{socket.gethostname()}"
+
+
+def device_tag(device: str | None = None) -> str:
+    """The Prefect tag of `device` (default: default_device()), e.g. `device:cpu@host1`."""
+    return TAG_PREFIX + (device or default_device())
 
 
 def lock_dir() -> Path:
     """$TILECAST_LOCKS, else `devices/` in tilecast's cache ($TILECAST_CACHE or ~/.cache/tilecast)."""
-    if os.environ.get("TILECAST_LOCKS"):
-        return Path(os.environ["TILECAST_LOCKS"])
-    return cache_root() / "devices"
+    return settings().lock_dir
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 A version is immutable, so it is downloaded once: into
 `<cache>/<sha256(url, model, version, publisher token)[:24]>/<version>/`, where <cache> is
-$TILECAST_REGISTRY_CACHE, else $TILECAST_CACHE/registry, else ~/.cache/tilecast/registry/api.
+$TILECAST_REGISTRY_CACHE, else $TILECAST_CACHE/registry, else ~/.cache/tilecast/registry.
 The publisher's token (from the version's .complete marker) is part of the key, so a
 registry deleted and re-created at the same URL never serves a stale copy. Files are
 downloaded into a temp directory beside the target and checked against the marker's sizes,
@@ -19,20 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 
+from tilecast.core.settings import REGISTRY_CACHE_ENV, settings
 from tilecast.registry.base import TEMP_PREFIX, RegistryError
-
-CACHE_ENV = "TILECAST_CACHE"
-REGISTRY_CACHE_ENV = "TILECAST_REGISTRY_CACHE"
 
 
 def default_cache_dir() -> Path:
     """$TILECAST_REGISTRY_CACHE, else $TILECAST_CACHE/registry, else
-    ~/.cache/tilecast/registry/api."""
-    explicit = os.environ.get(REGISTRY_CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    root = os.environ.get(CACHE_ENV)
-    return (Path(root) if root else Path.home() / ".cache" / "tilecast") / "registry"
+    ~/.cache/tilecast/registry (core.settings)."""
+    return settings().registry_cache
 
 
 def _intact(directory: Path, files: Mapping[str, int]) -> bool:

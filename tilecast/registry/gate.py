@@ -22,9 +22,9 @@ import pandas as pd
 
 from tilecast.core import dataset, stats
 from tilecast.registry import api as registry
-
 from tilecast.registry.base import (FLOAT_SLACK, MAX_PROBLEM_LOSS, MEAN_TOLERANCE,
                                     MEDIAN_TOLERANCE, P10_TOLERANCE)
+from tilecast.runtime.dispatch import Dispatcher
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,6 @@ def production_baseline(root, model: str, family, holdout_final: pd.DataFrame,
                         tie_threshold_pct: float) -> Baseline:
     """Score the production version of `model` on this holdout; a Baseline with why_not set
     when there is no production version or it cannot be loaded."""
-    from tilecast.runtime.dispatch import Dispatcher
-
     try:
         version = registry.read_alias(root, model, registry.PRODUCTION)
     except registry.RegistryError as err:

@@ -70,6 +70,7 @@ def open_store(url: str):
     """The store for a registry URL: a LocalStore for file:// (a local path keeps its
     stronger guarantees), an ObjectStore otherwise. RegistryError naming the URL when fsspec
     has no implementation for its scheme."""
+    # fsspec would add to every `import tilecast.runtime.dispatch`; only a URL registry needs it
     from fsspec.core import url_to_fs
     from fsspec.implementations.local import LocalFileSystem
 

@@ -15,25 +15,24 @@ import logging
 import math
 from itertools import repeat
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import lightgbm
 import numpy as np
 
-from tilecast.registry import api as registry
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
-from tilecast.runtime.native.scoring import CandidateScorer
+from tilecast.registry import api as registry
 from tilecast.registry.api import RegistryError
+from tilecast.runtime.native.scoring import CandidateScorer
+from tilecast.stages.layout import CANDIDATES_FILE, FEATURE_SPEC_FILE, MODEL_FILE, TARGET_TRANSFORMS
+
+if TYPE_CHECKING:
+    import lightgbm
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILE = "model.txt"
-FEATURE_SPEC_FILE = "feature_spec.json"
-CANDIDATES_FILE = "candidates.json"
-
 # feature_spec.json "target_transform" -> the inverse that turns predictions into TFLOP/s
-INVERSE_TRANSFORMS = {"log1p_tflops": np.expm1, "log_tflops": np.exp}
+INVERSE_TRANSFORMS = {name: inverse for name, (_, inverse) in TARGET_TRANSFORMS.items()}
 DEFAULT_CACHE_SIZE = 65536
 
 
@@ -201,6 +200,10 @@ class Dispatcher:
     def from_directory(cls, path, *, model: str = "", version: int | None = None,
                        **options) -> "Dispatcher":
         """Load model.txt, feature_spec.json and candidates.json from an artifact directory."""
+        # lightgbm costs ~2 s to import (sklearn, scipy): only loading a model pays for it,
+        # not `import tilecast.runtime.dispatch` (parse_problem_string, the CLI's parser)
+        import lightgbm
+
         path = Path(path)
         model_path = path / MODEL_FILE
         if not model_path.is_file():
@@ -313,10 +316,9 @@ class Dispatcher:
         return found
 
     def _applicable(self, problem) -> tuple[bool, ...]:
-        """Which candidates apply; memoized per family.applicability_key where the family
-        has one (GEMM: the dtype), else computed per query."""
-        key_of = getattr(self.family, "applicability_key", None)
-        key = key_of(problem) if key_of is not None else None
+        """Which candidates apply; memoized per family.applicability_key (GEMM: the dtype),
+        computed per query where the key is None."""
+        key = self.family.applicability_key(problem)
         applies = self._masks.get(key) if key is not None else None
         if applies is None:
             applies = tuple(map(self.family.applicable, self._configs_by_name, repeat(problem)))

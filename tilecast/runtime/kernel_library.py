@@ -4,11 +4,12 @@ through ctypes, so that tilecast.runtime.ops runs the very kernel the benchmark 
 A variant's library is its family's in-process entry (the BuildSpec's `library_source`,
 kernels/cpu/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry) built by
 tilecast.stages.build in shared mode into the build cache: `cache_dir` when given, else
-$TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else ~/.cache/tilecast/stages/build. The compiler
-is $TILECAST_CXX, else g++ (as for tilecast.runtime.native). `load` compiles on first use, checks that
-the library reports the variant's compiled parameters, and keeps it for the process: one
-library per (kernel name, cache directory, compiler), thread-safe, and two threads asking
-for one kernel compile it once. Nothing is compiled at import time.
+build.default_cache_dir() ($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else
+~/.cache/tilecast/build). The compiler is $TILECAST_CXX, else g++ (as for
+tilecast.runtime.native). `load` compiles on first use, checks that the library reports
+the variant's compiled parameters, and keeps it for the process: one library per (kernel
+name, cache directory, compiler), thread-safe, and two threads asking for one kernel
+compile it once. Nothing is compiled at import time.
 """
 from __future__ import annotations
 

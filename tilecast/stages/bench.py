@@ -17,7 +17,7 @@ import shutil
 import time
 import zlib
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -56,6 +56,18 @@ class BenchSettings:
     # in `rounds` rounds spread over the rest of the run (`_race`)
     race_cycles: int = 16
     race_margin_pct: float = 10.0
+
+    @classmethod
+    def from_config(cls, config, *, seed: int = 0, libraries: Mapping[str, Path] | None = None,
+                    **overrides) -> "BenchSettings":
+        """The settings a run config (tilecast.core.config.RunConfig) asks for: every field
+        of both (the protocol, the tune and bench keys) taken from the config, then `seed`,
+        `libraries` and any `overrides` (a field name and its value, e.g. a rebenchmark's
+        own protocol). An unknown override is a TypeError naming it."""
+        shared = {f.name for f in fields(cls)} & {f.name for f in fields(config)}
+        values = {name: getattr(config, name) for name in shared}
+        values.update(seed=seed, libraries=dict(libraries or {}), **overrides)
+        return cls(**values)
 
 
 def in_process_libraries(family, builts: Sequence, cache_dir: Path, jobs: int = 2) -> dict[str, Path]:

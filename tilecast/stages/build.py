@@ -26,27 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tilecast.families.base import KERNELS_DIR, BuildSpec
+from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.tune import BuildEvent
+from tilecast.families.base import KERNELS_DIR, BuildSpec
 
 log = logging.getLogger("tilecast.stages.build")
 
 DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG")
 SHARED_FLAGS = ("-shared", "-fPIC")   # appended in shared mode
-CACHE_ENV = "TILECAST_CACHE"
-BUILD_CACHE_ENV = "TILECAST_BUILD_CACHE"
 
 
 def cache_root() -> Path:
-    """tilecast's cache directory: $TILECAST_CACHE, else ~/.cache/tilecast."""
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path.home() / ".cache" / "tilecast"
+    """tilecast's cache directory: $TILECAST_CACHE, else ~/.cache/tilecast (core.settings)."""
+    return settings().cache_root
 
 
 def default_cache_dir() -> Path:
     """The build cache outside a workdir: $TILECAST_BUILD_CACHE, else `build/` in
     cache_root()."""
-    return Path(os.environ.get(BUILD_CACHE_ENV) or cache_root() / "build")
+    found = settings()
+    return found.build_cache or found.cache_root / "build"
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from tilecast.stages.evaluate import Evaluation
 from tilecast.core.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from tilecast.stages import layout
+from tilecast.stages.evaluate import Evaluation
 
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 METRIC_ROWS = ("n_problems", "mean_efficiency", "median_efficiency", "p10_efficiency",
@@ -36,7 +37,8 @@ def write_report(workdir: str | Path, results: Mapping[str, tuple[Evaluation, di
         if not MODEL_NAME_RE.match(str(name)):
             raise ValueError(f"model name {name!r} cannot be used in a file name; use letters, "
                              "digits, '_', '.' and '-'")
-    directory = Path(workdir) / "report"
+    work = layout.Workdir(workdir)
+    directory = work.report_dir
     directory.mkdir(parents=True, exist_ok=True)
     models, sections = {}, ["# tilecast evaluation report", ""]
     for name, (evaluation, extra) in results.items():
@@ -45,9 +47,9 @@ def write_report(workdir: str | Path, results: Mapping[str, tuple[Evaluation, di
         models[name] = {**evaluation.metrics, **extra,
                         "peer": dict((model_peer or {}).get("problem_sets", {}))}
         sections += _model_section(name, evaluation, extra, model_peer or {})
-        atomic_write_bytes(directory / f"efficiency_{name}.png", _plot(name, evaluation))
-    atomic_write_json(directory / "evaluation.json", {"models": models})
-    atomic_write_text(directory / "report.md", "\n".join(sections) + "\n")
+        atomic_write_bytes(work.plot(name), _plot(name, evaluation))
+    atomic_write_json(directory / layout.EVALUATION_FILE, {"models": models})
+    atomic_write_text(directory / layout.REPORT_FILE, "\n".join(sections) + "\n")
     return directory
 
 
@@ -122,6 +124,7 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
 
 def _plot(name: str, evaluation: Evaluation) -> bytes:
     """PNG of the sorted per-problem efficiency of the model and of the static best."""
+    # matplotlib is slow to import; only a report's plots need it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

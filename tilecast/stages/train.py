@@ -1,9 +1,10 @@
 """Train a LightGBM performance model: features, group-aware CV, final model, artifact files.
 
-The model predicts a transformed TFLOP/s (see TARGETS) from the family's feature engine.
-Cross-validation is GroupKFold keyed on `dims_key`, so one physical problem never sits on
-both sides of a fold (the seed's lesson: otherwise the CV metric is wildly optimistic). The
-final model is refit on every row with the median of the folds' early-stopped round counts.
+The model predicts a transformed TFLOP/s (see layout.TARGET_TRANSFORMS) from the family's
+feature engine. Cross-validation is GroupKFold keyed on `dims_key`, so one physical problem
+never sits on both sides of a fold (the seed's lesson: otherwise the CV metric is wildly
+optimistic). The final model is refit on every row with the median of the folds'
+early-stopped round counts.
 
 Artifacts (written atomically into `out_dir`): `model.txt`, `feature_spec.json`,
 `train_manifest.json`; `load_predictor` reads them back.
@@ -15,6 +16,7 @@ import importlib.metadata
 import json
 import platform
 import subprocess
+import tomllib
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,13 +27,12 @@ import pandas as pd
 
 from tilecast.core import stats
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
+from tilecast.stages.layout import FEATURE_SPEC_FILE, MANIFEST_FILE, MODEL_FILE, TARGET_TRANSFORMS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Target transforms: name -> (forward applied to TFLOP/s, inverse applied to predictions).
-TARGETS = {"log1p_tflops": (np.log1p, np.expm1), "log_tflops": (np.log, np.exp)}
-
-MODEL_FILE, SPEC_FILE, MANIFEST_FILE = "model.txt", "feature_spec.json", "train_manifest.json"
+TARGETS = TARGET_TRANSFORMS
 
 
 class ModelArtifactError(ValueError):
@@ -149,6 +150,7 @@ def row_weights(tflops: np.ndarray, groups: np.ndarray, power: float) -> np.ndar
 
 def group_folds(groups: np.ndarray, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train_idx, val_idx) pairs of GroupKFold(min(folds, n_groups)) keyed on the groups."""
+    # sklearn costs ~2 s to import (scipy with it); only cross-validation needs it
     from sklearn.model_selection import GroupKFold
 
     n_groups = len(np.unique(groups))
@@ -181,7 +183,7 @@ def check_warm_start(base_dir: str | Path, family, engine, spec: ModelSpec) -> P
     the difference when its family, features (names and order) or target differ."""
     base_dir = Path(base_dir)
     load_predictor(base_dir)  # files present and consistent
-    base = json.loads((base_dir / SPEC_FILE).read_text())
+    base = json.loads((base_dir / FEATURE_SPEC_FILE).read_text())
     wanted = {"family": family.name, "feature_names": list(engine.feature_names()),
               "target_transform": spec.target}
     for key, value in wanted.items():
@@ -204,7 +206,7 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
     check_warm_start) continues boosting from an earlier model: CV then picks how many trees
     to add (its figure is optimistic, as the base may have seen the validation problems).
     """
-    import lightgbm as lgb
+    import lightgbm as lgb  # ~2 s to import (sklearn, scipy); only fitting and loading need it
 
     features = featurize(family, engine, frame)
     bad = ~(np.isfinite(features.y_tflops) & (features.y_tflops > 0))
@@ -253,7 +255,7 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / MODEL_FILE, booster.model_to_string())
-    atomic_write_json(out_dir / SPEC_FILE, {
+    atomic_write_json(out_dir / FEATURE_SPEC_FILE, {
         "family": family.name, "feature_names": list(names), "engine": engine.name,
         "engine_version": engine.version, "target_transform": spec.target,
         "hardware": dict(hardware), "model_spec": asdict(spec)})
@@ -283,12 +285,11 @@ def _version(distribution: str) -> str | None:
 
 def library_versions() -> dict:
     """Versions of tilecast, python and the libraries a model depends on (torch if present)."""
-    import lightgbm
+    import lightgbm  # ~2 s to import, with sklearn: only a training run records versions
     import sklearn
 
     tilecast_version = _version("tilecast")
     if tilecast_version is None:  # running from a source checkout
-        import tomllib
         try:
             with open(REPO_ROOT / "pyproject.toml", "rb") as handle:
                 tilecast_version = tomllib.load(handle)["project"]["version"]
@@ -334,10 +335,10 @@ class Predictor:
 
 def load_predictor(model_dir: str | Path) -> Predictor:
     """Read model.txt and feature_spec.json; ModelArtifactError names a missing/corrupt file."""
-    import lightgbm as lgb
+    import lightgbm as lgb  # ~2 s to import (sklearn, scipy); only fitting and loading need it
 
     model_dir = Path(model_dir)
-    model_path, spec_path = model_dir / MODEL_FILE, model_dir / SPEC_FILE
+    model_path, spec_path = model_dir / MODEL_FILE, model_dir / FEATURE_SPEC_FILE
     for path in (model_path, spec_path):
         if not path.is_file():
             raise ModelArtifactError(f"model file {path} is missing; retrain or re-publish the "

@@ -1,19 +1,12 @@
 """The stages of one run as plain functions over a workdir: what the Prefect tasks wrap, and
 what `tilecast run --plain` calls directly. Each stage reads its inputs from files the
-previous stage wrote, so any stage can be re-run (or resumed) alone.
-
-    W/build/<family>/events.json     one BuildEvent per candidate, binary paths
-    W/bench/<family>.jsonl           raw records, every sample (resumable)
-    W/data/<family>.parquet          the dataset
-    W/models/<family>/               model.txt, feature_spec.json, train_manifest.json, candidates.json
-    W/eval/<family>/                 metrics.json, per_problem.parquet, peer.json
-    W/report/                        evaluation.json, report.md, efficiency_<model>.png
+previous stage wrote, so any stage can be re-run (or resumed) alone; where each file lives
+is tilecast.stages.layout's (build events, raw records, dataset, model, evaluation, report).
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -21,14 +14,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from tilecast.stages import build
 from tilecast.core import dataset, hardware, tune
-from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
-from tilecast.core.config import PROBLEM_SETS, ConfigError, RunConfig, load_config
-from tilecast.families import get_family
 from tilecast.core.atomic import atomic_write_json
-from tilecast.workflows.repeatability import run_noise
+from tilecast.core.config import PROBLEM_SETS, ConfigError, RunConfig, load_config
+from tilecast.core.device import default_device, exclusive
 from tilecast.core.tune import BuildEvent
+from tilecast.families import get_family
+from tilecast.registry import api as registry
+from tilecast.registry import gate as promotion
+from tilecast.registry.api import normalize_root
+from tilecast.stages import build, layout
+from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
+from tilecast.stages.convert import convert_raw
+from tilecast.stages.evaluate import Evaluation, evaluate, peer_ratios, slice_metrics, static_best
+from tilecast.stages.report import write_report
+from tilecast.stages.train import ModelSpec, check_warm_start, git_sha, load_predictor, train_model
+from tilecast.workflows.repeatability import run_noise
 
 log = logging.getLogger("tilecast.workflows.pipeline")
 
@@ -53,9 +54,6 @@ class RunContext:
     @classmethod
     def create(cls, config: str | Path, workdir: str | Path, registry: str | Path,
                run_id: str | None = None) -> "RunContext":
-        from tilecast.registry.api import normalize_root
-        from tilecast.stages.train import git_sha
-
         cfg = load_config(config)
         now = datetime.now(timezone.utc)
         run_id = run_id or now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
@@ -68,8 +66,13 @@ class RunContext:
         return self.workdir.joinpath(*parts)
 
     @property
+    def layout(self) -> layout.Workdir:
+        """Where this run's files live (tilecast.stages.layout)."""
+        return layout.Workdir(self.workdir)
+
+    @property
     def build_cache(self) -> Path:
-        return Path(os.environ.get("TILECAST_BUILD_CACHE", self.path("cache", "build")))
+        return self.layout.build_cache
 
 
 def _family(ctx: RunContext, name: str):
@@ -96,9 +99,9 @@ def build_stage(ctx: RunContext, name: str) -> dict:
     log.info("build %s: %d candidates, %d parallel compiles", name, len(configs), ctx.config.build_jobs)
     builts = build.build_candidates(family, configs, ctx.build_cache, jobs=ctx.config.build_jobs,
                                     progress=build.log_progress)
-    out = ctx.path("build", name)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "events.json", [
+    events = ctx.layout.build_events(name)
+    events.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(events, [
         {**asdict(b.event), "binary": str(b.binary) if b.binary else None,
          "cache_key": b.cache_key, "cached": b.cached} for b in builts])
     counts = {status: sum(b.event.status == status for b in builts) for status in ("ok", "failed")}
@@ -109,7 +112,7 @@ def build_stage(ctx: RunContext, name: str) -> dict:
 def load_builds(ctx: RunContext, name: str) -> list[build.Built]:
     """The build stage's results, read back from its events file."""
     family, _ = _family(ctx, name)
-    path = ctx.path("build", name, "events.json")
+    path = ctx.layout.build_events(name)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: run the build stage first")
     builts = []
@@ -145,25 +148,19 @@ def problems(ctx: RunContext, name: str) -> list[tuple[str, object]]:
 def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
     """Measure every built candidate on every problem; appends to W/bench/<family>.jsonl.
     Holds `device` (default: this host's CPU) exclusively while it measures."""
-    from tilecast.core.device import default_device, exclusive
     family, fc = _family(ctx, name)
     builts = load_builds(ctx, name)
     cfg = ctx.config
-    settings = BenchSettings(protocol=cfg.protocol, tie_threshold_pct=cfg.tie_threshold_pct,
-                             finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
-                             problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
-                             retry_disturbed=cfg.retry_disturbed,
-                             seed=fc.seed, interleave=cfg.interleave,
-                             race_cycles=cfg.race_cycles, race_margin_pct=cfg.race_margin_pct,
-                             libraries=in_process_libraries(family, builts, ctx.build_cache,
-                                                            cfg.build_jobs) if cfg.interleave else {})
+    libraries = (in_process_libraries(family, builts, ctx.build_cache, cfg.build_jobs)
+                 if cfg.interleave else {})
+    settings = BenchSettings.from_config(cfg, seed=fc.seed, libraries=libraries)
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
                 "hardware": ctx.hardware["fingerprint"]}
     pairs = problems(ctx, name)
     log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
     with exclusive(device or default_device()):
-        summary = benchmark(family, builts, pairs, ctx.path("bench", f"{name}.jsonl"),
-                            ctx.path("scratch", name), run_info, settings)
+        summary = benchmark(family, builts, pairs, ctx.layout.raw_log(name),
+                            ctx.layout.scratch(name), run_info, settings)
     return {"family": name, "new_records": summary.measured,
             "already_measured": summary.skipped_existing, "statuses": dict(summary.statuses),
             "seconds": round(summary.seconds, 1)}
@@ -171,15 +168,13 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
 
 def convert_stage(ctx: RunContext, name: str) -> dict:
     """Raw records -> W/data/<family>.parquet."""
-    from tilecast.stages.convert import convert_raw
-
-    summary = convert_raw([ctx.path("bench", f"{name}.jsonl")], ctx.path("data", f"{name}.parquet"))
+    summary = convert_raw([ctx.layout.raw_log(name)], ctx.layout.dataset(name))
     return {"family": name, "rows": summary.rows, "problems": summary.problems,
             "kernels": summary.kernels, "statuses": summary.statuses}
 
 
 def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    records = dataset.load(ctx.path("data", f"{name}.parquet"))
+    records = dataset.load(ctx.layout.dataset(name))
     final = dataset.final_table(records)
     return records, {ps: final[final["problem_set"] == ps] for ps in PROBLEM_SETS}
 
@@ -187,9 +182,6 @@ def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, p
 def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[Path | None, dict]:
     """(base model.txt or None, lineage entry) for the family's warm_start setting. A registry
     without that version yet (a first run) trains from scratch and says so."""
-    from tilecast.registry import api as registry
-    from tilecast.stages.train import check_warm_start
-
     if fc.warm_start is None:
         return None, {}
     try:
@@ -199,7 +191,7 @@ def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[P
                     name, fc.warm_start, err)
         return None, {"warm_start": fc.warm_start, "base": None, "why": str(err)}
     init = check_warm_start(base_dir, family, engine, spec)
-    manifest = json.loads((base_dir / "train_manifest.json").read_text() or "{}")
+    manifest = json.loads((base_dir / layout.MANIFEST_FILE).read_text() or "{}")
     return init, {"warm_start": fc.warm_start, "base": {
         "model": name, "version": int(base_dir.name), "data_hash": manifest.get("data_hash"),
         "registry": str(ctx.registry)}}
@@ -207,23 +199,20 @@ def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[P
 
 def train_stage(ctx: RunContext, name: str) -> dict:
     """Train the family's model; writes W/models/<family>/ (with candidates.json)."""
-    from tilecast.stages.evaluate import static_best
-    from tilecast.stages.train import ModelSpec, train_model
-
     family, fc = _family(ctx, name)
     _, by_set = _final_by_set(ctx, name)
     spec = ModelSpec.from_mapping({"seed": fc.seed, **fc.model})
     engine = family.feature_engine(ctx.hardware)
     init, warm = _warm_start(ctx, name, fc, family, engine, spec)
     lineage = [{"run_id": ctx.run_id, "config": str(ctx.config.path), "git_sha": ctx.git_sha,
-                "dataset": str(ctx.path("data", f"{name}.parquet")), **warm}]
-    out = ctx.path("models", name)
+                "dataset": str(ctx.layout.dataset(name)), **warm}]
+    out = ctx.layout.model_dir(name)
     result = train_model(family, engine, dataset.valid(by_set["train"]), spec, out, ctx.hardware,
                          lineage=lineage, init_model=init)
     kernels = [b.kernel for b in load_builds(ctx, name) if b.binary is not None]
     static_kernel, static_mean = static_best(by_set["train"], kernels)
-    atomic_write_json(out / "candidates.json", {"family": name, "kernels": kernels,
-                                                "static_best": static_kernel})
+    atomic_write_json(out / layout.CANDIDATES_FILE, {"family": name, "kernels": kernels,
+                                                      "static_best": static_kernel})
     log.info("train %s: cv mean efficiency %.3f, %d rounds%s; static best %s (%.3f on training)",
              name, result.cv["mean_efficiency"], result.num_boost_round,
              f" on top of version {warm['base']['version']}" if warm.get("base") else "",
@@ -235,24 +224,21 @@ def train_stage(ctx: RunContext, name: str) -> dict:
 
 def evaluate_stage(ctx: RunContext, name: str) -> dict:
     """The model on the held-out problems; writes W/eval/<family>/."""
-    from tilecast.stages.evaluate import evaluate, peer_ratios, slice_metrics
-    from tilecast.stages.train import load_predictor
-
     family, _ = _family(ctx, name)
     records, by_set = _final_by_set(ctx, name)
-    model_dir = ctx.path("models", name)
-    candidates = json.loads((model_dir / "candidates.json").read_text())["kernels"]
+    model_dir = ctx.layout.model_dir(name)
+    candidates = json.loads((model_dir / layout.CANDIDATES_FILE).read_text())["kernels"]
     evaluation = evaluate(family, family.feature_engine(ctx.hardware), load_predictor(model_dir),
                           by_set["holdout"], by_set["train"], candidates, ctx.config.tie_threshold_pct)
     peer = peer_ratios(records, family)
     evaluation.metrics["slices"] = slice_metrics(family, evaluation.per_problem)
-    out = ctx.path("eval", name)
+    out = ctx.layout.eval_dir(name)
     out.mkdir(parents=True, exist_ok=True)
-    evaluation.per_problem.to_parquet(out / "per_problem.parquet", index=False)
-    atomic_write_json(out / "metrics.json", evaluation.metrics)
-    atomic_write_json(out / "peer.json", {"problem_sets": peer.get("problem_sets", {})})
+    evaluation.per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
+    atomic_write_json(out / layout.METRICS_FILE, evaluation.metrics)
+    atomic_write_json(out / layout.PEER_FILE, {"problem_sets": peer.get("problem_sets", {})})
     if "per_problem" in peer:
-        peer["per_problem"].to_parquet(out / "peer_per_problem.parquet", index=False)
+        peer["per_problem"].to_parquet(out / layout.PEER_PER_PROBLEM_FILE, index=False)
     m = evaluation.metrics
     log.info("evaluate %s: %d held-out problems, mean eff %.3f, P10 %.3f, top1 %.2f, top5 %.2f, "
              "static best %.3f", name, m["n_problems"], m["mean_efficiency"], m["p10_efficiency"],
@@ -262,37 +248,31 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
 
 def report_stage(ctx: RunContext) -> dict:
     """evaluation.json, report.md and plots for every family of the config."""
-    from tilecast.stages.evaluate import Evaluation
-    from tilecast.stages.report import write_report
-
     results = {}
     for name in ctx.config.families:
-        out = ctx.path("eval", name)
-        metrics = json.loads((out / "metrics.json").read_text())
-        manifest = json.loads(ctx.path("models", name, "train_manifest.json").read_text())
-        peer = json.loads((out / "peer.json").read_text())
-        if (out / "peer_per_problem.parquet").exists():
-            peer["per_problem"] = pd.read_parquet(out / "peer_per_problem.parquet")
-        evaluation = Evaluation(metrics=metrics, per_problem=pd.read_parquet(out / "per_problem.parquet"))
-        noise = run_noise(dataset.load(ctx.path("data", f"{name}.parquet")),
-                          ctx.config.tie_threshold_pct)
+        out = ctx.layout.eval_dir(name)
+        metrics = json.loads((out / layout.METRICS_FILE).read_text())
+        manifest = json.loads((ctx.layout.model_dir(name) / layout.MANIFEST_FILE).read_text())
+        peer = json.loads((out / layout.PEER_FILE).read_text())
+        if (out / layout.PEER_PER_PROBLEM_FILE).exists():
+            peer["per_problem"] = pd.read_parquet(out / layout.PEER_PER_PROBLEM_FILE)
+        evaluation = Evaluation(metrics=metrics,
+                                per_problem=pd.read_parquet(out / layout.PER_PROBLEM_FILE))
+        noise = run_noise(dataset.load(ctx.layout.dataset(name)), ctx.config.tie_threshold_pct)
         results[name] = (evaluation, {"cv": manifest["cv"], "peer": peer, "noise": noise})
     directory = write_report(ctx.workdir, results, peer={})
-    return {"report_dir": str(directory), "evaluation": str(directory / "evaluation.json")}
+    return {"report_dir": str(directory), "evaluation": str(directory / layout.EVALUATION_FILE)}
 
 
 def publish_stage(ctx: RunContext, name: str) -> dict:
     """A new registry version of the family's model; production moves only if the new model
     passes the gate against production's choices on this run's holdout (tilecast.registry.gate)."""
-    from tilecast.registry import gate as promotion, api as registry
-
     family, _ = _family(ctx, name)
-    model_dir = ctx.path("models", name)
-    files = {f: model_dir / f for f in ("model.txt", "feature_spec.json", "train_manifest.json",
-                                        "candidates.json")}
-    per_problem = ctx.path("eval", name, "per_problem.parquet")
-    files["per_problem.parquet"] = per_problem
-    metrics = json.loads(ctx.path("eval", name, "metrics.json").read_text())
+    model_dir, eval_dir = ctx.layout.model_dir(name), ctx.layout.eval_dir(name)
+    files = {f: model_dir / f for f in layout.MODEL_FILES}
+    per_problem = eval_dir / layout.PER_PROBLEM_FILE
+    files[layout.PER_PROBLEM_FILE] = per_problem
+    metrics = json.loads((eval_dir / layout.METRICS_FILE).read_text())
     _, by_set = _final_by_set(ctx, name)
     baseline = promotion.production_baseline(ctx.registry, name, family, by_set["holdout"],
                                              ctx.config.tie_threshold_pct)
@@ -303,7 +283,7 @@ def publish_stage(ctx: RunContext, name: str) -> dict:
     outcome = {"family": name, "version": result.version, "promoted": result.promoted,
                "reason": result.reason, "path": str(result.path),
                "aliases": list(result.aliases), "baseline_version": baseline.version}
-    atomic_write_json(ctx.path("report", f"publish_{name}.json"), outcome)
+    atomic_write_json(ctx.layout.publish_outcome(name), outcome)
     return outcome
 
 

@@ -1,5 +1,6 @@
 """CI-triggered rebenchmark: re-measure each family's sentinel problems with every candidate
-kernel, store the run in a history, and compare it with the previous run (tilecast.workflows.regression).
+kernel, store the run in a history, and compare it with the previous run
+(tilecast.workflows.regression). The workdir's paths come from tilecast.stages.layout:
 
     W/rebench/src/<sha>/kernels/          the kernel sources of --git-ref (git archive)
     W/rebench/<family>.jsonl              the run in progress: raw records; a re-run resumes it
@@ -37,16 +38,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from tilecast.stages import build
 from tilecast.core import hardware
-from tilecast.workflows import regression
-from tilecast.stages.bench import BenchSettings, benchmark
+from tilecast.core.atomic import atomic_write_json, atomic_write_text
 from tilecast.core.config import ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
+from tilecast.core.rawlog import read_records
 from tilecast.families import get_family
 from tilecast.families.base import KERNELS_DIR, FamilyError
-from tilecast.core.atomic import atomic_write_json, atomic_write_text
-from tilecast.core.rawlog import read_records
+from tilecast.runtime.dispatch import parse_problem_string
+from tilecast.stages import build, layout
+from tilecast.stages.bench import BenchSettings, benchmark
+from tilecast.workflows import regression
+from tilecast.workflows.pipeline import RunContext, select_candidates
 
 log = logging.getLogger("tilecast.workflows.rebench")
 
@@ -118,7 +121,7 @@ def resolve_source(workdir: str | Path, git_ref: str | None = None,
                            "give a commit sha, branch or tag that exists there")
     sha = resolved.stdout.strip()
     subdir = KERNELS_DIR.relative_to(REPO_ROOT).as_posix()
-    root = Path(workdir) / "rebench" / "src"
+    root = layout.Workdir(workdir).rebench_sources
     target = root / sha
     if not (target / subdir).is_dir():
         _unpack(repo_path, sha, subdir, root, target)
@@ -158,8 +161,6 @@ def sentinel_problems(config: RunConfig, names: Sequence[str],
     restricted to `wanted` (dims keys or 'm=..,n=..' strings, parsed like `tilecast select
     --problem`) when given. A wanted problem in no family's sentinel set is a RebenchError
     naming it; a family none of them belongs to is left out."""
-    from tilecast.runtime.dispatch import parse_problem_string
-
     sets: dict[str, dict[str, object]] = {}
     for name in names:
         family = get_family(name)
@@ -288,6 +289,11 @@ class RebenchPlan:
     def families(self) -> list[str]:
         return list(self.problems)
 
+    @property
+    def layout(self) -> layout.Workdir:
+        """Where the rebenchmark's files live in its workdir (tilecast.stages.layout)."""
+        return layout.Workdir(self.workdir)
+
 
 def plan(config: str | Path, workdir: str | Path, history: str | Path,
          families: Sequence[str] | None = None, problems: Sequence[str | Mapping] | None = None,
@@ -323,8 +329,6 @@ def plan(config: str | Path, workdir: str | Path, history: str | Path,
 
 
 def _build(p: RebenchPlan, name: str) -> list[build.Built]:
-    from tilecast.workflows.pipeline import RunContext, select_candidates
-
     # the pipeline's context for candidate selection and the build cache; no registry is used
     ctx = RunContext(config=p.config, workdir=p.workdir, registry=p.history, run_id=p.run_id,
                      hardware=p.hardware, git_sha=p.source.sha)
@@ -347,7 +351,7 @@ def _run_id_for(p: RebenchPlan, raw: Path, identity: Mapping) -> str:
         log.info("rebench: resuming run %s from %s (%d records already measured)", run_id, raw,
                  len(existing))
         return run_id
-    stale = raw.parent / "stale" / f"{raw.stem}-{sorted(map(str, ids))[0]}.jsonl"
+    stale = p.layout.rebench_stale / f"{raw.stem}-{sorted(map(str, ids))[0]}.jsonl"
     stale.parent.mkdir(parents=True, exist_ok=True)
     os.replace(raw, stale)
     log.warning("rebench: %s held an unfinished run of other binaries or hardware; moved to %s",
@@ -371,21 +375,22 @@ def _measure(p: RebenchPlan, name: str, builts: list[build.Built],
                             .encode()).hexdigest()[:16]
     identity = {"hardware": p.hardware["fingerprint"], "source_digest": digest,
                 "git_sha": p.source.sha}
-    raw = p.workdir / "rebench" / f"{name}.jsonl"
+    raw = p.layout.rebench_raw_log(name)
     run_id = _run_id_for(p, raw, identity)
     # the pair test's replicates are rounds (processes): at least 4 a side, 2 samples each
     rounds = max(p.config.rounds, MIN_ROUNDS)
     samples = max(samples, 2 * rounds)
-    settings = BenchSettings(protocol=replace(p.config.protocol, samples=samples),
-                             tie_threshold_pct=p.config.tie_threshold_pct, finalists=0,
-                             confirm_samples=0, problems_per_batch=p.config.problems_per_batch,
-                             rounds=rounds, retry_disturbed=p.config.retry_disturbed, seed=fc.seed,
-                             measure_peer=False)
+    # no in-process libraries: every pair is timed the isolated way, so the config's
+    # interleave and race settings do not apply; no confirm phase, no peer
+    settings = BenchSettings.from_config(p.config, seed=fc.seed,
+                                         protocol=replace(p.config.protocol, samples=samples),
+                                         finalists=0, confirm_samples=0, rounds=rounds,
+                                         measure_peer=False)
     log.info("rebench %s: %d kernels x %d sentinel problems, %d samples per pair", name,
              len(builts), len(problems), samples)
     with exclusive(device or default_device()):
         benchmark(family, builts, [(PROBLEM_SET, q) for q in problems], raw,
-                  p.workdir / "rebench" / "scratch" / name,
+                  p.layout.rebench_scratch(name),
                   {"run_id": run_id, **identity, "source": p.source.kind}, settings)
 
     kernels, keys = {b.kernel for b in builts}, {family.dims_key(q) for q in problems}
@@ -422,9 +427,9 @@ def run_family(p: RebenchPlan, name: str, device: str | None = None) -> regressi
               "baseline": None if baseline_entry is None else
               {k: baseline_entry.get(k) for k in ("run_id", "git_sha", "hardware", "created", "source")},
               "history_file": str(p.history / name / f"{new.run_id}.jsonl")}
-    (p.workdir / "report").mkdir(parents=True, exist_ok=True)
-    atomic_write_json(p.workdir / "report" / f"rebench_{name}.json", report)
-    finished = p.workdir / "rebench" / "runs" / f"{name}-{new.run_id}.jsonl"
+    p.layout.report_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(p.layout.rebench_report(name), report)
+    finished = p.layout.rebench_finished(name, new.run_id)
     finished.parent.mkdir(parents=True, exist_ok=True)
     os.replace(raw, finished)  # the next rebench starts a new run
     log.info("rebench %s: %s", name, comparison.message)
@@ -455,10 +460,10 @@ def write_markdown(p: RebenchPlan, comparisons: Sequence[regression.Comparison])
     the last section of W/report/report.md (replacing an earlier rebenchmark's section; the
     run report before it, if this workdir has one, is kept)."""
     text = regression.render_markdown(comparisons, {c.family: header(p, c) for c in comparisons})
-    directory = p.workdir / "report"
+    directory = p.layout.report_dir
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(directory / "rebench.md", text)
-    report = directory / "report.md"
+    atomic_write_text(directory / layout.REBENCH_REPORT_FILE, text)
+    report = directory / layout.REPORT_FILE
     before = report.read_text().split(REPORT_MARK)[0] if report.exists() else "# tilecast report\n\n"
     atomic_write_text(report, before.rstrip("\n") + "\n\n" + REPORT_MARK + "\n" + text)
     return text
@@ -476,5 +481,4 @@ def rebench(config: str | Path, workdir: str | Path, history: str | Path,
     comparisons = [run_family(p, name) for name in p.families]
     markdown = write_markdown(p, comparisons)
     return RebenchResult(comparisons, markdown, regression.exit_status(comparisons),
-                         {c.family: p.workdir / "report" / f"rebench_{c.family}.json"
-                          for c in comparisons})
+                         {c.family: p.layout.rebench_report(c.family) for c in comparisons})

@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from tilecast.core import dataset
-from tilecast.stages.evaluate import evaluate
 from tilecast.families import get_family
+from tilecast.stages import layout
+from tilecast.stages.evaluate import evaluate
 from tilecast.stages.train import load_predictor
 
 # runtime bins of the truth's best kernel (microseconds): [low, high)
@@ -113,12 +114,12 @@ def model_on(run_a: Path, family_name: str, truth: pd.DataFrame,
              tie_threshold_pct: float) -> dict | None:
     """Run A's trained model (A/models/<family>) scored on another run's held-out
     measurements, or None when A has no model there."""
-    model_dir = Path(run_a) / "models" / family_name
-    if not (model_dir / "model.txt").is_file():
+    model_dir = layout.Workdir(run_a).model_dir(family_name)
+    if not (model_dir / layout.MODEL_FILE).is_file():
         return None
     family = get_family(family_name)
-    spec = json.loads((model_dir / "feature_spec.json").read_text())
-    candidates = json.loads((model_dir / "candidates.json").read_text())["kernels"]
+    spec = json.loads((model_dir / layout.FEATURE_SPEC_FILE).read_text())
+    candidates = json.loads((model_dir / layout.CANDIDATES_FILE).read_text())["kernels"]
     by_set = {ps: truth[truth["problem_set"] == ps] for ps in ("train", "holdout")}
     result = evaluate(family, family.feature_engine(spec["hardware"]), load_predictor(model_dir),
                       by_set["holdout"], by_set["train"], candidates, tie_threshold_pct)
@@ -133,7 +134,7 @@ def final_rows(path: str | Path) -> pd.DataFrame:
 def dataset_path(run: str | Path, family: str) -> Path:
     """`run` itself if it is a file, else the workdir's converted dataset of `family`."""
     run = Path(run)
-    return run if run.is_file() else run / "data" / f"{family}.parquet"
+    return run if run.is_file() else layout.Workdir(run).dataset(family)
 
 
 def report(run_a: str | Path, run_b: str | Path, family: str = "gemm",

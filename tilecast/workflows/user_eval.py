@@ -1,10 +1,12 @@
 """`tilecast evaluate`: a published model on a user's own problem set, against a measured oracle.
 
 The candidates are the ones the model version was published with (its candidates.json); they
-are built (content-hash cache in the workdir), every one is measured on every problem of the
-file with the run protocol of a config (the quick config by default; finalists confirmed,
-resumable like a run), and the version's choices (its Dispatcher, exactly what a kernel
-library gets at run time) are scored with the definitions of DESIGN.md:
+are built (content-hash cache in the workdir, or $TILECAST_BUILD_CACHE), every one is
+measured on every problem of the file with the run protocol of a config (the quick config by
+default; finalists confirmed, resumable like a run), and the version's choices (its
+Dispatcher, exactly what a kernel library gets at run time) are scored with the definitions
+of DESIGN.md. The workdir is laid out like a run's (tilecast.stages.layout), with the
+model's name in place of the family's:
 
     W/bench/<model>.jsonl, W/data/<model>.parquet       the measurements
     W/eval/<model>/metrics.json, per_problem.parquet     the published model on these problems
@@ -20,25 +22,25 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
-from tilecast.stages import build
 from tilecast.core import dataset, hardware, stats
-from tilecast.registry import api as registry
-from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
-from tilecast.core.config import ConfigError, expand_problems, load_config
-from tilecast.stages.convert import convert_raw
-from tilecast.core.device import default_device, exclusive
 from tilecast.core.atomic import atomic_write_json
+from tilecast.core.config import ConfigError, expand_problems, load_config
+from tilecast.core.device import default_device, exclusive
+from tilecast.registry import api as registry
+from tilecast.runtime.dispatch import Dispatcher
+from tilecast.stages import build, layout
+from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
+from tilecast.stages.convert import convert_raw
 
-log = logging.getLogger("tilecast.stages.evaluate")
+log = logging.getLogger("tilecast.workflows.user_eval")
 
 PROBLEM_SET = "holdout"  # every problem of the file is unseen by the model's training
 
 
 def read_problems(path: str | Path, family) -> list:
     """The family's problems listed in a problems file; ConfigError names the file and entry."""
-    import yaml
-
     path = Path(path)
     try:
         document = yaml.safe_load(path.read_text())
@@ -69,9 +71,7 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
                        alias: str = registry.PRODUCTION, config: str = "quick") -> dict:
     """Measure the oracle on the problems file and score the published version's choices;
     returns (and writes) the metrics. See the module docstring."""
-    from tilecast.runtime.dispatch import Dispatcher
-
-    workdir = Path(workdir).resolve()
+    work = layout.Workdir(Path(workdir).resolve())
     dispatcher = Dispatcher.from_registry(registry_root, model, alias)
     family = dispatcher.family
     problems = read_problems(problems_file, family)
@@ -81,24 +81,19 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
     configs = [family.parse_name(name) for name in dispatcher.kernels]
     log.info("evaluate %s version %d: %d candidates x %d problems", model, dispatcher.version,
              len(configs), len(problems))
-    builts = build.build_candidates(family, configs, workdir / "cache" / "build",
+    builts = build.build_candidates(family, configs, work.build_cache,
                                     jobs=cfg.build_jobs, progress=build.log_progress)
-    libraries = (in_process_libraries(family, builts, workdir / "cache" / "build", cfg.build_jobs)
+    libraries = (in_process_libraries(family, builts, work.build_cache, cfg.build_jobs)
                  if cfg.interleave else {})
-    settings = BenchSettings(protocol=cfg.protocol, tie_threshold_pct=cfg.tie_threshold_pct,
-                             finalists=cfg.finalists, confirm_samples=cfg.confirm_samples,
-                             problems_per_batch=cfg.problems_per_batch, rounds=cfg.rounds,
-                             retry_disturbed=cfg.retry_disturbed, interleave=cfg.interleave,
-                             race_cycles=cfg.race_cycles, race_margin_pct=cfg.race_margin_pct,
-                             libraries=libraries)
-    raw = workdir / "bench" / f"{model}.jsonl"
+    settings = BenchSettings.from_config(cfg, libraries=libraries)
+    raw = work.raw_log(model)
     run_info = {"run_id": f"evaluate-{model}-v{dispatcher.version}", "git_sha": "",
                 "hardware": profile["fingerprint"]}
     # the device a run's benchmark stage holds: never time kernels beside a nightly
     with exclusive(default_device()):
-        benchmark(family, builts, [(PROBLEM_SET, p) for p in problems], raw, workdir / "scratch",
+        benchmark(family, builts, [(PROBLEM_SET, p) for p in problems], raw, work.scratch(),
                   run_info, settings)
-    data = workdir / "data" / f"{model}.parquet"
+    data = work.dataset(model)
     convert_raw([raw], data)
     final = dataset.final_table(dataset.load(data))
     final = final[final["dims_key"].isin({family.dims_key(p) for p in problems})]
@@ -108,10 +103,10 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
         raise ValueError(f"no problem of {problems_file} has a valid measurement: nothing to "
                          f"score (see {raw})")
     metrics = _metrics(per_problem, dispatcher, model)
-    out = workdir / "eval" / model
+    out = work.eval_dir(model)
     out.mkdir(parents=True, exist_ok=True)
-    per_problem.to_parquet(out / "per_problem.parquet", index=False)
-    atomic_write_json(out / "metrics.json", metrics)
+    per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
+    atomic_write_json(out / layout.METRICS_FILE, metrics)
     return metrics
 
 

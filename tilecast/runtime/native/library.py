@@ -1,7 +1,7 @@
 """Compile a tilecast/runtime/native C++ source once into a shared library and load it with ctypes.
 
 The library lands in a content-hash cache (`$TILECAST_CACHE/native`, default
-`~/.cache/tilecast/runtime/native`): the key covers the source and its local headers, the compiler's
+`~/.cache/tilecast/native`): the key covers the source and its local headers, the compiler's
 version and the flags (tilecast.stages.build.cache_key), so an edit or a new compiler builds a new
 file and nothing is ever rebuilt in place. The compiler writes a temp file in the cache
 directory that is then renamed, so a concurrent or interrupted build never leaves a
@@ -40,7 +40,7 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    """Where compiled libraries live: $TILECAST_CACHE/native, else ~/.cache/tilecast/runtime/native."""
+    """Where compiled libraries live: $TILECAST_CACHE/native, else ~/.cache/tilecast/native."""
     return build.cache_root() / "native"
 
 
