@@ -12,27 +12,7 @@ from typing import Any, Mapping, Sequence
 from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
                                     PreparedProblem, integer_field, library_timer,
                                     reject_unknown, table_choice)
-
-
-@dataclass(frozen=True)
-class Dtype:
-    """One input dtype: its TC_DTYPE code, stored element size, the tolerance against the
-    float64 torch reference (norm-relative error) and the CPU flags it needs."""
-    code: int
-    element_bytes: int
-    tolerance: float
-    flags: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Isa:
-    """One vector ISA of kernels/cpu/gemm_simd.hpp: its TC_ISA code, fp32 lanes and
-    architectural registers (gemm_config.hpp's TC_VEC_WIDTH / TC_VEC_REGS), and the CPU flags
-    it needs (as /proc/cpuinfo spells them)."""
-    code: int
-    vector_floats: int
-    registers: int
-    flags: tuple[str, ...]
+from tilecast.families.gemm_isa import DTYPES, ISAS, LAYOUTS, PARALLEL, Dtype, Isa  # noqa: F401
 
 
 @dataclass(frozen=True, order=True)
@@ -43,11 +23,6 @@ class MicroKernel:
     mr: int
     nr: int
 
-
-DTYPES = {"fp32": Dtype(0, 4, 1e-4), "bf16": Dtype(1, 2, 1e-3, ("avx512_bf16",))}
-ISAS = {"avx2": Isa(0, 8, 16, ("avx2", "fma")), "avx512": Isa(1, 16, 32, ("avx512f",))}
-PARALLEL = {"m": 0, "n": 1, "k": 2}        # name -> TC_PAR (k = split-K)
-LAYOUTS = ("row", "col")
 
 # The single source of truth for micro-kernels: a variant is valid only with a tile of its
 # ISA from this table, one row per tile (adding a row adds the tile to every candidate space,

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tilecast.families.gemm import ISAS
+from tilecast.families.gemm_isa import ISAS
 from tilecast.features.hardware import EngineBase, evaluate, names
 
 PACKED_BYTES = 4  # panels are packed as fp32 for every dtype
