@@ -110,7 +110,7 @@ def _size_reps(time_calls: Callable[[int], float], protocol: Protocol) -> int:
 
 def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: None) -> dict:
     """Time the plan's pairs in this process; {"kernel|dims_key": PairTiming as a dict}."""
-    import torch
+    import torch   # the worker's: bench imports this module without torch
 
     family = get_family(plan.family)
     protocol = Protocol.from_mapping(plan.protocol)

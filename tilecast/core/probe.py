@@ -22,7 +22,7 @@ def _lib() -> ctypes.CDLL:
     global _library
     with _lock:
         if _library is None:
-            from tilecast.disco import native
+            from tilecast.disco import native   # imports torch; only a probe that runs needs it
             path = native.compile_library(SOURCE)
             try:
                 lib = ctypes.CDLL(str(path))

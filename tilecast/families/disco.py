@@ -151,7 +151,7 @@ def _psi_and_csr(psi_key: tuple):
     """psi and both CSR layouts for a problem's psi_key (shared by its directions, batches
     and precisions; prepare and flops both need them)."""
     from tilecast.disco.csr import csr_from_psi   # torch: see the module docstring
-    from tilecast.disco.psi import compute_psi
+    from tilecast.disco.psi import compute_psi   # torch: see the module docstring
 
     nlat_in, nlon_in, nlat_out, nlon_out, kernel_shape, basis, grid_in, grid_out, cutoff = psi_key
     psi = compute_psi((nlat_in, nlon_in), (nlat_out, nlon_out), shape_tuple(kernel_shape),
@@ -352,7 +352,7 @@ class DiscoFamily(FamilyBase):
         tilecast.disco.reference in float64 on the stored values."""
         import torch   # torch: see the module docstring
 
-        from tilecast.disco import reference
+        from tilecast.disco import reference   # torch: see the module docstring
 
         p = problem
         psi, csr = _psi_and_csr(p.psi_key())

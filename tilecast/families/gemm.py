@@ -237,7 +237,7 @@ class GemmFamily(FamilyBase):
     # -- inputs, reference, peer --------------------------------------------------------
     def prepare(self, problem: GemmProblem, directory: Path, seed: int) -> PreparedProblem:
         """Write A and B in their layouts, compute the float64 torch reference."""
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         directory.mkdir(parents=True, exist_ok=True)
         gen = torch.Generator().manual_seed(seed)
@@ -262,7 +262,7 @@ class GemmFamily(FamilyBase):
 
     def output_tensor(self, prepared: PreparedProblem):
         """C for the interleaved protocol: float32 m x n, shared by a problem's candidates."""
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         return torch.empty(prepared.problem.m, prepared.problem.n, dtype=torch.float32)
 
@@ -285,7 +285,7 @@ class GemmFamily(FamilyBase):
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch.matmul on the same operands with the same thread count: (name, callable),
         measured with the same protocol."""
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         torch.set_num_threads(threads)
         a, b = prepared.tensors["a"], prepared.tensors["b"]
@@ -293,6 +293,7 @@ class GemmFamily(FamilyBase):
         return "torch.matmul", lambda: torch.matmul(a, b, out=out)
 
     def feature_engine(self, hardware: Mapping):
+        # here, not at the top: features -> families/__init__ -> this module
         from tilecast.features.gemm import GemmFeatureEngine
 
         return GemmFeatureEngine(hardware)

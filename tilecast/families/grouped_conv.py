@@ -296,7 +296,7 @@ class GroupedConvFamily(FamilyBase):
     def prepare(self, problem: GroupedConvProblem, directory: Path, seed: int) -> PreparedProblem:
         """Write the direction's two inputs in the kernel layouts and compute the float64
         torch reference (autograd of the same convolution for the backward directions)."""
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         reason = geometry_reason(problem)
         if reason or problem.dtype not in DTYPES:
@@ -319,7 +319,7 @@ class GroupedConvFamily(FamilyBase):
                                tensors=tensors)
 
     def _reference(self, p: GroupedConvProblem, tensors: Mapping) -> Any:
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         x = tensors["x"].double().requires_grad_(self.direction == "bwd_data")
         w = tensors["w"].double().requires_grad_(self.direction == "bwd_weight")
@@ -333,7 +333,7 @@ class GroupedConvFamily(FamilyBase):
     def output_tensor(self, prepared: PreparedProblem):
         """The output buffer of the interleaved protocol, shared by a problem's candidates:
         zeroed float32, the reference's elements in kernel layout, then the kernels' slack."""
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         return torch.zeros(prepared.reference.size + IN_PROCESS_SLACK, dtype=torch.float32)
 
@@ -341,7 +341,7 @@ class GroupedConvFamily(FamilyBase):
         """time(reps) -> seconds per call, for the interleaved protocol (tilecast.core.interleave):
         the variant's in-process library (`tilecast_grouped_conv_time`: `reps` calls on one
         set of scratch buffers) on the prepared operands in kernel layout, into `output`."""
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         lib = ctypes.CDLL(str(library))
         lib.tilecast_grouped_conv_slack.restype = ctypes.c_longlong
@@ -369,7 +369,7 @@ class GroupedConvFamily(FamilyBase):
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch's own CPU op for this direction on the same operands and thread count:
         ("torch.conv", callable), measured with the same protocol."""
-        import torch
+        import torch   # only preparing a problem needs torch: the family table stays light
 
         torch.set_num_threads(threads)
         p, t = prepared.problem, prepared.tensors
@@ -383,6 +383,7 @@ class GroupedConvFamily(FamilyBase):
             list(mask))
 
     def feature_engine(self, hardware: Mapping):
+        # here, not at the top: features -> families/__init__ -> this module
         from tilecast.features.grouped_conv import GroupedConvFeatureEngine
 
         return GroupedConvFeatureEngine(hardware)
@@ -400,7 +401,7 @@ def _geometry(p: GroupedConvProblem) -> tuple[list[int], list[int], list[int]]:
 
 def _conv(p: GroupedConvProblem) -> Callable:
     """conv2d / conv3d with the problem's geometry and groups: f(input, weight)."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F   # only preparing a problem needs torch
 
     op = F.conv3d if p.ndim == 3 else F.conv2d
     stride, pad, dil = _geometry(p)

@@ -72,7 +72,7 @@ def open_store(url: str):
     has no implementation for its scheme."""
     # fsspec would add to every `import tilecast.runtime.dispatch`; only a URL registry needs it
     from fsspec.core import url_to_fs
-    from fsspec.implementations.local import LocalFileSystem
+    from fsspec.implementations.local import LocalFileSystem   # fsspec: remote only
 
     scheme = url.split("://", 1)[0].split("::")[-1]
     try:

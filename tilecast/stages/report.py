@@ -126,7 +126,7 @@ def _plot(name: str, evaluation: Evaluation) -> bytes:
     """PNG of the sorted per-problem efficiency of the model and of the static best."""
     # matplotlib is slow to import; only a report's plots need it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure   # matplotlib: only the plots need it
 
     table = evaluation.per_problem
     figure = Figure(figsize=(7, 4), dpi=100)

@@ -286,7 +286,7 @@ def _version(distribution: str) -> str | None:
 def library_versions() -> dict:
     """Versions of tilecast, python and the libraries a model depends on (torch if present)."""
     import lightgbm  # ~2 s to import, with sklearn: only a training run records versions
-    import sklearn
+    import sklearn   # sklearn: only training needs it
 
     tilecast_version = _version("tilecast")
     if tilecast_version is None:  # running from a source checkout
