@@ -11,6 +11,7 @@ directories all derive from one root:
     TILECAST_LOCKS            benchmark device locks (<root>/devices)
     TILECAST_DEVICE           the benchmark device's name (default cpu@<host>, core.device)
     TILECAST_EMBEDDED_SERVER  "1" while `tilecast run` runs its own Prefect server
+    TILECAST_CXX              the C++ compiler of the native libraries (default g++)
 
 A frozen dataclass rather than a pydantic-settings class: the dispatcher reads it, and
 importing pydantic would add to every `import tilecast.runtime.dispatch`.
@@ -28,6 +29,8 @@ REGISTRY_CACHE_ENV = "TILECAST_REGISTRY_CACHE"
 LOCKS_ENV = "TILECAST_LOCKS"
 DEVICE_ENV = "TILECAST_DEVICE"
 EMBEDDED_SERVER_ENV = "TILECAST_EMBEDDED_SERVER"
+COMPILER_ENV = "TILECAST_CXX"
+DEFAULT_COMPILER = "g++"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Settings:
     lock_dir: Path
     device: str | None              # None: unset, core.device names this host's CPU
     embedded_server: bool
+    compiler: str = DEFAULT_COMPILER    # of the native libraries (runtime.native, disco.native)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -51,7 +55,8 @@ class Settings:
                    registry_cache=Path(env.get(REGISTRY_CACHE_ENV) or root / "registry"),
                    lock_dir=Path(env.get(LOCKS_ENV) or root / "devices"),
                    device=env.get(DEVICE_ENV) or None,
-                   embedded_server=env.get(EMBEDDED_SERVER_ENV) == "1")
+                   embedded_server=env.get(EMBEDDED_SERVER_ENV) == "1",
+                   compiler=env.get(COMPILER_ENV) or DEFAULT_COMPILER)
 
 
 def settings() -> Settings:

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import torch
 
+from tilecast.core.settings import CACHE_ENV, COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.stages import build
 
 SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "cpu" / "disco_csr.cpp"
-CACHE_ENV = "TILECAST_CACHE"
-COMPILER_ENV = "TILECAST_CXX"
 FLAGS = (*build.DEFAULT_FLAGS, "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 300.0
 _STDERR_LINES = 12
@@ -61,13 +60,12 @@ TILE_DIRECTIONS = {"forward": 0, "transpose": 1}
 
 def cache_dir() -> Path:
     """Where the compiled library lives: $TILECAST_CACHE/disco, else ~/.cache/tilecast/disco."""
-    root = os.environ.get(CACHE_ENV)
-    return (Path(root) if root else Path.home() / ".cache" / "tilecast") / "disco"
+    return settings().cache_root / "disco"
 
 
 def compiler() -> str:
     """The C++ compiler: $TILECAST_CXX, else g++."""
-    return os.environ.get(COMPILER_ENV) or "g++"
+    return settings().compiler
 
 
 def compile_library(source: Path = SOURCE, cxx: str | None = None,

@@ -15,12 +15,11 @@ import subprocess
 import threading
 from pathlib import Path
 
+from tilecast.core.settings import COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.stages import build
 
 NATIVE_DIR = Path(__file__).resolve().parent
 CACHE_ENV = build.CACHE_ENV
-COMPILER_ENV = "TILECAST_CXX"
-DEFAULT_COMPILER = "g++"
 # -ffp-contract=off: a fused multiply-add rounds once where numpy rounds twice, and the
 # native features must equal the numpy engine's bit for bit. -fno-trapping-math changes no
 # value (only whether a floating-point exception may be raised), and lets branch-free
@@ -46,7 +45,7 @@ def cache_dir() -> Path:
 
 def compiler() -> str:
     """The C++ compiler: $TILECAST_CXX, else g++."""
-    return os.environ.get(COMPILER_ENV) or DEFAULT_COMPILER
+    return settings().compiler
 
 
 def load(source_name: str) -> ctypes.CDLL:
