@@ -96,13 +96,8 @@ def mad(values: Iterable, scale: float = 1.0) -> float:
     """
     if not (math.isfinite(scale) and scale >= 0.0):
         raise ValueError(f"mad: scale must be finite and >= 0, got {scale!r}")
-    floats = _as_floats(values, "mad")
+    floats = _finite_array(values, "mad").tolist()
     _require_nonempty(floats, "mad")
-    for index, value in enumerate(floats):
-        if not math.isfinite(value):
-            raise ValueError(
-                f"mad: value {value!r} at index {index} is not finite; filter with usable() first"
-            )
     center = median(floats)
     return scale * median(abs(v - center) for v in floats)
 
@@ -140,14 +135,8 @@ def bootstrap_ci(
         raise ValueError(f"bootstrap_ci: confidence must be in (0, 1), got {confidence!r}")
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
         raise ValueError(f"bootstrap_ci: n_resamples must be an int >= 1, got {n_resamples!r}")
-    floats = _as_floats(values, "bootstrap_ci")
+    floats = _finite_array(values, "bootstrap_ci").tolist()
     _require_nonempty(floats, "bootstrap_ci")
-    for index, value in enumerate(floats):
-        if not math.isfinite(value):
-            raise ValueError(
-                f"bootstrap_ci: value {value!r} at index {index} is not finite; "
-                "filter with usable() first"
-            )
     data = np.asarray(floats, dtype=np.float64)
     rng = np.random.default_rng(seed)
     indices = rng.integers(0, data.size, size=(n_resamples, data.size))
