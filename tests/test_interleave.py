@@ -140,6 +140,20 @@ def test_bench_labels_come_from_the_interleaved_samples(tmp_path, gemm_builds):
     assert len(_bench(tmp_path, builts, settings)) == len(records)
 
 
+def test_a_run_resumed_without_interleaving_keeps_the_screen_labels(tmp_path, gemm_builds, caplog):
+    builts, libraries = gemm_builds
+    screened = BenchSettings(protocol=PROTOCOL, problems_per_batch=3, libraries=libraries,
+                             race_cycles=0)
+    records = _bench(tmp_path, builts, screened)
+    assert records and not [r for r in records if r["phase"] == "confirm"]
+    # resumed with interleave off: nothing re-measured, nothing raced, and it says so
+    resumed = BenchSettings(protocol=PROTOCOL, problems_per_batch=3, interleave=False, race_cycles=2)
+    with caplog.at_level("WARNING", logger="tilecast.stages.bench"):
+        again = _bench(tmp_path, builts, resumed)
+    assert len(again) == len(records)
+    assert "cannot be raced" in caplog.text
+
+
 def test_only_a_problems_contenders_are_raced():
     levels = {"a": 1.0, "b": 1.05, "c": 1.09, "d": 1.2, "e": 3.0}
     assert interleave.contenders(levels, 0.10) == ["a", "b", "c"]

@@ -469,6 +469,16 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
     counts = [c for c in _split(settings.race_cycles, max(1, settings.rounds)) if c]
     if not racing or not counts:
         return
+    # a run resumed with `bench.interleave: false` (or a library gone) cannot race these
+    raceable = {key: kernels for key, kernels in racing.items()
+                if settings.interleave and all(k in settings.libraries for k in kernels)}
+    if len(raceable) < len(racing):
+        log.warning("bench %s: %d problem(s) screened the interleaved way cannot be raced "
+                    "(interleave off or an in-process library missing); their screen labels "
+                    "stand", family.name, len(racing) - len(raceable))
+    racing = raceable
+    if not racing:
+        return
     pairs = [(kernel, key) for key, kernels in racing.items() for kernel in kernels]
     outcomes = {pair: JobOutcome("ok") for pair in pairs}
     errors: dict[tuple[str, str], float | None] = {}
