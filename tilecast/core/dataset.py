@@ -131,3 +131,21 @@ def winners(final: pd.DataFrame, tie_threshold_pct: float,
                                   best_tflops=float(group["tflops"].max()),
                                   tie_set=tuple(s.id for s in ties))
     return result
+
+
+def measured_problems(family, final: pd.DataFrame, tie_threshold_pct: float):
+    """Per problem with a measured winner: (dims_key, the family's problem, its Winner,
+    tflops_of(kernel) -> the kernel's best valid TFLOP/s there, 0.0 when it has none): what a
+    scorer of choices (the promotion gate, a user's evaluation) walks over."""
+    measured = valid(final).pivot_table(index="dims_key", columns="kernel", values="tflops",
+                                        aggfunc="max")
+    first = final.drop_duplicates("dims_key").set_index("dims_key")
+    for dims_key, winner in winners(final, tie_threshold_pct).items():
+        problem = family.problem({f: first.at[dims_key, f] for f in family.problem_fields})
+        row = measured.loc[dims_key]
+
+        def tflops_of(kernel: str, row=row) -> float:
+            value = row.get(kernel)
+            return 0.0 if value is None or pd.isna(value) else float(value)
+
+        yield dims_key, problem, winner, tflops_of

@@ -40,17 +40,12 @@ def choice_efficiency(family, holdout_final: pd.DataFrame, choose, tie_threshold
                       ) -> pd.DataFrame:
     """Per holdout problem with a measured winner: the kernel `choose(problem)` returns and its
     measured efficiency (0.0 when that kernel has no valid measurement here)."""
-    measured = dataset.valid(holdout_final).pivot_table(index="dims_key", columns="kernel",
-                                                        values="tflops", aggfunc="max")
-    first = holdout_final.drop_duplicates("dims_key").set_index("dims_key")
     rows = []
-    for dims_key, winner in dataset.winners(holdout_final, tie_threshold_pct).items():
-        problem = family.problem({f: first.at[dims_key, f] for f in family.problem_fields})
+    for dims_key, problem, winner, tflops_of in dataset.measured_problems(family, holdout_final,
+                                                                           tie_threshold_pct):
         kernel = choose(problem)
-        value = measured.loc[dims_key].get(kernel, np.nan)
-        tflops = 0.0 if pd.isna(value) else float(value)
         rows.append({"dims_key": dims_key, "chosen_kernel": kernel,
-                     "efficiency": tflops / winner.best_tflops})
+                     "efficiency": tflops_of(kernel) / winner.best_tflops})
     return pd.DataFrame(rows, columns=["dims_key", "chosen_kernel", "efficiency"])
 
 

@@ -111,19 +111,10 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
 
 
 def _score(dispatcher, family, final: pd.DataFrame, tie_threshold_pct: float) -> pd.DataFrame:
-    measured = dataset.valid(final).pivot_table(index="dims_key", columns="kernel",
-                                                values="tflops", aggfunc="max")
-    first = final.drop_duplicates("dims_key").set_index("dims_key")
     rows = []
-    for dims_key, winner in dataset.winners(final, tie_threshold_pct).items():
-        problem = family.problem({f: first.at[dims_key, f] for f in family.problem_fields})
+    for dims_key, problem, winner, tflops_of in dataset.measured_problems(family, final,
+                                                                           tie_threshold_pct):
         ranking = dispatcher.ranking(problem)
-        row = measured.loc[dims_key]
-
-        def tflops_of(kernel: str) -> float:
-            value = row.get(kernel, np.nan)
-            return 0.0 if pd.isna(value) else float(value)
-
         order = list(ranking.kernels)
         rows.append({"dims_key": dims_key, "chosen_kernel": ranking.best,
                      "chosen_tflops": tflops_of(ranking.best), "best_kernel": winner.kernel,
