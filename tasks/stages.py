@@ -8,12 +8,25 @@ from __future__ import annotations
 import contextvars
 from concurrent.futures import ThreadPoolExecutor
 
-from prefect import task
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+import hashlib
 
+from prefect import task
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
+
+from tilecast.core.config import ConfigError, resolve_path
 from tilecast.workflows import pipeline, rebench
 
-CACHE = INPUTS + TASK_SOURCE
+
+def _config_digest(_context, parameters: dict) -> str | None:
+    """The config file's contents: the tasks take its path, so a run resumed (same run id)
+    after the file was edited must not get the stages the old contents produced."""
+    try:
+        return hashlib.sha256(resolve_path(parameters["config"]).read_bytes()).hexdigest()
+    except (KeyError, ConfigError, OSError):
+        return None   # the stage itself reports a missing or unreadable config
+
+
+CACHE = INPUTS + TASK_SOURCE + CacheKeyFnPolicy(cache_key_fn=_config_digest)
 
 # The stages that compute in this process (torch peers while benchmarking, LightGBM, the
 # native scorer) run on one thread: an OpenMP runtime runs ~3x slower once a second thread

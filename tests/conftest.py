@@ -53,3 +53,31 @@ def slower_gemm_commit(tmp_path) -> tuple[Path, str]:
     sha = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
                          text=True).stdout.strip()
     return clone, sha
+
+
+@pytest.fixture
+def refused_samples(monkeypatch):
+    """Every harness command line asks for `--samples 2.5`, which the real harness refuses
+    (a usage error): what a config typo did before configs were checked. Gives the true
+    `Protocol.argv`, for a test that fixes the typo midway."""
+    from tilecast.core.measure import Protocol
+
+    argv = Protocol.argv
+
+    def fractional(self, samples=None):
+        flags = argv(self, samples)
+        flags[flags.index("--samples") + 1] = "2.5"
+        return flags
+
+    monkeypatch.setattr(Protocol, "argv", fractional)
+    return argv
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The fault-injection suite's figures (tests/faults.py), when any of its cases ran."""
+    from faults import summary
+
+    line = summary()
+    if line:
+        terminalreporter.write_sep("=", "fault injection")
+        terminalreporter.write_line(line)
