@@ -91,3 +91,15 @@ def test_applicability_is_the_dtype():
 def test_unknown_candidate_option_is_rejected():
     with pytest.raises(FamilyError, match="unknown GEMM candidate option"):
         GEMM.candidate_space({"tile_m": [4]}, {"flags": []})
+
+
+def test_problem_beyond_any_machine_or_not_whole_is_refused_with_its_values():
+    fam = get_family("gemm")
+    for values, needle in [({"m": 10**9, "n": 10**9, "k": 10**9}, "beyond any machine"),
+                           ({"m": 1, "n": 1, "k": 2**46}, "k=70368744177664"),
+                           ({"m": 127.9, "n": 1, "k": 1}, "m=127.9 is not an integer"),
+                           ({"m": 2.0**60, "n": 1, "k": 1}, "is not an integer")]:
+        with pytest.raises(FamilyError, match=needle):
+            fam.problem(values)
+    # whole numbers stay exact (no float rounding) and strings of digits are whole numbers
+    assert fam.problem({"m": "64", "n": 64.0, "k": 2**20}).k == 2**20

@@ -1,7 +1,11 @@
 """Run configurations (configs/*.yaml): problem sets, candidate spaces, budgets, model specs.
 
-Every key is checked; an unknown or malformed one is an error that names the file and the
-key, never a silently ignored setting.
+A config passes its schema (tilecast.core.schema) before anything is built or measured: an
+unknown, missing or malformed key is an error naming the file, the key path, the bad value and
+what is allowed, never a silently ignored, truncated or clamped setting. Then every problem is
+built through its family and weighed against this machine's memory, and each family's
+candidate options must give at least one kernel. ConfigError lists every error found, one a
+line (the first line is a whole message).
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import yaml
@@ -19,10 +23,14 @@ from tilecast.families import FAMILIES
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 PROBLEM_SETS = ("train", "holdout")
+SHOWN_ERRORS = 20          # lines of a ConfigError; the rest are counted
+UNLIMITED_BUDGET = 10**9   # no `budget`: every candidate of the space
+# problems one problem set (or problems file) may expand to, counted before expanding
+MAX_PROBLEMS = 100_000
 
 
 class ConfigError(ValueError):
-    """A malformed run configuration."""
+    """A malformed run configuration or problems file."""
 
 
 @dataclass(frozen=True)
@@ -59,99 +67,129 @@ class RunConfig:
     race_margin_pct: float = 10.0
 
 
-def _count(where: str, values: Mapping, key: str, default: int, minimum: int) -> int:
-    """An integer setting, `default` when absent; a clear error when it is not a whole number
-    or below `minimum`."""
-    value = values.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}.{key}: expected a whole number >= {minimum}, got {value!r}")
-    return value
+def _raise_if(errors: list[str]) -> None:
+    """ConfigError listing `errors` (at most SHOWN_ERRORS of them), unless there are none."""
+    if errors:
+        shown = errors[:SHOWN_ERRORS]
+        more = len(errors) - len(shown)
+        raise ConfigError("\n".join(shown + ([f"... and {more} more"] if more else [])))
 
 
-def _check_keys(where: str, values: Mapping, required: set, optional: set) -> None:
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__} {values!r}")
-    missing = required - set(values)
-    if missing:
-        raise ConfigError(f"{where}: missing key(s) {sorted(missing)}")
-    unknown = set(values) - required - optional
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; "
-                          f"valid: {sorted(required | optional)}")
+# -- problem entries ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EntryKind:
+    """How one kind of problem entry counts and expands its body into (key path suffix,
+    field values) pairs."""
+    count: Callable[[Any], int]
+    expand: Callable[[Any], Iterator[tuple[str, dict]]]
 
 
-def expand_problems(where: str, entries: list) -> list[dict]:
+def _grid(body: Mapping) -> Iterator[tuple[str, dict]]:
+    keys = list(body)
+    for combo in itertools.product(*(body[key] for key in keys)):
+        yield ".grid", dict(zip(keys, combo))
+
+
+def _listed(body: list) -> Iterator[tuple[str, dict]]:
+    for index, item in enumerate(body):
+        yield f".list[{index}]", dict(item)
+
+
+def _drawn(body: Mapping) -> Iterator[tuple[str, dict]]:
+    """`count` problems, each range [lo, hi] drawn log-uniformly and rounded."""
+    rng = np.random.default_rng(body.get("seed", 0))
+    for _ in range(body["count"]):
+        item = {}
+        for key, (lo, hi) in body["ranges"].items():
+            item[key] = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        yield ".random", item
+
+
+ENTRY_KINDS = {"grid": EntryKind(lambda body: math.prod(map(len, body.values())), _grid),
+               "list": EntryKind(len, _listed),
+               "random": EntryKind(lambda body: body["count"], _drawn)}
+
+
+def _located(where: str, entries: list) -> Iterator[tuple[str, dict]]:
+    """(key path, field values) of every problem of schema-checked entries."""
+    for index, entry in enumerate(entries):
+        kind = next(k for k in ENTRY_KINDS if k in entry)
+        fixed = {key: value for key, value in entry.items() if key != kind}
+        for suffix, values in ENTRY_KINDS[kind].expand(entry[kind]):
+            yield f"{where}[{index}]{suffix}", {**fixed, **values}
+
+
+def _size_errors(where: str, entries: list) -> list[str]:
+    """An error when schema-checked entries expand to more than MAX_PROBLEMS problems,
+    counted before they are expanded."""
+    total = sum(ENTRY_KINDS[kind].count(entry[kind]) for entry in entries
+                for kind in ENTRY_KINDS if kind in entry)
+    if total <= MAX_PROBLEMS:
+        return []
+    return [f"{where}: the entries expand to {total} problems, more than the {MAX_PROBLEMS} "
+            "one set may hold; narrow the grids or lower the counts"]
+
+
+def expand_problems(where: str, entries: Any, family=None) -> list[dict]:
     """Expand problem entries into field mappings. An entry is one of:
     `{grid: {field: [values]}, <fixed fields>}` (cartesian product),
     `{list: [{field: value}, ...], <fixed fields>}`, or
-    `{random: {count, seed, ranges: {field: [lo, hi]}}, <fixed fields>}` (log-uniform ints)."""
-    if not isinstance(entries, list):
-        raise ConfigError(f"{where}: expected a list of problem entries, got {entries!r}")
-    problems: list[dict] = []
-    for i, entry in enumerate(entries):
-        here = f"{where}[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ConfigError(f"{here}: expected a mapping, got {entry!r}")
-        kinds = [k for k in ("grid", "list", "random") if k in entry]
-        if len(kinds) != 1:
-            raise ConfigError(f"{here}: needs exactly one of grid / list / random, got {sorted(entry)}")
-        kind = kinds[0]
-        fixed = {k: v for k, v in entry.items() if k != kind}
-        body = entry[kind]
-        if kind == "grid":
-            if not isinstance(body, Mapping) or not body:
-                raise ConfigError(f"{here}.grid: expected a mapping of field -> list of values")
-            keys = list(body)
-            for combo in itertools.product(*(body[k] if isinstance(body[k], list) else [body[k]]
-                                             for k in keys)):
-                problems.append({**fixed, **dict(zip(keys, combo))})
-        elif kind == "list":
-            if not isinstance(body, list):
-                raise ConfigError(f"{here}.list: expected a list of mappings")
-            for item in body:
-                if not isinstance(item, Mapping):
-                    raise ConfigError(f"{here}.list: expected a mapping, got {item!r}")
-                problems.append({**fixed, **item})
-        else:
-            _check_keys(f"{here}.random", body, {"count", "ranges"}, {"seed"})
-            problems.extend({**fixed, **p} for p in _random_problems(here, body))
-    return problems
+    `{random: {count, seed, ranges: {field: [lo, hi]}}, <fixed fields>}` (log-uniform ints).
+    The entries are checked against the schema first, with `family`'s problem fields and
+    their types when given (any family's fields otherwise); ConfigError names `where`, the
+    entry and the key."""
+    from tilecast.core import schema   # pydantic: see the schema module's docstring
+
+    adapter = schema.entries_adapter(None if family is None else family.name)
+    _raise_if(schema.validate(adapter, entries, where)[1])
+    _raise_if(_size_errors(where, entries))
+    return [values for _, values in _located(where, entries)]
 
 
-def _random_problems(where: str, body: Mapping) -> list[dict]:
-    rng = np.random.default_rng(int(body.get("seed", 0)))
-    ranges = body["ranges"]
-    out = []
-    for _ in range(int(body["count"])):
-        item = {}
-        for key, bounds in ranges.items():
-            if not (isinstance(bounds, list) and len(bounds) == 2 and 1 <= bounds[0] <= bounds[1]):
-                raise ConfigError(f"{where}.random.ranges.{key}: expected [lo, hi] with 1 <= lo <= hi")
-            lo, hi = math.log(bounds[0]), math.log(bounds[1])
-            item[key] = int(round(math.exp(rng.uniform(lo, hi))))
-        out.append(item)
-    return out
+# -- files ----------------------------------------------------------------------------------
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _family_config(where: str, name: str, values: Mapping) -> FamilyConfig:
-    _check_keys(where, values, {"candidates", "problems"},
-                {"budget", "seed", "model", "warm_start", "sentinel"})
-    problems = values["problems"]
-    _check_keys(f"{where}.problems", problems, set(PROBLEM_SETS), set())
-    expanded = {ps: expand_problems(f"{where}.problems.{ps}", problems[ps]) for ps in PROBLEM_SETS}
-    if values.get("sentinel") is None:
-        sentinel = list(expanded["holdout"])
-    else:
-        sentinel = expand_problems(f"{where}.sentinel", values["sentinel"])
-        if not sentinel:
-            raise ConfigError(f"{where}.sentinel: the entries expand to no problem; give at "
-                              "least one, or drop the key to rebenchmark the holdout set")
-    return FamilyConfig(name=name, candidates=dict(values["candidates"] or {}),
-                        budget=int(values.get("budget", 10**9)), seed=int(values.get("seed", 0)),
-                        problems=expanded, model=dict(values.get("model") or {}),
-                        warm_start=None if values.get("warm_start") is None
-                        else str(values["warm_start"]),
-                        sentinel=sentinel)
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, but a key given twice in one mapping is an error rather than the last
+    one silently winning (keys a `<<:` merge brings in may still be overridden)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = (key_node.tag, key_node.value)   # tags resolved: 1 and '1' differ
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {key_node.value!r} twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path, what: str) -> Any:
+    """The YAML document of a file; ConfigError for a file that cannot be read or parsed."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory, expected a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"{what} {path} cannot be read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at "
+                          f"offset {err.start}); a {what} is YAML text") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    # PyYAML raises ValueError for a timestamp that is no date (2001-13-45)
+    except (yaml.YAMLError, ValueError) as err:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
 
 
 def resolve_path(path: str | Path) -> Path:
@@ -166,52 +204,86 @@ def resolve_path(path: str | Path) -> Path:
                       f"available: {', '.join(sorted(p.stem for p in CONFIGS_DIR.glob('*.yaml')))}")
 
 
+def _family_config(where: str, name: str, body: Mapping,
+                   memory: int | None) -> tuple[FamilyConfig, list[str]]:
+    """A schema-checked family section as a FamilyConfig, and the errors of its second pass:
+    candidate space, problems built through the family and weighed, holdout kept apart."""
+    from tilecast.core import schema   # pydantic: see the schema module's docstring
+
+    family = FAMILIES[name]
+    at = f"{where}: families.{name}"
+    candidates = dict(body["candidates"] or {})
+    errors = [f"{at}.candidates: {message}"
+              for message in schema.candidate_errors(family, candidates, {})]
+    sets = {ps: (f"{at}.problems.{ps}", body["problems"][ps]) for ps in PROBLEM_SETS}
+    if body.get("sentinel") is not None:
+        sets["sentinel"] = (f"{at}.sentinel", body["sentinel"])
+    expanded, dims_keys = {}, {}
+    for key, (path, entries) in sets.items():
+        too_many = _size_errors(path, entries)
+        errors += too_many
+        located = [] if too_many else list(_located(path, entries))
+        built, problem_errors = schema.check_problems(family, located, memory)
+        errors += problem_errors
+        expanded[key] = [values for _, values in located]
+        dims_keys[key] = {family.dims_key(problem): path for path, problem in built}
+    overlap = sorted(set(dims_keys["train"]) & set(dims_keys["holdout"]))
+    if overlap:
+        errors.append(f"{dims_keys['holdout'][overlap[0]]}: holdout problem {overlap[0]} is "
+                      f"also a training problem ({len(overlap)} in all); holdouts must never "
+                      "be trained on")
+    warm_start = body.get("warm_start")
+    return FamilyConfig(name=name, candidates=candidates,
+                        budget=body.get("budget") or UNLIMITED_BUDGET, seed=body.get("seed", 0),
+                        problems={ps: expanded[ps] for ps in PROBLEM_SETS},
+                        model=dict(body.get("model") or {}),
+                        warm_start=None if warm_start is None else str(warm_start),
+                        sentinel=expanded.get("sentinel", list(expanded["holdout"]))), errors
+
+
 def load_config(path: str | Path) -> RunConfig:
-    """Read and validate a run config; ConfigError names the file and the offending key."""
+    """Read and validate a run config (see the module docstring); ConfigError lists every
+    error found, each naming the file, the key path, the bad value and what is allowed."""
+    from tilecast.core import schema   # pydantic: see the schema module's docstring
+
     path = resolve_path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
     where = str(path)
-    _check_keys(where, raw or {}, {"name", "families"},
-                {"protocol", "tune", "build", "bench", "description"})
+    raw = _read_yaml(path, "config")
+    document, found = schema.validate(schema.config_model(), raw, f"{where}: ")
+    _raise_if(found)
+    memory = schema.memory_bytes()
+    families, errors = {}, []
+    for name, body in raw["families"].items():
+        families[name], family_errors = _family_config(where, name, body or {}, memory)
+        errors += family_errors
+    _raise_if(errors)
     try:
         protocol = Protocol.from_mapping(raw.get("protocol") or {})
-    except (ProtocolError, TypeError) as err:
-        raise ConfigError(f"{where}.protocol: {err}") from None
-    tune_cfg = raw.get("tune") or {}
-    _check_keys(f"{where}.tune", tune_cfg, set(),
-                {"tie_threshold_pct", "finalists", "confirm_samples"})
-    build_cfg = raw.get("build") or {}
-    _check_keys(f"{where}.build", build_cfg, set(), {"jobs"})
-    bench_cfg = raw.get("bench") or {}
-    _check_keys(f"{where}.bench", bench_cfg, set(), {"problems_per_batch", "rounds",
-                                                       "retry_disturbed", "interleave",
-                                                       "race_cycles", "race_margin_pct"})
-    interleave = bench_cfg.get("interleave", True)
-    if not isinstance(interleave, bool):
-        raise ConfigError(f"{where}.bench.interleave: expected true or false, got {interleave!r}")
-    margin = bench_cfg.get("race_margin_pct", 10.0)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 100:
-        raise ConfigError(f"{where}.bench.race_margin_pct: expected a number from 0 to 100, "
-                          f"got {margin!r}")
-    families_raw = raw["families"]
-    if not isinstance(families_raw, Mapping) or not families_raw:
-        raise ConfigError(f"{where}.families: expected a non-empty mapping of family name -> settings")
-    families = {}
-    for name, values in families_raw.items():
-        if name not in FAMILIES:
-            raise ConfigError(f"{where}.families: unknown family {name!r}; valid: {', '.join(FAMILIES)}")
-        families[name] = _family_config(f"{where}.families.{name}", name, values)
-    return RunConfig(name=str(raw["name"]), path=path, protocol=protocol,
-                     tie_threshold_pct=float(tune_cfg.get("tie_threshold_pct", 1.0)),
-                     finalists=_count(f"{where}.tune", tune_cfg, "finalists", 3, 0),
-                     confirm_samples=_count(f"{where}.tune", tune_cfg, "confirm_samples", 5, 0),
-                     build_jobs=_count(f"{where}.build", build_cfg, "jobs", 2, 1),
-                     problems_per_batch=_count(f"{where}.bench", bench_cfg, "problems_per_batch", 8, 1),
-                     rounds=_count(f"{where}.bench", bench_cfg, "rounds", 3, 1),
-                     retry_disturbed=_count(f"{where}.bench", bench_cfg, "retry_disturbed", 1, 0),
-                     interleave=interleave,
-                     race_cycles=_count(f"{where}.bench", bench_cfg, "race_cycles", 16, 0),
-                     race_margin_pct=float(margin), families=families)
+    except ProtocolError as err:
+        raise ConfigError(f"{where}: protocol: {err}") from None
+    tune, bench = document.tune, document.bench
+    return RunConfig(name=document.name, path=path, protocol=protocol,
+                     tie_threshold_pct=float(tune.tie_threshold_pct), finalists=tune.finalists,
+                     confirm_samples=tune.confirm_samples, build_jobs=document.build.jobs,
+                     problems_per_batch=bench.problems_per_batch, rounds=bench.rounds,
+                     retry_disturbed=bench.retry_disturbed, interleave=bench.interleave,
+                     race_cycles=bench.race_cycles, race_margin_pct=float(bench.race_margin_pct),
+                     families=families)
+
+
+def read_problem_file(path: str | Path, family) -> list:
+    """The family's problems a problems file lists (`problems:` and the entries of a config's
+    problem set; `tilecast evaluate --problems`), checked as a config's are: the schema, each
+    problem built through the family and weighed against this machine's memory. ConfigError
+    names the file, the key path, the bad value and what is allowed."""
+    from tilecast.core import schema   # pydantic: see the schema module's docstring
+
+    path = Path(path)
+    prefix = f"problems file {path}: "
+    document = _read_yaml(path, "problems file")
+    _raise_if(schema.validate(schema.problem_file_model(family.name), document, prefix)[1])
+    _raise_if(_size_errors(f"{prefix}problems", document["problems"]))
+    located = list(_located(f"{prefix}problems", document["problems"]))
+    built, errors = schema.check_problems(family, located, schema.memory_bytes())
+    _raise_if(errors)
+    return [problem for _, problem in built]

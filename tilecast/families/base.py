@@ -1,6 +1,8 @@
 """The protocol every kernel family implements, and the value objects the stages pass around."""
 from __future__ import annotations
 
+import operator
+
 import ctypes
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,15 +36,22 @@ def reject_unknown(given: Iterable[str], valid: Sequence[str], what: str) -> Non
 def integer_field(context: str, name: str, value, minimum: int | None = None) -> int:
     """`value` as an int when it is a whole number (an int, a numpy integer, "64", 64.0), else
     FamilyError naming `context` field `name` and the value; also when below `minimum`."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not number.is_integer():
+    if isinstance(value, bool):
         raise FamilyError(f"{context} field {name}={value!r} is not an integer")
+    try:
+        # an int stays exact (float() would round above 2**53); "64" and 64.0 are whole too
+        number = operator.index(value)
+    except TypeError:
+        try:
+            as_float = float(value)
+        except (TypeError, ValueError, OverflowError):
+            as_float = float("nan")
+        if not as_float.is_integer() or abs(as_float) >= 2 ** 53:
+            raise FamilyError(f"{context} field {name}={value!r} is not an integer") from None
+        number = int(as_float)
     if minimum is not None and number < minimum:
-        raise FamilyError(f"{context} field {name}={int(number)} must be >= {minimum}")
-    return int(number)
+        raise FamilyError(f"{context} field {name}={number} must be >= {minimum}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,7 @@ class Family(Protocol):
     def slices(self, problem: Any) -> tuple[str, ...]: ...
     def flops(self, problem: Any) -> float: ...
     def bytes_moved(self, problem: Any) -> float: ...
+    def operand_bytes(self, values: Mapping[str, Any]) -> int: ...
     def peer(self, prepared: PreparedProblem, threads: int): ...
     def has_peer(self) -> bool: ...
     def feature_engine(self, hardware: Mapping) -> FeatureEngine: ...

@@ -54,7 +54,8 @@ from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyEr
 from tilecast.families.disco_kernels import (BASES, DIRECTIONS, ELEMENT_BYTES, ISA_FLAGS, ISAS,
                                              LAT_BLOCKS, PRECISIONS, TILES, UNUSED_TILE_FIELD,
                                              VARIANTS, DiscoConfig, DiscoProblem, kernel_name,
-                                             parse_kernel_name, shape_tuple, validate_config)
+                                             kernel_size, parse_kernel_name, shape_tuple,
+                                             validate_config)
 
 # norm-relative error vs the float64 reference on the same stored inputs: the output is
 # rounded to the storage type (bf16 keeps 8 bits, fp16 11)
@@ -75,10 +76,18 @@ DEFAULTS = {"batch": 1, "kernel_shape": "3x3", "basis": "harmonic", "grid_in": "
             "grid_out": "equiangular", "theta_cutoff": None, "precision": "fp32"}
 
 
-def _canonical_kernel_shape(value, basis: str) -> str:
-    """'AxB' from an int, a sequence or a string ('3', '3x3', '(3, 3)'), as the basis reads it."""
+@functools.lru_cache(maxsize=64)
+def _basis_kernel_shape(shape: tuple[int, ...], basis: str) -> str:
+    """'AxB' as the basis reads `shape` (cached: building a basis costs tens of ms, and a
+    config checks hundreds of problems)."""
     from tilecast.disco.basis import get_basis   # torch: see the module docstring
 
+    basis_obj = get_basis(BASES[basis], shape if len(shape) > 1 else shape[0])
+    return "x".join(str(v) for v in basis_obj.kernel_shape)
+
+
+def _canonical_kernel_shape(value, basis: str) -> str:
+    """'AxB' from an int, a sequence or a string ('3', '3x3', '(3, 3)'), as the basis reads it."""
     if isinstance(value, str):
         parts = [p for p in re.split(r"[x,()\[\]\s]+", value.strip()) if p]
     elif isinstance(value, (int, np.integer)):
@@ -86,12 +95,10 @@ def _canonical_kernel_shape(value, basis: str) -> str:
     else:
         parts = list(value)
     try:
-        shape = tuple(int(p) for p in parts)
-        basis_obj = get_basis(BASES[basis], shape if len(shape) > 1 else shape[0])
+        return _basis_kernel_shape(tuple(int(p) for p in parts), basis)
     except (ValueError, TypeError, IndexError) as err:
         raise FamilyError(f"disco problem kernel_shape={value!r} is not valid for basis "
                           f"{basis!r}: {err}") from None
-    return "x".join(str(v) for v in basis_obj.kernel_shape)
 
 
 def _integer(name: str, value) -> int:
@@ -104,18 +111,24 @@ def _integer(name: str, value) -> int:
     return number
 
 
-def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
-    """A validated DiscoProblem from field values (strings from the CLI, numpy values from a
-    dataset); FamilyError names the offending field."""
-    from tilecast.disco.grids import GRIDS, default_theta_cutoff   # torch: see the module docstring
-
+def _merged_fields(values: Mapping[str, Any]) -> dict:
+    """The given fields (None and NaN: not given) over DEFAULTS; FamilyError naming unknown
+    or missing ones."""
     reject_unknown(values, tuple(f.name for f in fields(DiscoProblem)), "disco problem field")
     given = {k: v for k, v in values.items() if v is not None and not (
         isinstance(v, float) and math.isnan(v))}
     missing = [f for f in REQUIRED_FIELDS if f not in given]
     if missing:
         raise FamilyError(f"disco problem is missing field(s) {missing} in {dict(values)}")
-    merged = {**DEFAULTS, **given}
+    return {**DEFAULTS, **given}
+
+
+def make_problem(values: Mapping[str, Any]) -> DiscoProblem:
+    """A validated DiscoProblem from field values (strings from the CLI, numpy values from a
+    dataset); FamilyError names the offending field."""
+    from tilecast.disco.grids import GRIDS, default_theta_cutoff   # torch: see the module docstring
+
+    merged = _merged_fields(values)
     sizes = {f: _integer(f, merged[f]) for f in ("batch", *REQUIRED_FIELDS)}
     basis = BASIS_ALIASES.get(str(merged["basis"]), str(merged["basis"]))
     _choice(basis, BASES, "basis", "disco problem")
@@ -339,6 +352,24 @@ class DiscoFamily(FamilyBase):
         p, elt = problem, ELEMENT_BYTES[problem.precision]
         activations = p.bc * (p.nlat_in * p.nlon_in + p.kernel_size * p.nlat_out * p.nlon_out)
         return float(elt * activations + 12 * psi_nnz(problem))
+
+    def operand_bytes(self, values: Mapping[str, Any]) -> int:
+        """Bytes a measurement of the problem holds at once: the input in its storage
+        precision, the float32 output and its float64 reference (psi, whose size takes psi
+        itself, is left out). From the fields alone, without the grids' quadratures that
+        building the problem computes: an oversized problem is refused before them."""
+        merged = _merged_fields(values)
+        sizes = {f: _integer(f, merged[f]) for f in ("batch", *REQUIRED_FIELDS)}
+        basis = BASIS_ALIASES.get(str(merged["basis"]), str(merged["basis"]))
+        _choice(basis, BASES, "basis", "disco problem")
+        precision = _choice(str(merged["precision"]), PRECISIONS, "precision", "disco problem")
+        kernels = kernel_size(basis, _canonical_kernel_shape(merged["kernel_shape"], basis))
+        points_in = sizes["nlat_in"] * sizes["nlon_in"]
+        points_out = kernels * sizes["nlat_out"] * sizes["nlon_out"]
+        stored, produced = ((points_in, points_out) if self.direction == "forward"
+                            else (points_out, points_in))
+        return sizes["batch"] * sizes["channels"] * (ELEMENT_BYTES[precision] * stored
+                                                     + (4 + 8) * produced)
 
     def tolerance(self, problem: DiscoProblem) -> float:
         return TOLERANCE[problem.precision]

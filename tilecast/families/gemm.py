@@ -58,6 +58,9 @@ NAME_RE = re.compile(
     r"_mc(?P<mc>\d+)_nc(?P<nc>\d+)_kc(?P<kc>\d+)_par(?P<parallel>[a-z]+)"
     r"_pa(?P<pack_a>[01])_pf(?P<prefetch>[01])$")
 NAME_GRAMMAR = "gemm_{dtype}_{isa}_{mr}x{nr}_mc{mc}_nc{nc}_kc{kc}_par{m|n|k}_pa{0|1}_pf{0|1}"
+# a problem's A, B and C (fp32) at most this many bytes: beyond it no machine holds one, and
+# the features' byte counts would leave int64 (`features.gemm`, the native scorer)
+MAX_OPERAND_BYTES = 2 ** 48
 CANDIDATE_OPTIONS = ("dtype", "isa", "tiles", "mc", "nc", "kc", "parallel", "pack_a", "prefetch")
 
 
@@ -121,6 +124,7 @@ class GemmFamily(FamilyBase):
     name = "gemm"
     problem_fields = tuple(f.name for f in fields(GemmProblem))
     config_fields = tuple(f.name for f in fields(GemmConfig))
+    CANDIDATE_OPTIONS = CANDIDATE_OPTIONS
     source = KERNELS_DIR / "cpu" / "gemm.cpp"
     library_source = KERNELS_DIR / "cpu" / "gemm_lib.cpp"
 
@@ -195,6 +199,12 @@ class GemmFamily(FamilyBase):
         if missing:
             raise FamilyError(f"GEMM problem is missing field(s) {missing} in {dict(values)}")
         dims = {f: integer_field("GEMM problem", f, values[f], minimum=1) for f in ("m", "n", "k")}
+        m, n, k = dims["m"], dims["n"], dims["k"]
+        operand_bytes = 4 * (m * k + k * n + m * n)
+        if operand_bytes > MAX_OPERAND_BYTES:
+            raise FamilyError(f"GEMM problem m={m}, n={n}, k={k}: its operands take "
+                              f"{operand_bytes:.3g} bytes, beyond any machine (at most "
+                              f"{MAX_OPERAND_BYTES:.3g}: 256 TiB)")
         dtype = _choice(str(values.get("dtype", "fp32")), DTYPES, "dtype", "GEMM problem")
         la = _choice(str(values.get("layout_a", "row")), LAYOUTS, "layout_a", "GEMM problem")
         lb = _choice(str(values.get("layout_b", "row")), LAYOUTS, "layout_b", "GEMM problem")
@@ -230,6 +240,12 @@ class GemmFamily(FamilyBase):
     def bytes_moved(self, problem: GemmProblem) -> float:
         elt = DTYPES[problem.dtype].element_bytes
         return float(elt * (problem.m * problem.k + problem.k * problem.n) + 4 * problem.m * problem.n)
+
+    def operand_bytes(self, values: Mapping[str, Any]) -> int:
+        """Bytes a measurement of the problem holds at once: A and B as stored, C in fp32 and
+        its float64 reference (FamilyError as `problem` for bad fields)."""
+        p = self.problem(values)
+        return DTYPES[p.dtype].element_bytes * (p.m * p.k + p.k * p.n) + (4 + 8) * p.m * p.n
 
     def tolerance(self, problem: GemmProblem) -> float:
         return DTYPES[problem.dtype].tolerance

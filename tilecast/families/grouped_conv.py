@@ -161,6 +161,8 @@ DIRECTION_IO = {
     "bwd_weight": _Direction(("x", "dy", "dw"), _to_gkzyxc, (False, True, False)),
 }
 _LAYOUT_OF = {"x": _to_ndhwgc, "dy": _to_ndhwgc, "w": _to_gkzyxc}
+# each direction's output has the shape of one of the tensors prepare draws
+SAME_SHAPE = {"y": "dy", "dx": "x", "dw": "w"}
 
 
 class GroupedConvFamily(FamilyBase):
@@ -288,6 +290,17 @@ class GroupedConvFamily(FamilyBase):
         elements = (p.N * p.Di * p.Hi * p.Wi * p.G * p.C + p.G * p.K * p.Z * p.Y * p.X * p.C
                     + p.N * do * ho * wo * p.G * p.K)
         return float(ELEMENT_BYTES * elements)
+
+    def operand_bytes(self, values: Mapping[str, Any]) -> int:
+        """Bytes a measurement of the problem holds at once: x, w and dy in float32 (prepare
+        draws all three), the direction's output and its float64 reference (FamilyError as
+        `problem` for bad fields)."""
+        p = self.problem(values)
+        do, ho, wo = (max(v, 0) for v in p.output_dims())
+        elements = {"x": p.N * p.Di * p.Hi * p.Wi * p.G * p.C,
+                    "w": p.G * p.K * p.Z * p.Y * p.X * p.C, "dy": p.N * do * ho * wo * p.G * p.K}
+        output = elements[SAME_SHAPE[DIRECTION_IO[self.direction].operands[2]]]
+        return ELEMENT_BYTES * sum(elements.values()) + (ELEMENT_BYTES + 8) * output
 
     def tolerance(self, problem: GroupedConvProblem) -> float:
         return TOLERANCE[_choice(problem.dtype, TOLERANCE, "dtype", "tolerance")]
