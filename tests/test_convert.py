@@ -1,10 +1,14 @@
-"""Convert stage: bad raw files are rejected with a message naming them; parquet round-trips."""
+"""Convert stage: bad raw files are rejected with a message naming them; parquet round-trips;
+the output never replaces an input (or any file that is not a dataset); a record read twice
+is one row."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+from faults import note_case, note_records
 from tilecast.core import dataset
 from tilecast.stages.convert import convert_raw
 from tilecast.core.dataset import DatasetError, RECORD_COLUMNS
@@ -90,3 +94,92 @@ def test_final_table_pools_a_finalists_screen_and_confirm_samples():
                            _record(phase="confirm", status="crashed", samples_s=[], tflops=None,
                                    median_s=None)])
     assert dataset.final_table(failed)["status"].tolist() == ["crashed"]
+
+
+def _raw(path, *records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_the_output_is_never_one_of_the_inputs(tmp_path):
+    """`convert W/bench/gemm.jsonl --out W/bench/gemm.jsonl` once replaced the raw log that a
+    resumed run depends on with parquet: by the same path, a symlink or a hard link."""
+    raw = _raw(tmp_path / "gemm.jsonl", _record(), _record(kernel="k2"))
+    before = raw.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(raw)
+    os.link(raw, tmp_path / "hard.jsonl")
+    for out in (raw, tmp_path / "." / "gemm.jsonl", tmp_path / "link.jsonl", tmp_path / "hard.jsonl"):
+        with pytest.raises(DatasetError, match="is the input .*gemm.jsonl; writing the dataset "
+                                               "there would replace it"):
+            convert_raw([raw], out)
+        note_case("clear")
+    with pytest.raises(DatasetError, match="is the input"):   # the link given as the input
+        convert_raw([tmp_path / "link.jsonl"], raw)
+    note_case("clear")
+    assert raw.read_bytes() == before and (tmp_path / "link.jsonl").is_symlink()
+
+
+def test_an_existing_file_that_is_not_a_dataset_is_not_replaced(tmp_path):
+    raw = _raw(tmp_path / "gemm.jsonl", _record())
+    other_log = _raw(tmp_path / "conv.jsonl", _record(kernel="conv"))
+    with pytest.raises(DatasetError, match="exists and is not a parquet file"):
+        convert_raw([raw], other_log)
+    note_case("clear")
+    assert dataset.load(convert_raw([raw], tmp_path / "out.parquet").out_path).shape[0] == 1
+    # a dataset it wrote is replaced: converting again after more records is the normal case
+    _raw(raw, _record(), _record(kernel="k2"))
+    assert convert_raw([raw], tmp_path / "out.parquet").rows == 2
+    assert json.loads(other_log.read_text())["kernel"] == "conv"
+
+
+def test_repeated_records_become_one_row_and_are_counted(tmp_path, caplog):
+    """The same file given twice, or a record copied into a second file, is read once; two
+    measurements of one slot at different times (a re-measurement) both stay."""
+    first = _raw(tmp_path / "a.jsonl", _record(), _record(kernel="k2"),
+                 _record(phase="confirm", time="2026-01-01T00:01:00"))
+    second = _raw(tmp_path / "b.jsonl", _record(kernel="k2"),
+                  _record(kernel="k2", time="2026-01-02T00:00:00", samples_s=[3e-6]))
+    with caplog.at_level("WARNING", logger="tilecast.stages.convert"):
+        summary = convert_raw([first, first, second], tmp_path / "out.parquet")
+    assert summary.duplicates_dropped == 4 and summary.rows == 4
+    assert "dropped 4 repeated record(s)" in caplog.text
+    frame = dataset.load(tmp_path / "out.parquet")
+    slots = frame.groupby(["run_id", "time", "dims_key", "kernel", "phase"]).size()
+    note_records(lost=4 - len(slots), duplicated=int((slots - 1).sum()))
+    assert len(slots) == 4 and slots.max() == 1
+    assert sorted(frame.loc[frame["kernel"] == "k2", "time"]) == ["2026-01-01T00:00:00",
+                                                                   "2026-01-02T00:00:00"]
+
+
+def test_a_slot_measured_under_two_protocols_is_scored_on_the_latest(tmp_path):
+    """A raw file resumed after a protocol change holds both protocols' records of a pair:
+    the final table takes the latest protocol's and never pools the two."""
+    import pandas as pd
+
+    old = dict(protocol_hash="aaaa", build_key="b1")
+    new = dict(protocol_hash="bbbb", build_key="b1", time="2026-01-02T00:00:00")
+    frame = pd.DataFrame([
+        _record(samples_s=[1.0] * 3, median_s=1.0, tflops=3.0, **old),
+        _record(phase="confirm", samples_s=[1.0] * 3, median_s=1.0, tflops=3.0,
+                **{**old, "time": "2026-01-01T00:01:00"}),
+        _record(samples_s=[2.0] * 3, median_s=2.0, tflops=1.5, **new),
+        _record(kernel="k2", samples_s=[4.0], median_s=4.0, tflops=0.75, **old)])
+    final = dataset.final_table(frame).set_index("kernel")
+    assert final.at["k1", "protocol_hash"] == "bbbb" and final.at["k1", "median_s"] == 2.0
+    assert final.at["k1", "phase"] == "screen"            # the old confirm is not pooled
+    assert final.at["k2", "protocol_hash"] == "aaaa"      # measured once: its record stands
+    rebuilt = frame.assign(build_key=["b1", "b1", "b2", "b1"], protocol_hash="aaaa")
+    assert dataset.final_table(rebuilt).set_index("kernel").at["k1", "median_s"] == 2.0
+
+
+def test_a_raw_log_corrupt_before_its_last_line_is_an_error_unless_skipped(tmp_path):
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps(_record()) + "\n{garbage\n" + json.dumps(_record(kernel="k2"))
+                   + "\n[1, 2]\n" + json.dumps(_record(kernel="k3")) + "\n")
+    with pytest.raises(DatasetError, match=r"raw.jsonl: 2 corrupt line\(s\) before the end "
+                                           r"\(line\(s\) 2, 4\)"):
+        convert_raw([raw], tmp_path / "out.parquet")
+    note_case("clear")
+    assert not (tmp_path / "out.parquet").exists()
+    summary = convert_raw([raw], tmp_path / "out.parquet", skip_corrupt=True)
+    assert (summary.rows, summary.skipped_lines) == (3, 2)

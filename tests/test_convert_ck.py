@@ -1,5 +1,6 @@
 """Foreign import of CK tile-engine grouped-conv CSVs: rows keyed on the dims tuple (never on
-problem_idx), columns named as the seed, bad files rejected whole with the offenders named."""
+problem_idx), columns named as the seed, bad files rejected whole with the offenders named,
+single rows without a usable latency left out and reported with their line numbers."""
 from __future__ import annotations
 
 import csv
@@ -7,6 +8,7 @@ import csv
 import pandas as pd
 import pytest
 
+from faults import note_case, note_records
 from tilecast.core import dataset
 from tilecast.cli import main
 from tilecast.stages.convert_ck import CK_COLUMNS, convert_ck_csv
@@ -104,3 +106,75 @@ def test_cli_convert_from_ck_csv(tmp_path, capsys):
     _write(tmp_path / "broken.csv", ROWS, CK_COLUMNS[:-1])
     assert main(["convert", "--from", "ck-csv", str(tmp_path / "broken.csv"), "--out", str(out)]) == 2
     assert "non_zero" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"\x89PNG\r\n\x1a\n" + bytes(range(256)), "binary data (a NUL byte at offset 8)"),
+    (b"kernel,latency_ms\n\xff\xfe\xfa,1.0\n", "not UTF-8 text (byte 0xff"),
+    (b'kernel,N\n"unterminated,1\n', "not a well-formed CSV"),
+    (b"", "empty file"),
+    (b"latency_ms: fast\n", "missing column(s)"),
+])
+def test_a_file_of_garbage_is_a_clear_error(tmp_path, content, needle):
+    src = tmp_path / "garbage.csv"
+    src.write_bytes(content)
+    with pytest.raises(DatasetError) as err:
+        convert_ck_csv(src, tmp_path / "out.parquet")
+    assert needle in str(err.value) and "garbage.csv" in str(err.value)
+    assert not (tmp_path / "out.parquet").exists()
+    note_case("clear")
+
+
+def test_rows_without_a_usable_latency_are_left_out_and_reported(tmp_path, caplog):
+    """`fast`, NaN and a negative latency: each row is left out and named by its CSV line;
+    a kernel left with none is `crashed` saying which rows; the rest converts as before."""
+    bad = [_row(FWD_2D, 0, "fast"),                                  # line 8
+           _row(FWD_2D_MEM, 0, "nan", dilation_h=2, pad_h=2),        # line 9
+           _row(FWD_2D, 0, -0.25)]                                    # line 10
+    src = _write(tmp_path / "mixed.csv", ROWS + bad)
+    with caplog.at_level("WARNING", logger="tilecast.stages.convert_ck"):
+        summary = convert_ck_csv(src, tmp_path / "out.parquet")
+    assert summary.bad_rows == 3 and summary.rows == 6
+    assert "3 row(s) without a usable latency_ms" in caplog.text
+    assert "CSV line(s) 8 (fast), 9 (nan), 10 (-0.25)" in caplog.text
+    frame = dataset.load(tmp_path / "out.parquet").set_index(["kernel", "dilation_h"])
+    kept = frame.loc[(FWD_2D, 1)]
+    assert kept["status"] == "ok" and sorted(kept["samples_s"]) == pytest.approx([0.5e-3, 0.7e-3])
+    lost = frame.loc[(FWD_2D_MEM, 2)]
+    assert lost["status"] == "crashed" and "rows [9]" in lost["reason"] and pd.isna(lost["tflops"])
+    for _ in bad:
+        note_case("clear")
+
+
+def test_no_usable_latency_at_all_is_an_error(tmp_path):
+    src = _write(tmp_path / "fast.csv", [_row(FWD_2D, 0, "fast"), _row(BWD_W, 1, "-1")])
+    with pytest.raises(DatasetError, match=r"fast.csv: no row has a usable latency_ms .*rows "
+                                           r"2 \(fast\), 3 \(-1\)"):
+        convert_ck_csv(src, tmp_path / "out.parquet")
+    note_case("clear")
+
+
+def test_malformed_shape_and_tflops_fields(tmp_path):
+    """A shape field that is not a number is an error naming the row; a `tflops` that is not
+    one only loses the CSV's own figure (tilecast recomputes TFLOP/s)."""
+    src = _write(tmp_path / "shape.csv", ROWS[:1] + [_row(FWD_2D, 1, 0.5, N="two")])
+    with pytest.raises(DatasetError, match=r"shape.csv row 3: bad shape field"):
+        convert_ck_csv(src, tmp_path / "out.parquet")
+    note_case("clear")
+    rows = [{**_row(FWD_2D, 0, 0.5), "tflops": "fast"}]
+    summary = convert_ck_csv(_write(tmp_path / "tflops.csv", rows), tmp_path / "out.parquet")
+    record = dataset.load(summary.out_path).iloc[0]
+    assert record["status"] == "ok" and pd.isna(record["source_tflops"]) and record["tflops"] > 0
+
+
+def test_the_same_csv_twice_is_read_once_and_never_overwritten(tmp_path):
+    src = _write(tmp_path / "bench.csv", ROWS)
+    once = convert_ck_csv(src, tmp_path / "once.parquet")
+    twice = convert_ck_csv([src, src], tmp_path / "twice.parquet")
+    assert twice.duplicates_dropped == once.rows and twice.rows == once.rows
+    note_records(lost=once.rows - twice.rows, duplicated=twice.rows - once.rows)
+    before = src.read_bytes()
+    with pytest.raises(DatasetError, match="is the input"):
+        convert_ck_csv(src, src)
+    note_case("clear")
+    assert src.read_bytes() == before

@@ -10,8 +10,8 @@ import pytest
 
 from tilecast.stages.bench import _validate
 from tilecast.families import get_family
-from tilecast.core.measure import (Protocol, ProtocolError, _parse_line, cpu_stall_us, measure_callable,
-                              run_binary)
+from tilecast.core.measure import (Protocol, ProtocolError, _parse_line, cpu_stall_us,
+                                   is_usage_error, measure_callable, protocol_hash, run_binary)
 
 GEMM = get_family("gemm")
 PROTOCOL = Protocol(warmup_ms=1, min_sample_ms=1, samples=3, threads=1, timeout_s=3)
@@ -166,3 +166,48 @@ def test_a_binary_from_before_the_sync_guard_runs_without_it(tmp_path, monkeypat
     outcomes = run_binary(old, [("a", ("1",)), ("b", ("2",))], protocol)
     assert {k: (o.status, o.samples_s) for k, o in outcomes.items()} == {
         "a": ("ok", [1e-3, 2e-3]), "b": ("ok", [1e-3, 2e-3])}
+
+
+def test_protocol_counts_must_be_whole_numbers():
+    """`samples: 2.5` once passed and made every kernel exit with the harness' usage error."""
+    for bad in ({"samples": 2.5}, {"samples": True}, {"threads": "2"}, {"retakes": -1},
+                {"max_reps": 0}):
+        (name, value), = bad.items()
+        with pytest.raises(ProtocolError, match=f"{name}={value!r}"):
+            Protocol(**bad)
+    for bad in ({"warmup_ms": float("nan")}, {"timeout_s": "60"}, {"flush_cache": "no"}):
+        with pytest.raises(ProtocolError, match=next(iter(bad))):
+            Protocol(**bad)
+    assert type(Protocol(samples=np.int64(3)).samples) is int
+
+
+def test_protocol_hash_is_stable_and_follows_every_field():
+    """The hash is written into raw logs that outlive a tilecast version: its value for the
+    default protocol is pinned, numbers compare by value, and each field changes it."""
+    from dataclasses import fields, replace
+
+    base = Protocol()
+    assert protocol_hash(base) == "ba0f36975dd1144c"
+    assert protocol_hash(Protocol(warmup_ms=20, timeout_s=60.0)) == protocol_hash(base)
+    changed = {"warmup_ms": 21.0, "min_sample_ms": 10.5, "samples": 8, "max_reps": 9999,
+               "flush_cache": True, "threads": 1, "timeout_s": 30.0, "retakes": 0,
+               "stall_limit": 0.1, "sync_limit": 0}
+    assert set(changed) == {f.name for f in fields(Protocol)}
+    hashes = {name: protocol_hash(replace(base, **{name: value})) for name, value in changed.items()}
+    assert protocol_hash(base) not in hashes.values() and len(set(hashes.values())) == len(changed)
+
+
+def test_a_refused_command_line_marks_every_job_a_usage_error(tmp_path, faulty_binary,
+                                                             refused_samples, monkeypatch):
+    """The real harness rejecting `--samples 2.5`: no job ran, each gets the usage-error
+    reason (with the harness's words), from one process, not one process per job."""
+    _, jobs = _jobs(tmp_path, [12, 31, 11])
+    outcomes = run_binary(faulty_binary, jobs, PROTOCOL)
+    assert set(outcomes) == {"j12", "j31", "j11"}
+    for outcome in outcomes.values():
+        assert outcome.status == "crashed" and is_usage_error(outcome.reason), outcome
+        assert "--samples" in outcome.reason and "2.5" in outcome.reason
+        assert outcome.samples_s == []
+    assert not is_usage_error("exited with status 2: error: boom") and not is_usage_error(None)
+    monkeypatch.setattr(Protocol, "argv", refused_samples)   # the true command line again
+    assert all(o.status == "ok" for o in run_binary(faulty_binary, jobs[1:2], PROTOCOL).values())

@@ -3,6 +3,11 @@
 One row per benchmark record (a kernel measured on a problem in one phase). Stages after
 `convert` read the parquet file through `load` and derive what they need here, so the
 rules (which phase counts, what is valid, who won) live in one place.
+
+A raw file can hold records of two protocols (a run resumed after its protocol changed
+measures every pair again, and the old records stay in the append-only log): the latest
+protocol wins, pair by pair (`latest_origin`); the older records are kept in the dataset,
+never scored.
 """
 from __future__ import annotations
 
@@ -12,10 +17,14 @@ from pathlib import Path
 import pandas as pd
 
 from tilecast.core import stats, tune
+from tilecast.core.measure import is_usage_error
 
 # 2: records say how their samples were timed (`timing`, one of TIMINGS); version 1 records
 # convert with a warning, as `isolated` (the only protocol there was)
-SCHEMA_VERSION = 2
+# 3: records say what made them: `protocol_hash` (measure.protocol_hash of the protocol) and
+# `build_key` (the build cache key of the candidate's binary; None for peers and imports).
+# Older records convert with a warning, both None; a resumed benchmark never reuses them.
+SCHEMA_VERSION = 3
 
 # Status codes of a benchmark record: the single table; `ok` is the only one whose time counts.
 STATUSES = ("ok", "build_failed", "unsupported", "wrong_result", "timeout", "crashed")
@@ -36,8 +45,12 @@ TIMINGS = ("isolated", "interleaved", "imported")
 RECORD_COLUMNS = (
     "schema_version", "run_id", "time", "git_sha", "hardware", "family", "problem_set",
     "dims_key", "kernel", "role", "phase", "status", "reason", "samples_s", "reps_per_sample",
-    "median_s", "mad_s", "tflops", "gbps", "max_error", "threads", "timing",
+    "median_s", "mad_s", "tflops", "gbps", "max_error", "threads", "timing", "protocol_hash",
+    "build_key",
 )
+
+# What makes two records of one (dims_key, kernel) comparable: the same protocol and binary.
+ORIGIN_COLUMNS = ("protocol_hash", "build_key")
 
 
 class DatasetError(ValueError):
@@ -49,14 +62,21 @@ def load(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"dataset {path} does not exist; run the convert stage first")
-    frame = pd.read_parquet(path)
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError) as err:   # pyarrow's ArrowInvalid is a ValueError
+        raise DatasetError(f"dataset {path} is not a readable parquet file: "
+                           f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                           ) from None
+    # an older dataset lacks this version's columns: the version says why, and what to do
+    versions = set(frame["schema_version"].unique()) if "schema_version" in frame else set()
+    if versions - {SCHEMA_VERSION}:
+        raise DatasetError(f"dataset {path} has schema versions {sorted(versions)}; "
+                           f"this tilecast reads version {SCHEMA_VERSION}: re-run convert on "
+                           "its raw records (older raw records convert)")
     missing = [c for c in RECORD_COLUMNS if c not in frame.columns]
     if missing:
         raise DatasetError(f"dataset {path} lacks columns {missing}")
-    versions = set(frame["schema_version"].unique())
-    if versions - {SCHEMA_VERSION}:
-        raise DatasetError(f"dataset {path} has schema versions {sorted(versions)}; "
-                           f"this tilecast reads version {SCHEMA_VERSION}: re-run convert")
     return frame
 
 
@@ -68,8 +88,11 @@ def final_table(records: pd.DataFrame) -> pd.DataFrame:
     confirmation adds fresh samples, and a slow spell of the machine lasting through one
     phase (seen on this VM: 3x slower for ~5 s, invisible to the contention guard) cannot
     decide the score alone. When either phase failed (or a table carries no samples), the
-    latest record stands."""
-    frame = records[records["role"] == "candidate"].copy()
+    latest record stands. Only records of the latest origin (protocol and binary) of a
+    (dims_key, kernel) count: a run resumed after a protocol change measured it again, and
+    the earlier protocol's records left in its raw file are never pooled with the new ones.
+    A record the harness refused to run (a usage error) counts only while there is no other."""
+    frame = _measured(latest_origin(records[records["role"] == "candidate"])).copy()
     frame["_phase_rank"] = frame["phase"].map({"confirm": 0, "screen": 1})
     frame = frame.sort_values(["dims_key", "kernel", "_phase_rank", "time"],
                               ascending=[True, True, True, False])
@@ -91,6 +114,32 @@ def final_table(records: pd.DataFrame) -> pd.DataFrame:
             final.at[key, "gbps"] = final.at[key, "gbps"] * scale
         final = final.reset_index()
     return final.drop(columns="_phase_rank").reset_index(drop=True)
+
+
+def latest_origin(records: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `records` made by the same protocol and binary (ORIGIN_COLUMNS) as the
+    latest row of their (dims_key, kernel, role); all rows where the columns are absent."""
+    present = [c for c in ORIGIN_COLUMNS if c in records.columns]
+    if not present or records.empty:
+        return records
+    origin = records[present].astype("string").fillna("").agg("|".join, axis=1)
+    order = records["time"].astype(str).argsort(kind="stable").to_numpy()
+    slots = ["dims_key", "kernel", "role"]
+    latest = (records.iloc[order][slots].assign(_origin=origin.iloc[order].to_numpy())
+              .drop_duplicates(slots, keep="last"))
+    keyed = records[slots].merge(latest, on=slots, how="left")["_origin"].to_numpy()
+    return records[origin.to_numpy() == keyed]
+
+
+def _measured(records: pd.DataFrame) -> pd.DataFrame:
+    """`records` less its usage-error rows (nothing was measured: measure.is_usage_error)
+    whose (dims_key, kernel) has another row, which then stands for it."""
+    if records.empty or "reason" not in records.columns:
+        return records
+    pairs = list(zip(records["dims_key"], records["kernel"]))
+    refused = [is_usage_error(reason) for reason in records["reason"]]
+    measured = {pair for pair, no in zip(pairs, refused) if not no}
+    return records[[not (no and pair in measured) for pair, no in zip(pairs, refused)]]
 
 
 def valid(final: pd.DataFrame) -> pd.DataFrame:

@@ -6,10 +6,15 @@ the kernel; this module owns the protocol's parameters, runs each candidate bina
 isolated subprocess with a per-job timeout, and turns its output into outcomes. A kernel that
 crashes or hangs becomes a `crashed` / `timeout` outcome and the remaining jobs go on in a
 fresh process. `measure_callable` applies the same protocol to an in-process peer (torch).
+A harness that rejects its command line (a usage error: nothing was measured) marks every job
+of the process with the USAGE_ERROR reason, which no later run takes as a measurement.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import numbers
 import os
 import selectors
 import signal
@@ -23,6 +28,18 @@ from typing import Callable, Mapping, Sequence
 
 class ProtocolError(ValueError):
     """An invalid measurement protocol setting."""
+
+
+# The reason of a job the harness refused to run because its command line was bad (it exits
+# 2 and prints its usage): the record says `crashed`, but no kernel ran; see is_usage_error.
+USAGE_ERROR = "harness usage error"
+# how harness.hpp's usage text starts (detail::kUsage)
+_HARNESS_USAGE = "usage: <binary>"
+
+# Protocol fields that count something: whole numbers, never booleans or fractions (the
+# harness rejects `--samples 2.5` as a usage error) -> their least allowed value.
+_COUNTS = {"samples": 1, "max_reps": 1, "threads": 1, "retakes": 0}
+_NUMBERS = ("warmup_ms", "min_sample_ms", "timeout_s", "stall_limit", "sync_limit")
 
 
 @dataclass(frozen=True)
@@ -44,14 +61,21 @@ class Protocol:
     sync_limit: float = 1.5
 
     def __post_init__(self):
+        for name in _NUMBERS:
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                    or not math.isfinite(value)):
+                raise ProtocolError(f"protocol {name}={value!r} must be a finite number")
+        for name, least in _COUNTS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise ProtocolError(f"protocol {name}={value!r} must be a whole number >= {least}")
+            object.__setattr__(self, name, int(value))   # a numpy integer becomes a plain int
+        if not isinstance(self.flush_cache, bool):
+            raise ProtocolError(f"protocol flush_cache={self.flush_cache!r} must be true or false")
         for name in ("warmup_ms", "min_sample_ms", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise ProtocolError(f"protocol {name}={getattr(self, name)!r} must be > 0")
-        for name in ("samples", "max_reps", "threads"):
-            if int(getattr(self, name)) < 1:
-                raise ProtocolError(f"protocol {name}={getattr(self, name)!r} must be >= 1")
-        if int(self.retakes) < 0:
-            raise ProtocolError(f"protocol retakes={self.retakes!r} must be >= 0")
         if not 0 < self.stall_limit <= 1:
             raise ProtocolError(f"protocol stall_limit={self.stall_limit!r} must be in (0, 1]")
         if not (self.sync_limit == 0 or self.sync_limit > 1):
@@ -80,6 +104,28 @@ class Protocol:
         return env
 
 
+def protocol_hash(protocol: Protocol) -> str:
+    """A stable hash of every field of `protocol` (16 hex digits), written into each
+    benchmark record: a resumed run reuses only records of its own protocol. Every field
+    changes what a record holds: how a sample is taken (warm-up, sample time, repetitions,
+    flush, threads, the guards), how many there are, and when a job is given up (a `timeout`
+    record under 3 s says nothing under 60 s). Numbers are compared by value (20 == 20.0)."""
+    def canonical(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return value
+        return int(value) if float(value).is_integer() else float(value)
+
+    values = {f.name: canonical(getattr(protocol, f.name)) for f in fields(protocol)}
+    payload = json.dumps({"protocol_hash": 1, **values}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def is_usage_error(reason) -> bool:
+    """Whether an outcome's (or a record's) reason says the harness refused its command line:
+    nothing was measured, so such a record never stands for a measurement."""
+    return isinstance(reason, str) and reason.startswith(USAGE_ERROR)
+
+
 @dataclass
 class JobOutcome:
     """What one job produced: status (a dataset.STATUSES code) and the samples if any."""
@@ -98,6 +144,14 @@ class JobOutcome:
     @property
     def disturbed(self) -> int:
         return len(self.disturbed_samples_s)
+
+
+def _usage_outcome(stderr_tail: str) -> JobOutcome:
+    """The outcome of every job of a process whose harness printed its usage and exited 2."""
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    said = next((line for line in lines if line.startswith("error:")), lines[0] if lines else "")
+    return JobOutcome("crashed", f"{USAGE_ERROR} (exit 2, nothing measured): "
+                                 f"{said.removeprefix('error:').strip()}")
 
 
 def _parse_line(line: str) -> tuple[str, JobOutcome] | None:
@@ -266,7 +320,12 @@ def _run_once(binary: Path, jobs, protocol: Protocol, samples) -> dict[str, JobO
                 if (proc.returncode == 2 and not outcomes and protocol.sync_limit
                         and "unknown flag '--sync-limit'" in tail):
                     raise _PredatesSyncGuard(tail)
-                outcomes[job_id] = JobOutcome("crashed", _describe_exit(proc.returncode, tail))
+                if proc.returncode == 2 and not outcomes and _HARNESS_USAGE in tail:
+                    # the command line itself was refused: every job would be, one process each
+                    outcomes.update((pending, _usage_outcome(tail))
+                                    for pending in expected[current:])
+                else:
+                    outcomes[job_id] = JobOutcome("crashed", _describe_exit(proc.returncode, tail))
     return outcomes
 
 

@@ -7,7 +7,11 @@ counts. Each problem's finalists (the practical-tie set and the next best, per
 `tune.tie_set`) are re-measured with fresh samples (`confirm` phase, sample count from
 `tune.confirmation_count`), which removes the winner's curse from the oracle. Samples are
 taken in several rounds over the batch (see `_execute`). Records are
-appended as they are produced; a re-run skips what the raw file already holds.
+appended as they are produced; a re-run skips what the raw file already holds, provided it
+was measured the same way: every record carries its protocol's hash
+(`measure.protocol_hash`) and its binary's build cache key, and a resumed run reuses only
+records of its own protocol, binary and problem, never one the harness refused to run (a
+usage error: `measure.is_usage_error`). The rest are measured again and say so.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import math
 import shutil
 import time
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,7 +30,8 @@ from tilecast.stages import build
 from tilecast.core import interleave, stats, tune
 from tilecast.core.dataset import SCHEMA_VERSION
 from tilecast.families.base import PreparedProblem, norm_relative_error
-from tilecast.core.measure import JobOutcome, Protocol, measure_callable, run_binary
+from tilecast.core.measure import (JobOutcome, Protocol, is_usage_error, measure_callable,
+                                   protocol_hash, run_binary)
 from tilecast.core.rawlog import RawWriter, read_records
 
 log = logging.getLogger("tilecast.stages.bench")
@@ -34,7 +39,11 @@ log = logging.getLogger("tilecast.stages.bench")
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """Policy of one benchmark run (the protocol says how to time, this what to time)."""
+    """Policy of one benchmark run (the protocol says how to time, this what to time).
+    Only the protocol is part of a record's protocol hash: these settings decide which pairs
+    are timed, how many samples they get and how they are grouped in time, never what a
+    sample is (the timing style is recorded per record, `timing`, and a run resumed without
+    interleaving keeps its interleaved labels)."""
     protocol: Protocol
     tie_threshold_pct: float = 1.0
     finalists: int = 3
@@ -83,12 +92,17 @@ def in_process_libraries(family, builts: Sequence, cache_dir: Path, jobs: int = 
 
 @dataclass
 class BenchSummary:
-    """What a benchmark call did: new records per status, and how many were already there."""
+    """What a benchmark call did: new records per status, how many were already there, how
+    many earlier records it could not reuse (per reason: `_reusable`) and how many of its own
+    records are harness usage errors (nothing measured)."""
     raw_path: Path
     measured: int = 0
     skipped_existing: int = 0
     statuses: dict = field(default_factory=lambda: defaultdict(int))
     seconds: float = 0.0
+    set_aside: dict = field(default_factory=dict)
+    usage_errors: int = 0
+    first_usage_error: str = ""
 
 
 def _now() -> str:
@@ -102,13 +116,17 @@ class _Recorder:
                  summary: BenchSummary):
         self.family, self.writer, self.run_info = family, writer, run_info
         self.protocol, self.summary = protocol, summary
+        self.protocol_hash = protocol_hash(protocol)
 
     def write(self, problem_set: str, problem, kernel: str, config, role: str, phase: str,
               outcome: JobOutcome, binary_bytes: int = 0, max_error: float | None = None,
-              round_medians: list[float] | None = None, timing: str = "isolated") -> dict:
+              round_medians: list[float] | None = None, timing: str = "isolated",
+              build_key: str | None = None) -> dict:
+        """Append one record; `build_key` is the candidate's build cache key (None: a peer)."""
         fam = self.family
         record = {
             "schema_version": SCHEMA_VERSION, "time": _now(), **self.run_info,
+            "protocol_hash": self.protocol_hash, "build_key": build_key,
             "family": fam.name, "problem_set": problem_set, "dims_key": fam.dims_key(problem),
             **fam.problem_dict(problem), "kernel": kernel, "role": role, "phase": phase,
             "status": outcome.status, "reason": outcome.reason, "samples_s": outcome.samples_s,
@@ -136,6 +154,9 @@ class _Recorder:
         self.writer.append(record)
         self.summary.measured += 1
         self.summary.statuses[record["status"]] += 1
+        if is_usage_error(record["reason"]):
+            self.summary.usage_errors += 1
+            self.summary.first_usage_error = self.summary.first_usage_error or record["reason"]
         return record
 
 
@@ -172,6 +193,57 @@ def _finalists(screen: dict[str, dict], settings: BenchSettings) -> list[tuple[s
             for s in chosen]
 
 
+# Why an earlier record is not reused (`_reusable`), as a resumed run's log line says it.
+SET_ASIDE = {"protocol": "of another protocol", "binary": "of another binary",
+             "usage": "of harness usage errors"}
+
+
+def _slot(record: dict) -> tuple:
+    """(dims_key, kernel, phase) of a record; peers are keyed by role, since the peer's name
+    (e.g. torch.matmul) is the family's business."""
+    return (record.get("dims_key"), "peer" if record.get("role") == "peer" else record.get("kernel"),
+            record.get("phase"))
+
+
+def _why_not_reused(record: dict, current_hash: str, build_keys: Mapping[str, str]) -> str | None:
+    """None when `record` stands for a measurement of this run, else a SET_ASIDE key."""
+    if is_usage_error(record.get("reason")):
+        return "usage"
+    if record.get("protocol_hash") != current_hash:
+        return "protocol"
+    kernel = _slot(record)[1]
+    if kernel in build_keys and record.get("build_key") != build_keys[kernel]:
+        return "binary"
+    return None
+
+
+def _reusable(family, builts, problems, existing: list[dict], settings: BenchSettings,
+              summary: BenchSummary) -> dict:
+    """The `done` map of a resumed run: slot -> the latest earlier record measured with this
+    run's protocol (hash) and binary (build key), not refused by the harness. The slots of
+    this run left without one are counted per reason in `summary.set_aside` and logged."""
+    current_hash = protocol_hash(settings.protocol)
+    build_keys = {b.kernel: b.cache_key for b in builts}
+    in_run = {family.dims_key(problem) for _, problem in problems}
+    done, set_aside = {}, {}
+    for record in existing:
+        slot = _slot(record)
+        why = _why_not_reused(record, current_hash, build_keys)
+        if why is None:
+            done[slot] = record
+        elif slot[0] in in_run and (slot[1] in build_keys
+                                    or (slot[1] == "peer" and settings.measure_peer)):
+            set_aside[slot] = why
+    counts = Counter(why for slot, why in set_aside.items() if slot not in done)
+    if counts:
+        log.warning("bench %s: %s (a run reuses only records of its own protocol, binary and "
+                    "problem; a record without a protocol hash is of another)", family.name,
+                    "; ".join(f"{counts[why]} records {SET_ASIDE[why]} re-measured"
+                              for why in SET_ASIDE if counts[why]))
+    summary.set_aside = dict(counts)
+    return done
+
+
 def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], raw_path: Path,
               scratch_dir: Path, run_info: dict, settings: BenchSettings,
               progress: Callable[[str], None] | None = None) -> BenchSummary:
@@ -179,10 +251,7 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
     progress = progress or log.info
     summary = BenchSummary(raw_path=Path(raw_path))
     started = time.perf_counter()
-    existing = read_records(raw_path)
-    # peers are keyed by role: the peer's name (e.g. torch.matmul) is the family's business
-    done = {(r.get("dims_key"), "peer" if r.get("role") == "peer" else r.get("kernel"),
-             r.get("phase")): r for r in existing}
+    done = _reusable(family, builts, problems, read_records(raw_path), settings, summary)
     batches = [problems[i:i + settings.problems_per_batch]
                for i in range(0, len(problems), settings.problems_per_batch)]
     with RawWriter(raw_path) as writer, interleave.Worker(settings.protocol, scratch_dir) as worker:
@@ -197,6 +266,10 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
                      f"elapsed {elapsed:.0f}s, eta {eta:.0f}s")
         _race(family, builts, problems, done, rec, settings, worker, progress)
     summary.seconds = time.perf_counter() - started
+    if summary.usage_errors:
+        log.warning("bench %s: the harness refused %d job(s) without measuring (%s); fix the "
+                    "protocol and run again: these records are never reused", family.name,
+                    summary.usage_errors, summary.first_usage_error)
     return summary
 
 
@@ -228,7 +301,8 @@ def _run_batch(family, builts, batch, done, rec: _Recorder, scratch: Path,
                         else ("unsupported", reason)
                     done[key, built.kernel, "screen"] = rec.write(
                         ps, problem, built.kernel, built.config, "candidate", "screen",
-                        JobOutcome(status, why), built.event.binary_bytes)
+                        JobOutcome(status, why), built.event.binary_bytes,
+                        build_key=built.cache_key)
                     continue
                 todo.append(key)
             if todo:
@@ -410,7 +484,8 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
             done[key, b.kernel, phase] = rec.write(ps, problem, b.kernel, b.config, "candidate",
                                                    phase, outcome, b.event.binary_bytes, error,
                                                    round_medians[b.kernel, key],
-                                                   "interleaved" if task in interleaved else "isolated")
+                                                   "interleaved" if task in interleaved else "isolated",
+                                                   build_key=b.cache_key)
     for key in peers:
         ps, problem = keys[key]
         name, _ = family.peer(prepare(key), settings.protocol.threads)
@@ -515,7 +590,8 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
         done[key, kernel, "confirm"] = rec.write(ps, problem, kernel, built.config, "candidate",
                                                  "confirm", outcome, built.event.binary_bytes,
                                                  errors.get((kernel, key)),
-                                                 round_medians[kernel, key], "interleaved")
+                                                 round_medians[kernel, key], "interleaved",
+                                                 build_key=built.cache_key)
 
 
 def _fold_round(screen: Mapping[str, dict], timings: Mapping[str, interleave.PairTiming], key,

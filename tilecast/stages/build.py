@@ -6,6 +6,10 @@ binary is written to a temp file and moved into place, so an interrupted build n
 a half-written binary.
 A compile error is a recorded `failed` event (cached too, so re-runs do not retry it).
 
+The build events (one per candidate, with its binary's path and cache key) are what the next
+stages read (`write_events` / `read_events`); a family none of whose candidates built is a
+BuildError naming the failures (`require_some_built`), since there is nothing to measure.
+
 Shared mode compiles a variant's in-process entry (its BuildSpec's `library_source`: the same
 kernel code and defines, a C entry instead of the job runner) into `<name>-<key>.so` in the
 same cache, with the same key rules; tilecast.runtime.kernel_library loads it for tilecast.runtime.ops.
@@ -22,13 +26,14 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields as dataclass_fields
 from pathlib import Path
 from typing import Callable, Sequence
 
+from tilecast.core.atomic import atomic_write_json
 from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.tune import BuildEvent
-from tilecast.families.base import KERNELS_DIR, BuildSpec
+from tilecast.families.base import KERNELS_DIR, BuildSpec, FamilyError
 
 log = logging.getLogger("tilecast.stages.build")
 
@@ -46,6 +51,14 @@ def default_cache_dir() -> Path:
     cache_root()."""
     found = settings()
     return found.build_cache or found.cache_root / "build"
+
+
+# How many failed candidates a BuildError names (with their first error line) before "...".
+SHOWN_FAILURES = 5
+
+
+class BuildError(FamilyError):
+    """No candidate of a family could be built (or its build events cannot be read back)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,11 @@ def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str
             raise ValueError(f"kernel {name!r} has no in-process entry (its build spec has no "
                              f"library_source); only the benchmark executable can be built")
         source, flags = spec.library_source, (*flags, *SHARED_FLAGS)
+    if not Path(source).exists():
+        # not a compile result (an installation without kernels/, a moved tree): not cached
+        reason = (f"kernel source {source} does not exist (is tilecast installed without its "
+                  f"kernels/ tree?)")
+        return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, "", False)
     key = cache_key(source, spec.defines, flags, compiler)
     binary = cache_dir / (f"{name}-{key}" + (".so" if shared else ""))
     failure = cache_dir / f"{name}-{key}.failed"
@@ -230,3 +248,64 @@ def log_progress(index: int, total: int, built: Built) -> None:
     if built.event.status != "ok":
         state = f"FAILED ({built.event.reason.splitlines()[0][:120] if built.event.reason else ''})"
     log.info("build %d/%d %s %s", index, total, built.kernel, state)
+
+
+def first_error_line(reason: str) -> str:
+    """The line of a compiler's output that says what went wrong: the first one naming an
+    error, else the first line; "" for no output."""
+    lines = [line.strip() for line in (reason or "").splitlines() if line.strip()]
+    named = [line for line in lines if re.search(r"\berror\b", line)]
+    return (named or lines or [""])[0]
+
+
+def write_events(path: Path, builts: Sequence[Built]) -> None:
+    """The build stage's result, one entry per candidate: its BuildEvent, binary path (None
+    when it failed), cache key and whether it came from the cache."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, [{**asdict(b.event), "binary": str(b.binary) if b.binary else None,
+                              "cache_key": b.cache_key, "cached": b.cached} for b in builts])
+
+
+def read_events(path: Path, family) -> list[Built]:
+    """`write_events`' entries back as Built (a failed candidate with binary None); a missing
+    events file or binary is a FileNotFoundError, an unreadable file a BuildError."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: run the build stage first")
+    event_fields = {f.name for f in dataclass_fields(BuildEvent)}
+    try:
+        entries = json.loads(path.read_text())
+        builts = []
+        for entry in entries:
+            event = BuildEvent(**{k: v for k, v in entry.items() if k in event_fields})
+            binary = Path(entry["binary"]) if entry.get("binary") else None
+            builts.append(Built(event.candidate_id, family.parse_name(event.candidate_id), event,
+                                binary, entry.get("cache_key", ""), bool(entry.get("cached"))))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        # json's, UTF-8's, BuildEvent's and the family's name parser's errors are ValueErrors;
+        # an entry of the wrong shape is a TypeError, KeyError or AttributeError
+        raise BuildError(f"{path}: unreadable build events ({type(err).__name__}: {err}); "
+                         f"re-run the build stage") from None
+    for built in builts:
+        if built.binary is not None and not built.binary.exists():
+            raise FileNotFoundError(f"binary {built.binary} listed in {path} is gone: re-run the "
+                                    f"build stage")
+    return builts
+
+
+def require_some_built(family_name: str, builts: Sequence[Built],
+                       events: Path | None = None) -> None:
+    """A BuildError naming the failures (kernel and first compiler error line) when no
+    candidate has a binary: nothing could be measured. One failure among good builds is
+    not an error: it becomes a `build_failed` record."""
+    if any(b.binary is not None for b in builts):
+        return
+    if not builts:
+        raise BuildError(f"family {family_name}: no candidate to build")
+    shown = "; ".join(f"{b.kernel}: {first_error_line(b.event.reason) or b.event.status}"
+                      for b in builts[:SHOWN_FAILURES])
+    more = f"; ... ({len(builts)} in all)" if len(builts) > SHOWN_FAILURES else ""
+    where = f" (full compiler output in {events})" if events is not None else ""
+    raise BuildError(f"family {family_name}: all {len(builts)} candidates failed to build, so "
+                     f"nothing can be measured: {shown}{more}{where}")

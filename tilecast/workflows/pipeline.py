@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,7 +18,6 @@ from tilecast.core import dataset, hardware, tune
 from tilecast.core.atomic import atomic_write_json
 from tilecast.core.config import PROBLEM_SETS, ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
-from tilecast.core.tune import BuildEvent
 from tilecast.families import get_family
 from tilecast.registry import api as registry
 from tilecast.registry import gate as promotion
@@ -93,37 +92,28 @@ def select_candidates(ctx: RunContext, name: str) -> list:
 
 
 def build_stage(ctx: RunContext, name: str) -> dict:
-    """Compile the selected candidates; writes W/build/<family>/events.json."""
+    """Compile the selected candidates; writes W/build/<family>/events.json. When none
+    built, a build.BuildError names the failures (after the events are written)."""
     family, _ = _family(ctx, name)
     configs = select_candidates(ctx, name)
     log.info("build %s: %d candidates, %d parallel compiles", name, len(configs), ctx.config.build_jobs)
     builts = build.build_candidates(family, configs, ctx.build_cache, jobs=ctx.config.build_jobs,
                                     progress=build.log_progress)
     events = ctx.layout.build_events(name)
-    events.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(events, [
-        {**asdict(b.event), "binary": str(b.binary) if b.binary else None,
-         "cache_key": b.cache_key, "cached": b.cached} for b in builts])
+    build.write_events(events, builts)
+    build.require_some_built(name, builts, events)
     counts = {status: sum(b.event.status == status for b in builts) for status in ("ok", "failed")}
     return {"family": name, "candidates": len(builts), **counts,
             "cached": sum(b.cached for b in builts)}
 
 
 def load_builds(ctx: RunContext, name: str) -> list[build.Built]:
-    """The build stage's results, read back from its events file."""
+    """The build stage's results, read back from its events file (build.read_events); a
+    build.BuildError when none of them built."""
     family, _ = _family(ctx, name)
     path = ctx.layout.build_events(name)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: run the build stage first")
-    builts = []
-    for item in json.loads(path.read_text()):
-        binary = Path(item.pop("binary")) if item.get("binary") else None
-        key, cached = item.pop("cache_key"), item.pop("cached")
-        event = BuildEvent(**item)
-        if binary is not None and not binary.exists():
-            raise FileNotFoundError(f"binary {binary} listed in {path} is gone: re-run the build stage")
-        builts.append(build.Built(event.candidate_id, family.parse_name(event.candidate_id),
-                                  event, binary, key, cached))
+    builts = build.read_events(path, family)
+    build.require_some_built(name, builts, path)
     return builts
 
 
@@ -287,14 +277,17 @@ def publish_stage(ctx: RunContext, name: str) -> dict:
     return outcome
 
 
-def run_all(ctx: RunContext) -> dict:
-    """Every stage in order without Prefect (the plain-library baseline of the flow)."""
+def run_all(ctx: RunContext, device: str | None = None) -> dict:
+    """Every stage in order without Prefect (the plain-library baseline of the flow); the
+    benchmarks hold `device` (default: this host's CPU), as the flow's do."""
+    device = device or default_device()
     stages, published = {}, {}
     for name in ctx.config.families:
-        stages[name] = {"build": build_stage(ctx, name), "bench": bench_stage(ctx, name),
+        stages[name] = {"build": build_stage(ctx, name), "bench": bench_stage(ctx, name, device),
                         "convert": convert_stage(ctx, name), "train": train_stage(ctx, name),
                         "evaluate": evaluate_stage(ctx, name)}
     report = report_stage(ctx)
     for name in ctx.config.families:
         published[name] = publish_stage(ctx, name)
-    return {"run_id": ctx.run_id, "stages": stages, "report": report, "published": published}
+    return {"run_id": ctx.run_id, "device": device, "stages": stages, "report": report,
+            "published": published}

@@ -42,10 +42,11 @@ from tilecast.core import hardware
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
 from tilecast.core.config import ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
+from tilecast.core.measure import protocol_hash
 from tilecast.core.rawlog import read_records
 from tilecast.families import get_family
 from tilecast.families.base import KERNELS_DIR, FamilyError
-from tilecast.runtime.dispatch import parse_problem_string
+from tilecast.runtime.dispatch import parse_problem
 from tilecast.stages import build, layout
 from tilecast.stages.bench import BenchSettings, benchmark
 from tilecast.workflows import regression
@@ -179,8 +180,9 @@ def sentinel_problems(config: RunConfig, names: Sequence[str],
         for name in names:
             family = get_family(name)
             try:
-                values = parse_problem_string(entry) if isinstance(entry, str) else entry
-                key = family.dims_key(family.problem(values))
+                problem = parse_problem(entry, family) if isinstance(entry, str) \
+                    else family.problem(entry)
+                key = family.dims_key(problem)
             except (FamilyError, ValueError, TypeError) as err:
                 why.append(f"{name}: {err}")
                 continue
@@ -394,7 +396,10 @@ def _measure(p: RebenchPlan, name: str, builts: list[build.Built],
                   {"run_id": run_id, **identity, "source": p.source.kind}, settings)
 
     kernels, keys = {b.kernel for b in builts}, {family.dims_key(q) for q in problems}
+    # a run resumed with another sample count re-measured its pairs: only this protocol's count
+    current = protocol_hash(settings.protocol)
     records = [r for r in read_records(raw) if r.get("run_id") == run_id
+               and r.get("protocol_hash") == current
                and r.get("role") == "candidate" and r.get("phase") == "screen"
                and r.get("kernel") in kernels and r.get("dims_key") in keys]
     have = {(r["kernel"], r["dims_key"]) for r in records}
