@@ -181,6 +181,30 @@ def test_rollback_walks_back_through_the_history(tmp_path):
     assert moves[3]["why"] == "rollback from 3" and moves[3]["previous"] == 3
 
 
+def test_rollback_after_promoting_3_2_3_walks_back_and_never_bounces(tmp_path):
+    _versions(tmp_path, 3)                       # production went 1, 2, 3
+    for version in (3, 2, 3):
+        registry.promote(tmp_path, "m", version)
+    assert registry.rollback(tmp_path, "m") == 2
+    assert registry.rollback(tmp_path, "m") == 1  # further back, not 3 -> 2 -> 3
+    with pytest.raises(registry.RegistryError, match="no earlier version"):
+        registry.rollback(tmp_path, "m")
+
+
+@pytest.mark.parametrize("promotions, expected", [
+    ([1, 2, 3], [1, 2, 3]),
+    ([1, 2, 3, 3, 2, 3], [1, 2, 3]),   # a version promoted again moves to the top, once
+    ([1, 2, 1], [2, 1]),
+])
+def test_the_promotion_stack_holds_each_version_once_most_recent_last(promotions, expected):
+    moves = [{"version": v, "why": "promote"} for v in promotions]
+    assert registry.promotion_stack(moves) == expected
+    # a rollback takes off the version it left, and puts its target on top
+    rolled = moves + [{"version": expected[-2], "previous": expected[-1],
+                       "why": f"rollback from {expected[-1]}"}]
+    assert registry.promotion_stack(rolled) == expected[:-1]
+
+
 def test_rollback_skips_versions_that_were_deleted(tmp_path):
     _versions(tmp_path, 3)
     import shutil
@@ -193,6 +217,10 @@ def test_history_survives_a_torn_last_line(tmp_path):
     with open(tmp_path / "m" / registry.HISTORY_FILE, "a") as f:
         f.write('{"alias": "production", "vers')
     assert [m["version"] for m in registry.alias_history(tmp_path, "m")] == [1, 2]
+    # the next move ends the torn line before its own, so it is kept
+    registry.promote(tmp_path, "m", 1)
+    assert [m["version"] for m in registry.alias_history(tmp_path, "m")] == [1, 2, 1]
+    assert registry.rollback(tmp_path, "m") == 2
 
 
 def test_registry_command_line(tmp_path, capsys):

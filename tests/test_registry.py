@@ -58,6 +58,27 @@ def test_publish_numbers_versions_from_one_and_writes_every_file(tmp_path):
     assert entries(root / MODEL / "versions") == ["1", "2", "3"]
 
 
+def test_publish_records_the_sha256_of_every_file_it_stages(tmp_path):
+    folder = tmp_path / "plots"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a.txt").write_text("plot a")
+    result = registry.publish(tmp_path / "reg", MODEL, {"model.txt": "m", "plots": folder,
+                                                        "raw.bin": b"\xff" * 3}, metrics=GOOD)
+    manifest = json.loads((result.path / registry.CHECKSUMS_FILE).read_text())
+    # every file but the manifest itself and promotion.json (written after the aliases moved)
+    assert sorted(manifest["files"]) == ["metrics.json", "model.txt", "plots/sub/a.txt",
+                                         "raw.bin"]
+    for name, entry in manifest["files"].items():
+        data = (result.path / name).read_bytes()
+        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    assert registry.local_copy(tmp_path / "reg", MODEL) == result.path  # verified
+    (result.path / "plots" / "sub" / "a.txt").write_text("plot b")  # same size, new bytes
+    with pytest.raises(RegistryError, match=r"plots/sub/a\.txt \(version 1 of model "
+                                            r"'gemm-cpu' at .*\): its sha256 checksum does "
+                                            r"not match checksums\.json"):
+        registry.local_copy(tmp_path / "reg", MODEL)
+
+
 def test_versions_are_never_rewritten_even_when_the_next_number_is_stale(tmp_path, monkeypatch):
     first = publish(tmp_path, text="first")
     before = {p.name: p.read_bytes() for p in first.path.iterdir()}
@@ -180,12 +201,79 @@ def test_unserializable_metrics_leave_no_directory(tmp_path):
     assert entries(tmp_path / MODEL / "versions") == []
 
 
-@pytest.mark.parametrize("name", ["../escape.txt", "/abs.txt", "metrics.json", "promotion.json"])
+@pytest.mark.parametrize("name", ["../escape.txt", "/abs.txt", "metrics.json", "promotion.json",
+                                  "checksums.json"])
 def test_bad_or_reserved_artifact_names_are_refused(tmp_path, name):
     with pytest.raises(RegistryError, match="escape|abs|written by publish"):
         registry.publish(tmp_path, MODEL, {name: "x"}, metrics=GOOD)
     assert not (tmp_path / MODEL / "versions").exists()
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_a_killed_publishers_temporaries_are_swept_by_the_next_publish(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    publish(tmp_path)
+    versions_dir = tmp_path / MODEL / "versions"
+    aliases_dir = tmp_path / MODEL / "aliases"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    host = socket.gethostname()
+    dead = versions_dir / f"{registry.TEMP_PREFIX}{host}+{gone}+abc"   # its writer is gone
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "model.txt").write_text("half")
+    old = versions_dir / f"{registry.TEMP_PREFIX}elsewhere+1+def"       # another host's, old
+    old.mkdir()
+    os.utime(old, (time.time() - 2 * registry.STALE_TEMP_S,) * 2)
+    live = versions_dir / f"{registry.TEMP_PREFIX}{host}+{os.getpid()}+ghi"  # still writing
+    live.mkdir()
+    recent = versions_dir / f"{registry.TEMP_PREFIX}elsewhere+1+jkl"    # may still be writing
+    recent.mkdir()
+    torn_alias = aliases_dir / f"{registry.TEMP_PREFIX}{host}+{gone}+production.{gone}.x.tmp"
+    torn_alias.write_text("7")
+    assert registry.list_versions(tmp_path, MODEL) == [1]       # never taken for versions
+    assert sorted(registry.list_aliases(tmp_path, MODEL)) == ["production"]
+    publish(tmp_path, metrics=metrics(mean_efficiency=0.95))
+    assert entries(versions_dir) == sorted(["1", "2", live.name, recent.name])
+    assert entries(aliases_dir) == ["production"]
+
+
+def test_a_publish_whose_production_moved_meanwhile_becomes_a_candidate(tmp_path):
+    publish(tmp_path)                                          # 1: production
+    publish(tmp_path, metrics=metrics(mean_efficiency=0.1))    # 2: candidate
+
+    def gate_while_someone_promotes(production, new):
+        registry.promote(tmp_path, MODEL, 2)  # another user, between the gate and the move
+        return True, "promoted: better than version 1"
+
+    result = publish(tmp_path, gate=gate_while_someone_promotes)
+    assert not result.promoted and result.aliases == ("candidate",)
+    assert result.reason.startswith("not promoted: production moved from version 1 to 2 "
+                                    "while version 3 was being published")
+    assert "[gate: promoted: better than version 1]" in result.reason
+    assert registry.read_alias(tmp_path, MODEL, "production") == 2
+    assert registry.read_alias(tmp_path, MODEL, "candidate") == 3
+    promotion = json.loads((result.path / "promotion.json").read_text())
+    assert promotion["promoted"] is False and promotion["reason"] == result.reason
+
+
+def test_promotion_json_is_written_after_the_aliases_moved(tmp_path, monkeypatch):
+    from tilecast.registry.local import LocalStore
+
+    publish(tmp_path)
+    seen = []
+    real = LocalStore.write_version_file
+
+    def write_version_file(self, model, number, name, data):
+        seen.append((name, registry.read_alias(tmp_path, MODEL, "production"),
+                     registry.alias_history(tmp_path, MODEL)[-1]["version"]))
+        return real(self, model, number, name, data)
+
+    monkeypatch.setattr(LocalStore, "write_version_file", write_version_file)
+    result = publish(tmp_path, metrics=metrics(mean_efficiency=0.95))
+    assert seen == [("promotion.json", result.version, result.version)]
 
 
 # --- aliases -----------------------------------------------------------------------------
@@ -220,6 +308,32 @@ def test_set_alias_requires_an_existing_version_and_replaces_atomically(tmp_path
     assert registry.read_alias(tmp_path, MODEL, "production") == 2
     assert (tmp_path / MODEL / "aliases" / "production").read_text() == "2\n"
     assert entries(tmp_path / MODEL / "aliases") == ["candidate", "production"]
+
+
+def test_an_alias_moved_without_its_history_line_is_repaired_by_the_next_move(tmp_path):
+    publish(tmp_path)
+    publish(tmp_path, metrics=metrics(mean_efficiency=0.95))
+    # a mover killed between writing the alias and appending its history line
+    (tmp_path / MODEL / "aliases" / "production").write_text("1\n")
+    assert registry.promote(tmp_path, MODEL, 2) == 1
+    moves = registry.alias_history(tmp_path, MODEL, "production")
+    assert [(m["version"], m["previous"]) for m in moves] == [(1, None), (2, 1), (1, 2), (2, 1)]
+    assert moves[2]["why"].startswith("repair: the alias held 1 but the history ended at 2")
+    assert registry.rollback(tmp_path, MODEL) == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through any mode")
+def test_moving_an_alias_in_a_read_only_registry_is_a_registry_error(tmp_path):
+    publish(tmp_path)
+    model_dir = tmp_path / MODEL
+    for path in (model_dir, model_dir / "aliases", model_dir / ".lock"):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        with pytest.raises(RegistryError, match="cannot move alias 'production'"):
+            registry.promote(tmp_path, MODEL, 1)
+    finally:
+        for path in (model_dir, model_dir / "aliases"):
+            path.chmod(0o755)
 
 
 @pytest.mark.parametrize("alias", ["prod/uction", "..", "", "a b", "ünï"])

@@ -140,14 +140,21 @@ def test_publish_lists_and_reads_versions_with_the_local_layout(s3, tmp_path):
     # the layout: DESIGN.md's, plus the claim and the completion marker of each version
     version_dir = f"{prefix}/{MODEL}/versions/1"
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(version_dir)) == [
-        ".claim", ".complete", "feature_spec.json", "metrics.json", "model.txt", "plots",
-        "promotion.json", "raw.bin"]
+        ".claim", ".complete", "checksums.json", "feature_spec.json", "metrics.json",
+        "model.txt", "plots", "promotion.json", "raw.bin"]
     assert fs.cat_file(f"{prefix}/{MODEL}/aliases/production") == b"3\n"
     marker = json.loads(fs.cat_file(f"{version_dir}/.complete"))
     claim = json.loads(fs.cat_file(f"{version_dir}/.claim"))
     assert marker["token"] == claim["token"]
     assert marker["files"]["model.txt"] == len("model 0")
     assert marker["files"]["plots/sub/a.txt"] == len("plot a")
+    # promotion.json is written after the aliases moved, so the marker does not list it
+    assert "promotion.json" not in marker["files"]
+    checksums = json.loads(fs.cat_file(f"{version_dir}/checksums.json"))["files"]
+    assert sorted(checksums) == ["feature_spec.json", "metrics.json", "model.txt",
+                                 "plots/sub/a.txt", "raw.bin"]
+    assert checksums["model.txt"] == {"sha256": hashlib.sha256(b"model 0").hexdigest(),
+                                      "bytes": len("model 0")}
 
 
 def test_gate_refusal_publishes_a_candidate_with_the_reason(s3):
@@ -328,6 +335,73 @@ def test_concurrent_publishers_get_distinct_versions_none_corrupt(s3):
     assert len(moves) == workers * each  # every publish's alias move was kept
 
 
+def test_concurrent_promotes_over_s3_keep_alias_and_history_in_agreement(s3):
+    from faults import note_promotes
+    from test_registry_faults import concurrent_promote_trials
+
+    url, fs, prefix = s3
+    for i in range(3):
+        registry.publish(url, "m", {"model.txt": f"v{i}"}, metrics=GOOD,
+                         gate=lambda prod, new: (True, "ok"))
+    trials = 10
+    disagreements = concurrent_promote_trials(url, "m", [1, 2, 3], trials, workers=2)
+    note_promotes(trials, disagreements)
+    assert disagreements == 0
+    # every move held the lock: one released ticket per move, none left held
+    tickets = [p.rsplit("/", 1)[-1] for p in fs.ls(f"{prefix}/m/lock")]
+    moves = len(registry.alias_history(url, "m"))
+    assert len(tickets) == 2 * moves
+    assert sum(t.endswith(".released") for t in tickets) == moves
+
+
+def test_concurrent_promote_threads_on_memory_agree_with_the_history():
+    url = f"memory://tilecast-promotes-{time.time_ns()}/reg"
+    for i in range(4):
+        registry.publish(url, "m", {"model.txt": f"v{i}"}, metrics=GOOD,
+                         gate=lambda prod, new: (True, "ok"))
+    replaced = []
+    threads = [threading.Thread(target=lambda v=v: [
+        replaced.append(registry.promote(url, "m", v)) for _ in range(5)]) for v in (1, 2, 3, 4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    moves = registry.alias_history(url, "m", "production")[4:]
+    assert len(moves) == 20
+    assert all(b["previous"] == a["version"] for a, b in zip(moves, moves[1:]))
+    assert sorted(replaced) == sorted(m["previous"] for m in moves)
+    assert registry.read_alias(url, "m", "production") == moves[-1]["version"]
+
+
+def test_an_abandoned_lock_ticket_is_taken_over(monkeypatch, caplog):
+    url = f"memory://tilecast-stale-lock-{time.time_ns()}/reg"
+    publish(url)
+    publish(url, metrics=metrics(mean_efficiency=0.1))
+    store = registry._store(url)
+    held = [p.rsplit("/", 1)[-1] for p in store.fs.ls(store._key(MODEL, "lock"), detail=False)]
+    top = max(int(name) for name in held if name.isdigit())
+    # a mover killed while holding the lock: its ticket is never released
+    store.fs.pipe_file(store._key(MODEL, "lock", f"{top + 1:010d}"), b"{}")
+    monkeypatch.setattr(registry_remote, "LOCK_STALE_S", 0.3)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tilecast.registry.remote"):
+        assert registry.promote(url, MODEL, 2) == 1
+    assert time.monotonic() - start >= 0.3
+    assert f"alias lock ticket {top + 1} of model '{MODEL}' held for over" in caplog.text
+    assert registry.read_alias(url, MODEL, "production") == 2
+
+
+def test_rollback_over_s3_follows_the_promotion_order(s3):
+    url, _, _ = s3
+    for i in range(3):
+        registry.publish(url, "m", {"model.txt": f"v{i}"}, metrics=GOOD,
+                         gate=lambda prod, new: (True, "ok"))
+    for version in (3, 2, 3):
+        registry.promote(url, "m", version)
+    assert registry.rollback(url, "m") == 2
+    assert registry.rollback(url, "m") == 1  # not back to 3
+
+
 def test_concurrent_threads_on_memory_get_distinct_versions(monkeypatch):
     url = f"memory://tilecast-threads-{time.time_ns()}/reg"
     threads = [threading.Thread(target=lambda w=w: [
@@ -435,16 +509,30 @@ def test_dispatcher_over_s3_selects_what_a_local_copy_selects(s3, gemm_files, tm
     # the version was downloaded once: a second load never touches the files again
     (copy_dir,) = [p for p in cache.glob("*/1")]
     assert sorted(p.name for p in copy_dir.iterdir()) == sorted(
-        [*gemm_files, "metrics.json", "promotion.json"])
+        [*gemm_files, "metrics.json", "checksums.json"])
     assert registry._store(url).fs is fs  # the instance from_registry will use
     monkeypatch.setattr(fs, "get_file", lambda *a, **k: pytest.fail("downloaded again"))
     assert Dispatcher.from_registry(url, "gemm", 1, cache_dir=cache).select(QUERIES[1]) == \
         chosen[1]
     monkeypatch.undo()
-    # a damaged copy is fetched again
+    # a damaged copy is fetched again: a different size, or the same size with a flipped bit
     (copy_dir / "model.txt").write_text("tree\n")
     assert Dispatcher.from_registry(url, "gemm", cache_dir=cache).select(QUERIES[2]) == chosen[2]
     assert (copy_dir / "model.txt").read_text() == gemm_files["model.txt"]
+    flipped = bytearray(gemm_files["model.txt"].encode())
+    flipped[len(flipped) // 2] ^= 0x08
+    (copy_dir / "model.txt").write_bytes(bytes(flipped))
+    assert Dispatcher.from_registry(url, "gemm", cache_dir=cache).select(QUERIES[3]) == chosen[3]
+    assert (copy_dir / "model.txt").read_text() == gemm_files["model.txt"]
+
+    # a version damaged in the bucket itself is a clear error naming it, and is not cached
+    fs.pipe_file(f"{prefix}/gemm/versions/1/model.txt", bytes(flipped))
+    other_cache = tmp_path / "other-cache"
+    with pytest.raises(RegistryError, match=rf"model\.txt \(version 1 of model 'gemm' at "
+                                            rf"{url}/gemm/versions/1\): its sha256 checksum "
+                                            rf"does not match"):
+        Dispatcher.from_registry(url, "gemm", cache_dir=other_cache)
+    assert not list(other_cache.glob("*/1"))
 
 
 def test_select_command_reads_an_s3_registry_from_the_environment(s3, gemm_files, tmp_path,

@@ -14,24 +14,35 @@ each history entry is its own numbered object). `file://` URLs are local paths. 
 above storage (names, the gate, promotion, rollback) is here and shared by both, so the
 semantics are the same: readers only see complete versions and whole alias values, and two
 concurrent publishers never get the same number.
+
+Integrity: every version carries `checksums.json` (tilecast.registry.integrity), and
+`local_copy`, which every loader goes through, verifies it first. Alias moves run under the
+store's per-model lock (`flock` locally, a ticket of conditional writes remotely), so an
+alias and the history's last entry always agree. Publish goes: stage the files and the
+checksums, claim the number, move the aliases, write promotion.json last; a publish killed
+at any point leaves no version that claims a promotion that did not happen.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping, Sequence
 
+from tilecast.registry import integrity
 from tilecast.registry.base import (  # noqa: F401 - the registry's names, re-exported
-    CANDIDATE, CLAIM_FILE, COMPLETE_FILE, FLOAT_SLACK, HISTORY_FILE, MAX_CLAIM_ATTEMPTS,
-    MEAN_TOLERANCE, METRICS_FILE, NAME_RE, P10_TOLERANCE, PRODUCTION, PROMOTION_FILE,
-    RESERVED_FILES, TEMP_PREFIX, RegistryError, relative_name)
+    CANDIDATE, CHECKSUMS_FILE, CLAIM_FILE, COMPLETE_FILE, FLOAT_SLACK, HISTORY_FILE,
+    MAX_CLAIM_ATTEMPTS, MEAN_TOLERANCE, METRICS_FILE, NAME_RE, P10_TOLERANCE, PRODUCTION,
+    PROMOTION_FILE, RESERVED_FILES, STALE_TEMP_S, TEMP_PREFIX, RegistryError,
+    relative_name)
 from tilecast.registry.local import LocalStore
 from tilecast.registry.remote import open_store
+
+logger = logging.getLogger(__name__)
 
 # gate(production metrics or None, new metrics) -> (promote?, reason with the figures)
 Gate = Callable[[dict | None, dict], tuple[bool, str]]
@@ -196,11 +207,22 @@ def resolve(root, model: str, alias_or_version: str | int = PRODUCTION) -> Path 
 
 def local_copy(root, model: str, alias_or_version: str | int = PRODUCTION, *,
                cache_dir=None) -> Path:
-    """A local directory holding the version's files, named after its number: the version
-    itself in a local registry; on a remote registry, a copy downloaded once into the cache
-    (tilecast.registry.cache; `cache_dir` overrides where)."""
+    """A local directory holding the version's files, named after its number, verified
+    against the version's checksums: the version itself in a local registry; on a remote
+    registry, a copy downloaded once into the cache (tilecast.registry.cache; `cache_dir`
+    overrides where). RegistryError naming the file when one is missing or damaged; a
+    version published before checksums were kept is returned with a warning."""
     number = resolve_version(root, model, alias_or_version)
-    return _store(root).local_copy(model, number, cache_dir)
+    store = _store(root)
+    where = f"version {number} of model {model!r} at {store.version_location(model, number)}"
+
+    def check(directory: Path) -> None:
+        if integrity.verify_directory(directory, where) is None:
+            logger.warning("%s has no %s (published before checksums were kept): loading it "
+                           "without an integrity check; publish it again to add one", where,
+                           CHECKSUMS_FILE)
+
+    return store.local_copy(model, number, cache_dir, check)
 
 
 def read_version_file(root, model: str, version, name: str) -> bytes:
@@ -234,16 +256,34 @@ def read_metrics(root, model: str, version) -> dict:
 
 def set_alias(root, model: str, alias: str, version, *, why: str = "") -> int | None:
     """Point `alias` at an existing version, atomically (a local temp file + os.replace, or
-    one object PUT), and log the move in the history. Returns the version the alias held
-    before (None if new)."""
+    one object PUT), and log the move in the history, both under the model's lock. Returns
+    the version the alias held before (None if new), as read under that lock."""
     store = _store(root)
     _check_name(model, "model")
     _check_name(alias, "alias")
     number = _require_version(store, root, model, version)
+    with store.locked(model):
+        return _move_alias(store, model, alias, number, why)
+
+
+def _move_alias(store, model: str, alias: str, number: int, why: str) -> int | None:
+    """Move `alias` to `number` and log it; the caller holds the model's lock. The alias is
+    written before its history entry, so a writer killed between the two leaves an alias
+    the history does not know yet: logged here, before this move, as a repair."""
     previous = _alias_value(store, model, alias)
-    store.write_alias(model, alias, number)
-    _log_move(store, model, {"alias": alias, "version": number, "previous": previous,
-                             "why": why})
+    try:
+        last = _last_move(store, model, alias)
+        if previous is not None and last is not None and last.get("version") != previous:
+            _log_move(store, model, {
+                "alias": alias, "version": previous, "previous": last.get("version"),
+                "why": f"repair: the alias held {previous} but the history ended at "
+                       f"{last.get('version')} (a move was interrupted)"})
+        store.write_alias(model, alias, number)
+        _log_move(store, model, {"alias": alias, "version": number, "previous": previous,
+                                 "why": why})
+    except OSError as err:
+        raise RegistryError(f"cannot move alias {alias!r} of model {model!r} "
+                            f"({store.alias_ref(model, alias)}): {err}") from None
     return previous
 
 
@@ -253,11 +293,11 @@ def _log_move(store, model: str, entry: dict) -> None:
                               **entry})
 
 
-def alias_history(root, model: str, alias: str | None = None) -> list[dict]:
-    """The alias moves of `model`, oldest first (only `alias`'s when given); a torn or
-    unreadable entry (a writer killed mid-write) is skipped."""
+def _parse_moves(texts, alias: str | None) -> list[dict]:
+    """The JSON history entries among `texts` (of `alias` when given); a torn or unreadable
+    entry (a writer killed mid-write) is skipped."""
     moves = []
-    for text in _store(root).history_texts(_check_name(model, "model"), alias):
+    for text in texts:
         try:
             entry = json.loads(text)
         except ValueError:
@@ -267,39 +307,59 @@ def alias_history(root, model: str, alias: str | None = None) -> list[dict]:
     return moves
 
 
+def _last_move(store, model: str, alias: str) -> dict | None:
+    if store.remote:  # one object, not the whole history
+        moves = _parse_moves(store.history_texts(model, alias, tail=1), alias)
+    else:
+        moves = _parse_moves(store.history_texts(model, alias), alias)
+    return moves[-1] if moves else None
+
+
+def alias_history(root, model: str, alias: str | None = None) -> list[dict]:
+    """The alias moves of `model`, oldest first (only `alias`'s when given); a torn or
+    unreadable entry (a writer killed mid-write) is skipped."""
+    return _parse_moves(_store(root).history_texts(_check_name(model, "model"), alias), alias)
+
+
 def promote(root, model: str, version, alias: str = PRODUCTION) -> int | None:
     """Point `alias` (production by default) at `version` by hand; returns the previous one."""
     return set_alias(root, model, alias, version, why="promote")
 
 
-def _alias_stack(root, model: str, alias: str) -> list[int]:
-    """The versions the alias went through, replayed from history: a move pushes, a rollback
-    pops, so repeated rollbacks walk further back instead of bouncing between two versions."""
+def promotion_stack(moves: Sequence[Mapping]) -> list[int]:
+    """The versions an alias was promoted to, replayed from its history, most recent last,
+    each once: a move puts its version on top (taking it from lower down if it was there),
+    a rollback also takes off the version it rolled back from. So a rollback goes to the
+    version promoted before the current one, and repeated rollbacks walk further back
+    (after promotes of 3, 2, 3: 3 -> 2 -> whatever came before, never back to 3)."""
     stack: list[int] = []
-    for move in alias_history(root, model, alias):
-        if str(move.get("why", "")).startswith("rollback"):
-            if stack:
-                stack.pop()
-            if not stack or stack[-1] != move.get("version"):
-                stack.append(move.get("version"))
-        else:
-            stack.append(move.get("version"))
+    for move in moves:
+        version = move.get("version")
+        if not isinstance(version, int):
+            continue
+        if str(move.get("why", "")).startswith("rollback") and move.get("previous") in stack:
+            stack.remove(move.get("previous"))
+        if version in stack:
+            stack.remove(version)
+        stack.append(version)
     return stack
 
 
 def rollback(root, model: str, alias: str = PRODUCTION) -> int:
-    """Move `alias` back to the version it held before its current one (skipping versions
-    that no longer exist); returns that version. RegistryError when there is none."""
-    current = read_alias(root, model, alias)
-    existing = set(list_versions(root, model))
-    stack = _alias_stack(root, model, alias)
-    while stack and stack[-1] == current:
-        stack.pop()
-    earlier = [v for v in stack if v in existing and v != current]
-    if not earlier:
-        raise RegistryError(f"alias {alias!r} of model {model!r} (at version {current}) has no "
-                            f"earlier version to roll back to")
-    set_alias(root, model, alias, earlier[-1], why=f"rollback from {current}")
+    """Move `alias` back to the version promoted before its current one (skipping versions
+    that no longer exist), under the model's lock; returns that version. RegistryError when
+    there is none."""
+    store = _store(root)
+    read_alias(root, model, alias)  # checks the names and that there is something to move
+    with store.locked(model):
+        current = read_alias(root, model, alias)
+        existing = set(list_versions(root, model))
+        earlier = [v for v in promotion_stack(alias_history(root, model, alias))
+                   if v in existing and v != current]
+        if not earlier:
+            raise RegistryError(f"alias {alias!r} of model {model!r} (at version {current}) "
+                                f"has no earlier version to roll back to")
+        _move_alias(store, model, alias, earlier[-1], f"rollback from {current}")
     return earlier[-1]
 
 
@@ -342,13 +402,14 @@ def default_gate(production: dict | None, new: dict) -> tuple[bool, str]:
     return False, "not promoted: " + "; ".join(failed)
 
 
-def _production_baseline(root, model: str) -> tuple[int | None, dict | None]:
-    """(version, metrics) of the current production model; (None, None) when none is set or
-    it is unusable (an alias pointing at a missing version, unreadable metrics): a publish
-    must still be able to replace a broken production."""
+def _production_baseline(root, model: str, held: int | None) -> tuple[int | None, dict | None]:
+    """(version, metrics) of the production version `held` (the alias's value); (None, None)
+    when none is set or it is unusable (an alias pointing at a missing version, unreadable
+    metrics): a publish must still be able to replace a broken production."""
+    if held is None:
+        return None, None
     try:
-        version = read_alias(root, model, PRODUCTION)
-        return version, read_metrics(root, model, version)
+        return held, read_metrics(root, model, held)
     except RegistryError:
         return None, None
 
@@ -358,14 +419,18 @@ def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
             aliases_if_promoted: Sequence[str] = (PRODUCTION,),
             gate: Gate | None = None) -> PublishResult:
     """Register the artifact `files` (name -> Path to copy, bytes, or str text) as the next
-    version of `model`, with `metrics` written as metrics.json.
+    version of `model`, with `metrics` written as metrics.json and the sha256 of every file
+    as checksums.json.
 
     The gate compares `metrics` with the production version's metrics.json (None when no
-    production alias exists yet) and its decision is written into promotion.json before
-    the version is claimed. A promoted version gets every alias in `aliases_if_promoted`,
-    one that is not gets the alias "candidate". On any failure before the claim, nothing
-    is left behind; on a remote registry, a failure after it leaves an invisible version
-    (no .complete marker) whose number is not reused."""
+    production alias exists yet). A promoted version gets every alias in
+    `aliases_if_promoted`, one that is not gets the alias "candidate"; if production moved
+    while this version was being published, the gate's comparison is stale and the version
+    becomes a candidate too (the reason says so). The decision is written as promotion.json
+    last, after the aliases moved. On any failure before the claim, nothing is left behind;
+    a publish killed after it leaves a version without promotion.json that no alias moved
+    to (on a remote registry, a failure before the claim's .complete marker leaves an
+    invisible version whose number is not reused)."""
     gate = gate or default_gate
     store = _store(root)
     _check_name(model, "model")
@@ -378,10 +443,10 @@ def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
     if not isinstance(metrics, Mapping):
         raise RegistryError(f"metrics must be a dict, got {type(metrics).__name__}")
 
-    baseline_version, baseline_metrics = _production_baseline(root, model)
+    held = _alias_value(store, model, PRODUCTION)
+    baseline_version, baseline_metrics = _production_baseline(root, model, held)
     promoted, reason = gate(baseline_metrics, dict(metrics))
     promoted = bool(promoted)
-    new_aliases = aliases if promoted else (CANDIDATE,)
 
     stage = store.stage(model)
     try:
@@ -389,12 +454,7 @@ def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
             stage.add(names[name], source)
         stage.add(PurePosixPath(METRICS_FILE),
                   json.dumps(dict(metrics), indent=2, sort_keys=True))
-        promotion = {
-            "promoted": promoted, "reason": reason, "aliases": list(new_aliases),
-            "baseline_alias": PRODUCTION, "baseline_version": baseline_version,
-            "published_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        stage.add(PurePosixPath(PROMOTION_FILE), json.dumps(promotion, indent=2))
+        stage.add(PurePosixPath(CHECKSUMS_FILE), integrity.manifest_text(stage.digests()))
         # The first number to try comes from a listing that may be stale by the time of the
         # claim; the claim itself is what guarantees a number is never taken twice.
         version = stage.commit(max(list_versions(root, model), default=0) + 1)
@@ -402,13 +462,34 @@ def publish(root, model: str, files: Mapping[str, Path | bytes | str], *,
         stage.discard()
 
     path = store.version_location(model, version)
-    for alias in new_aliases:
-        try:
-            set_alias(root, model, alias, version,
-                      why="publish: " + ("promoted" if promoted else "not promoted"))
-        except (OSError, RegistryError) as err:
-            # The version is claimed and stays (versions are never rewritten or reused).
-            raise RegistryError(f"version {version} of model {model!r} was written to {path} "
-                                f"but alias {alias!r} could not be set: {err}") from err
+    try:
+        with store.locked(model):
+            now_held = _alias_value(store, model, PRODUCTION)
+            if promoted and now_held != held:
+                promoted = False
+                reason = (f"not promoted: production moved from version {held} to "
+                          f"{now_held} while version {version} was being published, so the "
+                          f"gate compared it with a version that is no longer production; "
+                          f"publish again or promote it by hand [gate: {reason}]")
+            new_aliases = aliases if promoted else (CANDIDATE,)
+            for alias in new_aliases:
+                _move_alias(store, model, alias, version,
+                            "publish: " + ("promoted" if promoted else "not promoted"))
+    except RegistryError as err:
+        # The version is claimed and stays (versions are never rewritten or reused).
+        raise RegistryError(f"version {version} of model {model!r} was written to {path} "
+                            f"but its aliases could not be set: {err}") from err
+    promotion = {
+        "promoted": promoted, "reason": reason, "aliases": list(new_aliases),
+        "baseline_alias": PRODUCTION, "baseline_version": baseline_version,
+        "published_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        store.write_version_file(model, version, PROMOTION_FILE,
+                                 json.dumps(promotion, indent=2).encode())
+    except (OSError, RegistryError) as err:
+        raise RegistryError(f"version {version} of model {model!r} was published to {path} "
+                            f"and its aliases {list(new_aliases)} moved, but "
+                            f"{PROMOTION_FILE} could not be written: {err}") from err
     return PublishResult(version=version, promoted=promoted, reason=reason, path=path,
                          aliases=new_aliases)

@@ -14,12 +14,17 @@ CANDIDATE = "candidate"
 METRICS_FILE = "metrics.json"
 HISTORY_FILE = "history.jsonl"
 PROMOTION_FILE = "promotion.json"
+CHECKSUMS_FILE = "checksums.json"  # sha256 and size of every file of a version (integrity)
 CLAIM_FILE = ".claim"          # remote registries: who claimed a version number
-COMPLETE_FILE = ".complete"    # remote registries: written last; a version without it is invisible
+COMPLETE_FILE = ".complete"    # remote registries: files written; a version without it is invisible
 # written by publish itself (the markers only on remote registries, reserved everywhere so a
 # version can be copied between the two)
-RESERVED_FILES = (METRICS_FILE, PROMOTION_FILE, CLAIM_FILE, COMPLETE_FILE)
+RESERVED_FILES = (METRICS_FILE, PROMOTION_FILE, CHECKSUMS_FILE, CLAIM_FILE, COMPLETE_FILE)
 TEMP_PREFIX = ".tmp-"
+# A temporary (a version being assembled, an alias being replaced) whose writer is gone is
+# swept by the next publish: at once when its name says it was this host's and that process
+# is dead, else once it is this old (a live publish never takes this long to copy its files).
+STALE_TEMP_S = 30 * 60
 
 # The promotion gate's thresholds (registry.api.default_gate on stored metrics, registry.gate
 # on this run's holdout): the new model may lose at most this much against production.
@@ -29,7 +34,6 @@ P10_TOLERANCE = 0.02
 MAX_PROBLEM_LOSS = 0.10   # per held-out problem (registry.gate)
 FLOAT_SLACK = 1e-12  # so a figure exactly on the threshold passes despite rounding
 MAX_CLAIM_ATTEMPTS = 10_000
-
 
 
 class RegistryError(Exception):

@@ -8,6 +8,7 @@ over. Layout under the root URL:
     <model>/versions/<N>/.complete      {"token", "files": {name: bytes}, "completed_at"}
     <model>/aliases/<alias>             the version number as text
     <model>/history/<S>-<alias>.json    one alias move per object, S = 1, 2, ...
+    <model>/lock/<G>, <G>.released      the alias lock's tickets, G = 1, 2, ...
 
 Claiming N is one create-if-absent write of `versions/<N>/.claim`: on S3 a PUT with
 `If-None-Match: *` (s3fs `pipe_file(mode="create")`). S3 decides the condition atomically with
@@ -32,6 +33,17 @@ An alias is one small object replaced by a single PUT (readers see the old or th
 number). A history entry is its own object whose sequence number S is claimed the same way
 as N, so two concurrent moves are both kept (rewriting one history.jsonl would lose one).
 
+An alias move (read the old value, PUT the alias, add the history entry) runs under the
+model's lock, so the alias always agrees with the history's last entry and the old value
+a move reports is the one it replaced. The lock is a sequence of tickets claimed with the
+same create-if-absent: holding it means having created `lock/<G>` for the highest G while
+`lock/<G-1>` was released (`lock/<G-1>.released` exists); of concurrent claimers of G at
+most one succeeds. Nothing is deleted, so a ticket number is never reused (no ABA). A
+holder that died leaves its ticket unreleased: a waiter that has seen the same ticket held
+for LOCK_STALE_S by its own clock (no clocks are compared between machines) claims G + 1
+over it. Moves take milliseconds; a holder paused longer than that is the one case two
+moves could overlap.
+
 Only backends whose create-if-absent is atomic can be written (ATOMIC_CREATE); any fsspec
 backend can be read. Credentials and endpoints come from the backend's usual environment
 (for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, AWS_PROFILE, ...).
@@ -39,6 +51,7 @@ backend can be read. Credentials and endpoints come from the backend's usual env
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -49,10 +62,12 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
-from tilecast.registry import cache
-from tilecast.registry.base import (CLAIM_FILE, COMPLETE_FILE, MAX_CLAIM_ATTEMPTS, NAME_RE, RegistryError,
-                       relative_name)
+from tilecast.registry import cache, integrity
+from tilecast.registry.base import (CLAIM_FILE, COMPLETE_FILE, MAX_CLAIM_ATTEMPTS, NAME_RE,
+                                    RegistryError, relative_name)
 from tilecast.registry.local import LocalStore
+
+logger = logging.getLogger(__name__)
 
 # protocol -> the lock that makes its create-if-absent atomic (None: the server does)
 ATOMIC_CREATE: dict[str, threading.Lock | None] = {
@@ -63,6 +78,10 @@ ATOMIC_CREATE: dict[str, threading.Lock | None] = {
 CONFLICT_RETRIES = 6              # 409 ConditionalRequestConflict: same key again, backing off
 CONFLICT_BACKOFF_S = 0.05
 HISTORY_DIGITS = 10
+LOCK_DIR = "lock"
+RELEASED_SUFFIX = ".released"
+LOCK_STALE_S = 30.0               # a ticket held this long (as one waiter sees it) was abandoned
+LOCK_POLL_S = (0.01, 0.2)         # a waiter's first and longest pause between looks
 INSTALL_HINTS = {"s3": "pip install 'tilecast[s3]'", "s3a": "pip install 'tilecast[s3]'"}
 
 
@@ -248,9 +267,14 @@ class ObjectStore:
                 entries.append((int(seq), rest[:-len(".json")], name))
         return sorted(entries)
 
-    def history_texts(self, model: str, alias: str | None = None) -> list[str]:
+    def history_texts(self, model: str, alias: str | None = None,
+                      tail: int | None = None) -> list[str]:
+        """The moves (of `alias` when given; only the last `tail` of them when given) as
+        JSON texts, oldest first."""
         names = [name for _, entry_alias, name in self._history_entries(model)
                  if alias is None or entry_alias == alias]
+        if tail is not None:
+            names = names[-tail:] if tail > 0 else []
         if not names:
             return []
         keys = [self._key(model, "history", name) for name in names]
@@ -279,9 +303,10 @@ class ObjectStore:
             relative_name(name)  # a marker must not write outside the cache directory
         return manifest
 
-    def local_copy(self, model: str, number: int, cache_dir=None) -> Path:
+    def local_copy(self, model: str, number: int, cache_dir=None, check=None) -> Path:
         """The version downloaded once into the cache (tilecast.registry.cache), keyed by
-        URL, model, version and the publisher's token: immutable, so never re-fetched."""
+        URL, model, version and the publisher's token: immutable, so never re-fetched unless
+        `check(directory)` (the checksums) finds the cached copy damaged."""
         manifest = self._manifest(model, number)
 
         def download(name: str, target: Path) -> None:
@@ -296,7 +321,7 @@ class ObjectStore:
 
         key = (self.location, model, number, manifest["token"])
         return cache.materialize(key, str(number), manifest["files"], download,
-                                          cache_dir=cache_dir)
+                                 cache_dir=cache_dir, check=check)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -359,6 +384,56 @@ class ObjectStore:
                 f"this publisher's{' and the version is complete' if complete else ''}; "
                 f"refusing to write into it (the server must support PUT with If-None-Match: *)")
 
+    @contextmanager
+    def locked(self, model: str):
+        """Hold the model's alias lock (see the module docstring) for the block."""
+        self._create_lock()  # writes only where publishing is possible
+        ticket = self._acquire(model)
+        try:
+            yield
+        finally:
+            self._release(model, ticket)
+
+    def _tickets(self, model: str) -> tuple[int, bool]:
+        """(highest ticket number, 0 when none; whether that ticket is released)."""
+        names = self._children(model, LOCK_DIR)
+        numbers = [int(name) for name in names if name.isdigit()]
+        top = max(numbers, default=0)
+        return top, top == 0 or f"{top:0{HISTORY_DIGITS}d}{RELEASED_SUFFIX}" in names
+
+    def _acquire(self, model: str) -> int:
+        """Claim the next ticket once the current one is released or abandoned."""
+        holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                             "acquired_at": _now()}).encode()
+        watched, since, pause = None, time.monotonic(), LOCK_POLL_S[0]
+        while True:
+            top, released = self._tickets(model)
+            if top != watched:
+                watched, since = top, time.monotonic()
+            if released or time.monotonic() - since > LOCK_STALE_S:
+                if not released:
+                    logger.warning("registry %s: alias lock ticket %d of model %r held for "
+                                   "over %.0f s; taking the lock over", self.location, top,
+                                   model, LOCK_STALE_S)
+                try:
+                    self._create_exclusive(self._key(model, LOCK_DIR,
+                                                     f"{top + 1:0{HISTORY_DIGITS}d}"), holder)
+                    return top + 1
+                except FileExistsError:
+                    continue  # another mover took it: look again at once
+            time.sleep(pause)
+            pause = min(pause * 2, LOCK_POLL_S[1])
+
+    def _release(self, model: str, ticket: int) -> None:
+        """Mark the ticket released; a failure only makes the next mover wait LOCK_STALE_S."""
+        key = self._key(model, LOCK_DIR, f"{ticket:0{HISTORY_DIGITS}d}{RELEASED_SUFFIX}")
+        try:
+            self.fs.pipe_file(key, _now().encode())
+        except self._errors as err:
+            logger.warning("registry %s: could not release alias lock ticket %d of model %r "
+                           "(%s); the next move waits %.0f s for it", self.location, ticket,
+                           model, err, LOCK_STALE_S)
+
     def write_alias(self, model: str, alias: str, number: int) -> None:
         self._create_lock()  # writes only where publishing is possible
         with self._io(f"write {self.alias_ref(model, alias)}"):
@@ -377,6 +452,11 @@ class ObjectStore:
                 seq += 1
         raise RegistryError(f"could not append to the history {self._url(model, 'history')} "
                             f"after {MAX_CLAIM_ATTEMPTS} attempts")
+
+    def write_version_file(self, model: str, number: int, name: str, data: bytes) -> None:
+        """Add a file to a complete version (its owner only: promotion.json, written last)."""
+        with self._io(f"write {self.file_ref(model, number, name)}"):
+            self.fs.pipe_file(self._key(model, "versions", str(number), name), data)
 
     def stage(self, model: str) -> "ObjectStage":
         return ObjectStage(self, model)
@@ -417,6 +497,11 @@ class ObjectStage:
         else:
             raise RegistryError(f"artifact {str(name)!r}: expected a Path, bytes or str, "
                                 f"got {type(source).__name__}")
+
+    def digests(self) -> dict[str, tuple[str, int]]:
+        """(sha256, bytes) of every file queued so far, by relative POSIX name."""
+        return {name: integrity.digest_file(payload) if isinstance(payload, Path)
+                else integrity.digest_bytes(payload) for name, payload in self.uploads}
 
     def commit(self, first_number: int) -> int:
         store, model = self.store, self.model
