@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -14,10 +15,8 @@ from pathlib import Path
 from flows.embedded_server import EmbeddedServer
 from tilecast import cli
 from tilecast.core.atomic import atomic_write_bytes
-from tilecast.core.config import load_config
 from tilecast.core.settings import EMBEDDED_SERVER_ENV, settings
 from tilecast.stages import layout
-from tilecast.workflows import pipeline
 
 
 def _template_database() -> Path | None:
@@ -80,11 +79,40 @@ def prefect_env(workdir: Path) -> None:
             os.environ.setdefault(f"PREFECT_SERVER_SERVICES_{service}_ENABLED", "false")
 
 
+class _UserErrorTracebacks(logging.Filter):
+    """Drops the traceback Prefect's engines attach to the log line of a task or flow that
+    failed with a user error (cli.USER_ERRORS): the command line prints that error as its
+    one last line. A bug keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and isinstance(error, cli.user_errors()):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_user_error_tracebacks() -> None:
+    """Put _UserErrorTracebacks on every handler of the root and Prefect loggers (a record
+    reaches the console through the root's; Prefect configures them when imported)."""
+    quiet = _UserErrorTracebacks()
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in
+                                       list(logging.Logger.manager.loggerDict)
+                                       if name.split(".")[0] == "prefect"]
+    for logger in loggers:
+        for handler in logger.handlers:
+            handler.addFilter(quiet)
+
+
 def _cmd_run(args) -> int:
-    workdir = Path(pipeline.expand_workdir(args.workdir))
+    from tilecast.core.config import load_config
+    from tilecast.workflows import pipeline
+
+    cli.config_arg(args.config)
+    workdir = cli.user_dir(pipeline.expand_workdir(args.workdir), "workdir", writable=True)
+    cli.registry_root(args.registry, must_exist=False)
     if args.plain:
-        ctx = pipeline.RunContext.create(args.config, args.workdir, args.registry, run_id=args.run_id)
-        summary = pipeline.run_all(ctx)
+        ctx = pipeline.RunContext.create(args.config, workdir, args.registry, run_id=args.run_id)
+        summary = pipeline.run_all(ctx, device=args.device)
     else:
         prefect_env(workdir)
         load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
@@ -101,15 +129,30 @@ def _cmd_run(args) -> int:
         from flows.nightly import nightly
         from tasks import orchestration
 
+        _quiet_user_error_tracebacks()
         runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
                                            address=args.dask_address)
         if server is not None:
             server.wait_ready()
-        summary = nightly.with_options(task_runner=runner)(
-            config=args.config, workdir=args.workdir, registry=args.registry,
-            run_id=args.run_id, device=args.device)
+        try:
+            summary = nightly.with_options(task_runner=runner)(
+                config=args.config, workdir=args.workdir, registry=args.registry,
+                run_id=args.run_id, device=args.device)
+        except cli.user_errors():
+            _drain_prefect_workers()
+            raise
     print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
+    """Send the failed run's last events and logs now, so that the error line `main` prints
+    is the last line on the console (drained at exit instead, they print progress after it)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,15 +7,20 @@ import logging
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import lightgbm
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from tilecast.registry import api as registry
-from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
+from tilecast.runtime.dispatch import (MAX_FIELD_VALUE, Dispatcher, NoKernelError, ProblemError,
+                                       parse_problem, parse_problem_string)
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
+from tilecast.families.gemm import MAX_OPERAND_BYTES
 from tilecast.registry.api import RegistryError
 
 GEMM = get_family("gemm")
@@ -199,14 +204,80 @@ def test_string_problems_match_mappings(setup):
 
 @pytest.mark.parametrize(("text", "message"), [
     ("m=1,n", r"malformed pair 'n'"),
+    ("m", r"malformed pair 'm' in problem 'm'; expected field=value pairs"),
     ("m=1,=4", r"malformed pair '=4'"),
     ("m=1,n=", r"malformed pair 'n='"),
-    ("m=1,m=2", r"field 'm' given twice"),
-    ("", r"empty problem string"),
+    ("m=1,2n=3", r"malformed pair '2n=3'"),
+    ("m=1;n=2", r"malformed pair 'm=1;n=2'"),
+    ("m=1,m=2", r"field 'm' given twice in problem 'm=1,m=2' \(m=1 and m=2\)"),
+    ("", r"empty problem string ''"),
+    (",", r"empty problem string ','"),
+    (" , ,", r"empty problem string"),
+    (f"m={2**63},n=1,k=1", rf"field m={2**63} in problem .* is too large: .* at most {2**63 - 1}"),
+    (f"m=1,n=-{2**64}", rf"field n=-{2**64} .* is too large"),
+    ("k=" + "9" * 5000, r"field k=9+ in problem .* is too large"),  # past int()'s digit limit
 ])
 def test_malformed_problem_strings_name_the_pair(text, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ProblemError, match=message):
         parse_problem_string(text)
+
+
+def test_the_largest_field_value_is_read_and_a_value_that_is_not_an_integer_left_to_the_family():
+    assert parse_problem_string(f"m={MAX_FIELD_VALUE},dtype=bf16,x=1e999") == {
+        "m": str(MAX_FIELD_VALUE), "dtype": "bf16", "x": "1e999"}
+
+
+@pytest.mark.parametrize(("text", "error", "message"), [
+    ("m=127.9,n=8,k=8", FamilyError, r"field m='127\.9' is not an integer"),
+    ("m=1e3,n=8,k=8", ProblemError, r"field m='1e3' in problem 'm=1e3,n=8,k=8' is not a whole "
+                                    r"number written in digits; e.g. m=1000"),
+    ("m=8,n=64.0,k=8", ProblemError, r"field n='64\.0' .* e\.g\. n=64"),
+    ("m=8,n=8,k=-5", FamilyError, r"field k=-5 must be >= 1"),
+    ("m=0,n=8,k=8", FamilyError, r"field m=0 must be >= 1"),
+    ("m=8,n=8,k=nan", FamilyError, r"field k='nan' is not an integer"),
+    (f"m=8,n=8,k={2**63}", ProblemError, rf"field k={2**63} .* too large"),
+])
+def test_typed_integer_fields_must_be_whole_numbers_in_digits(setup, text, error, message):
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    with pytest.raises(error, match=message):
+        dispatcher.select(text)
+    # a mapping (a config's, a dataset's row) keeps the family's own conversion
+    expected = GEMM.problem({"m": 64, "n": 8, "k": 8})
+    assert dispatcher.problem({"m": 64.0, "n": "8", "k": 8}) == expected
+    assert dispatcher.problem("m=+64,n=8,k=8") == expected
+
+
+class _RoundingFamily:
+    """A family whose conversion goes through a float, as a careless one's would."""
+    name = "rounding"
+
+    @staticmethod
+    def problem(values):
+        return SimpleNamespace(m=int(float(values["m"])))
+
+
+def test_a_size_the_family_cannot_hold_exactly_is_refused_not_rounded():
+    assert parse_problem(f"m={2**53}", _RoundingFamily).m == 2**53
+    with pytest.raises(ProblemError, match=rf"field m={2**53 + 1} .* beyond what the rounding "
+                                           rf"family holds exactly \(it reads {2**53}\)"):
+        parse_problem(f"m={2**53 + 1}", _RoundingFamily)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dims=st.one_of(  # one dimension up to 2**42, or all three up to 2**14: within the
+                       # family's operand limit (gemm.MAX_OPERAND_BYTES)
+           st.tuples(st.integers(1, 2**42), st.integers(1, 4), st.integers(1, 4)),
+           st.tuples(st.integers(1, 4), st.integers(1, 2**42), st.integers(1, 4)),
+           st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 2**42)),
+           st.tuples(*[st.integers(1, 2**14)] * 3)),
+       dtype=st.sampled_from(["fp32", "bf16"]),
+       layouts=st.tuples(*[st.sampled_from(["row", "col"])] * 2))
+def test_a_dims_key_parses_back_to_its_problem(dims, dtype, layouts):
+    m, n, k = dims
+    assume(4 * (m * k + k * n + m * n) <= MAX_OPERAND_BYTES)   # else no GEMM problem at all
+    problem = GEMM.problem({"m": dims[0], "n": dims[1], "k": dims[2], "dtype": dtype,
+                            "layout_a": layouts[0], "layout_b": layouts[1]})
+    assert parse_problem(GEMM.dims_key(problem), GEMM) == problem
 
 
 @pytest.mark.parametrize(("problem", "message"), [
@@ -222,19 +293,41 @@ def test_bad_problem_fields_are_named(setup, problem, message):
         dispatcher.select(problem)
 
 
-def test_no_applicable_candidate_falls_back_to_static_best(setup, caplog):
-    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+BF16_STATIC_BEST = "gemm_bf16_avx512_14x32_mc28_nc64_kc48_parn_pa1_pf0"
+
+
+def test_no_applicable_candidate_falls_back_to_a_static_best_that_applies(setup, caplog):
+    # fp32 candidates, a bf16 static best: a bf16 problem has no candidate but the static best
+    spec = {"family": "gemm", "feature_names": setup["engine"].feature_names(),
+            "target_transform": "log1p_tflops", "hardware": HARDWARE}
+    dispatcher = Dispatcher(setup["full"], spec, {"family": "gemm", "kernels": setup["names"],
+                                                  "static_best": BF16_STATIC_BEST})
     with caplog.at_level(logging.WARNING, logger="tilecast.runtime.dispatch"):
         chosen = dispatcher.select("m=64,n=64,k=64,dtype=bf16")
-    assert chosen == setup["names"][3]
+    assert chosen == BF16_STATIC_BEST
     assert "static best" in dispatcher.last_fallback_reason
-    assert setup["names"][3] in dispatcher.last_fallback_reason
+    assert BF16_STATIC_BEST in dispatcher.last_fallback_reason
     assert any("falling back" in r.getMessage() for r in caplog.records)
     result = dispatcher.select_json("m=64,n=64,k=64,dtype=bf16")
-    assert result["kernel"] == setup["names"][3] and result["predicted_tflops"] is None
+    assert result["kernel"] == BF16_STATIC_BEST and result["predicted_tflops"] is None
     assert dispatcher.predict("m=64,n=64,k=64,dtype=bf16") == {}
-    dispatcher.select("m=64,n=64,k=64")
+    assert dispatcher.select("m=64,n=64,k=64") in setup["names"]
     assert dispatcher.last_fallback_reason is None
+
+
+def test_a_problem_no_kernel_of_the_model_runs_is_an_error_not_a_kernel(setup):
+    # every candidate and the static best are fp32: none can run a bf16 problem
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm-full")
+    for _ in range(2):  # never memoized: the second query fails the same way
+        with pytest.raises(NoKernelError, match=(
+                r"no kernel of model 'gemm-full' version 1 can run problem "
+                r"m=64,n=64,k=64,dtype=bf16,layout_a=row,layout_b=row: none of its 18 "
+                rf"candidates applies, nor its static best '{setup['names'][3]}' "
+                r"\(kernel dtype fp32 != problem dtype bf16\)")):
+            dispatcher.select("m=64,n=64,k=64,dtype=bf16")
+    with pytest.raises(NoKernelError):
+        dispatcher.select_json({"m": 64, "n": 64, "k": 64, "dtype": "bf16"})
+    assert dispatcher.select("m=64,n=64,k=64") in setup["names"]
 
 
 def test_select_json_reports_kernel_prediction_model_and_version(setup):

@@ -85,7 +85,7 @@ def test_run_then_select_then_rerun(tmp_path):
     mine.write_text("problems:\n  - list: [{m: 5, n: 0, k: 64}]\n")
     bad = _run("evaluate", "--registry", str(registry), "--model", "gemm", "--problems", str(mine),
                "--workdir", str(tmp_path / "eval"), "--config", str(TINY), check=False)
-    assert bad.returncode == 2 and "problem 0" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "problems[0].list[0].n" in bad.stderr and "Traceback" not in bad.stderr
 
     # the nightly's second night: same measurements, training continued from production
     warm_config = tmp_path / "tiny_warm.yaml"

@@ -246,6 +246,36 @@ def test_a_kernel_that_does_not_compile_is_a_build_error(tmp_path):
         kernel_library.load(_UnbuildableGemm(), FP32_KERNEL, cache_dir=tmp_path)
 
 
+AVX512_FP32_KERNEL = GEMM.kernel_name(ALL_GEMM_VARIANTS[0])
+
+
+@pytest.mark.parametrize("flags, family, kernel, message", [
+    ({"avx2", "fma", "sse4_2"}, GEMM, AVX512_FP32_KERNEL,
+     rf"kernel '{AVX512_FP32_KERNEL}' needs avx512f, and this CPU lacks avx512f \(it has avx2, "
+     r"fma\); pick a variant of an ISA it has"),
+    ({"avx2", "fma", "avx512f"}, GEMM, BF16_KERNEL,
+     r"needs avx512f, avx512_bf16, and this CPU lacks avx512_bf16 \(it has avx2, avx512f, fma\)"),
+    ({"sse4_2"}, get_family("grouped_conv_forward"), CONV_2D["forward"],
+     r"needs avx2, fma, and this CPU lacks avx2, fma \(it has no AVX\)"),
+])
+def test_a_kernel_this_cpu_cannot_run_is_named_before_anything_compiles(tmp_path, monkeypatch,
+                                                                         flags, family, kernel,
+                                                                         message):
+    monkeypatch.setattr(kernel_library, "cpu_flags", lambda: frozenset(flags))
+    with pytest.raises(kernel_library.CpuFeatureError, match=message):
+        kernel_library.load(family, kernel, cache_dir=tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing was compiled
+
+
+@pytest.mark.skipif("avx512f" in CPU_FLAGS, reason="this CPU runs the AVX-512 kernels")
+def test_an_avx512_kernel_on_this_cpu_says_it_lacks_avx512f(tmp_path):
+    with pytest.raises(kernel_library.CpuFeatureError, match="this CPU lacks avx512f"):
+        ops.gemm(torch.randn(3, 4), torch.randn(4, 2), kernel=AVX512_FP32_KERNEL)
+    with pytest.raises(kernel_library.CpuFeatureError, match="this CPU lacks avx512f"):
+        kernel_library.load(GEMM, AVX512_FP32_KERNEL, cache_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
 def _guarded(rows: int, cols: int, values: torch.Tensor) -> torch.Tensor:
     """A (rows, cols) copy of `values` whose last byte is followed by an unreadable page."""
     libc = ctypes.CDLL(None)
@@ -395,3 +425,40 @@ def test_gemm_through_a_published_registry(tmp_path, hw):
     chosen = dispatcher.select({"m": 70, "n": 33, "k": 90})
     assert chosen in names and rel_error(c, a.double() @ b.double()) < 1e-4
     assert torch.equal(c, ops.gemm(a, b, kernel=chosen))
+
+
+# -- DISCO modules: channel counts and empty batches ---------------------------------------
+
+@pytest.mark.parametrize("arguments, message", [
+    ((0, 6), r"DiscoConvS2: in_channels=0 must be a positive integer"),
+    ((4, 0), r"DiscoConvS2: out_channels=0 must be a positive integer"),
+    ((4.5, 6), r"in_channels=4\.5 must be a positive integer"),
+    ((4, 6, 0), r"groups=0 must be a positive integer"),
+    ((4, 6, 4), r"in_channels \(4\) and out_channels \(6\) must be multiples of groups \(4\)"),
+])
+def test_disco_modules_name_a_bad_channel_count(arguments, message):
+    in_channels, out_channels, *groups = arguments
+    with pytest.raises(ValueError, match=message):
+        ops.DiscoConvS2(in_channels, out_channels, (12, 24), (6, 12), (3, 3),
+                        groups=groups[0] if groups else 1)
+    with pytest.raises(ValueError, match=message.replace("DiscoConvS2", "DiscoConvTransposeS2")):
+        ops.DiscoConvTransposeS2(in_channels, out_channels, (6, 12), (12, 24), (3, 3),
+                                 groups=groups[0] if groups else 1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3)),
+    lambda: ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True),
+    lambda: ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), optimized_kernel=False),
+    lambda: ops.DiscoConvTransposeS2(4, 6, (6, 12), (12, 24), (3, 3)),
+], ids=["csr", "fused", "reference", "transpose"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_disco_modules_map_an_empty_batch_to_an_empty_output(make, dtype):
+    module = make().to(dtype)
+    x = torch.randn(0, 4, *module.in_shape, dtype=dtype, requires_grad=True)
+    out = module(x)
+    one = module(torch.randn(1, 4, *module.in_shape, dtype=dtype))
+    assert out.shape == (0, *one.shape[1:]) and out.dtype == one.dtype
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    assert not module.weight.grad.any() and not module.bias.grad.any()

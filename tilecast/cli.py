@@ -1,46 +1,195 @@
-"""The `tilecast` command line: library subcommands (no Prefect). `flows.cli` adds `run`."""
+"""The `tilecast` command line: library subcommands (no Prefect). `flows.cli` adds `run`.
+
+Every error a user can cause ends the command with one line on stderr, `tilecast <command>:
+error: <message>`, and exit status 2; any other exception is a bug and keeps its traceback.
+The errors a user can cause are the classes of USER_ERRORS, raised where input is parsed or
+read; the paths given on the command line are checked here first (`user_file`, `user_dir`,
+`registry_root`), so that a missing, unreadable or binary file, or a directory given as a
+file, is named before any work starts. Subcommands import what they run when they run it:
+a mistyped command fails in a fraction of a second.
+"""
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import logging
+import os
+import stat
 import sys
 from pathlib import Path
 
-from tilecast.core.config import ConfigError
-from tilecast.core.dataset import DatasetError
-from tilecast.families.base import FamilyError
-from tilecast.registry import api as registry
-from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
-from tilecast.stages import layout
-from tilecast.stages.convert import convert_raw
-from tilecast.stages.convert_ck import convert_ck_csv
-from tilecast.stages.train import ModelArtifactError
-from tilecast.workflows.rebench import RebenchError, rebench
-from tilecast.workflows.repeatability import report
-from tilecast.workflows.user_eval import dump, evaluate_published, summary_line
+log = logging.getLogger("tilecast.cli")
 
 
 class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
+    """A user error found by the command line itself: printed as one line, exit status 2."""
 
+
+#: The errors a user can cause, as (module, class): the one list the boundary catches.
+#: Resolved when an error reaches `main` (user_errors), from the modules loaded by then: an
+#: error of a module that was never imported cannot have been raised.
+USER_ERRORS = (
+    ("tilecast.cli", "CliError"),                       # bad arguments and paths
+    ("tilecast.core.config", "ConfigError"),            # configs and problem files
+    ("tilecast.core.dataset", "DatasetError"),          # raw logs, CSVs, parquet datasets
+    ("tilecast.families.base", "FamilyError"),          # kernel names, problems (ProblemError)
+    ("tilecast.registry.base", "RegistryError"),        # registries, versions, aliases
+    ("tilecast.runtime.dispatch", "NoKernelError"),     # a problem no kernel of a model runs
+    ("tilecast.stages.train", "ModelArtifactError"),    # a model directory a run left
+    ("tilecast.workflows.rebench", "RebenchError"),     # rebench inputs and history
+    ("tilecast.workflows.user_eval", "EvaluationError"),  # problems with nothing to score
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The classes of USER_ERRORS whose modules are loaded."""
+    return tuple(getattr(sys.modules[module], name) for module, name in USER_ERRORS
+                 if module in sys.modules)
+
+
+def one_line(message: str) -> str:
+    """A message on one line: its lines joined (a YAML error's caret line left out)."""
+    lines = (line.strip() for line in str(message).splitlines())
+    return " ".join(line for line in lines if line and line != "^")
+
+
+# -- the paths a user gives -----------------------------------------------------------------
+
+CHUNK_BYTES = 1 << 20
+
+
+def _check_text(handle, path: Path, what: str) -> None:
+    """CliError unless the open file is UTF-8 text without NUL bytes (a binary file)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    while chunk := handle.read(CHUNK_BYTES):
+        nul = chunk.find(b"\0")
+        if nul >= 0:
+            raise CliError(f"{what} {path} is a binary file (a NUL byte at offset "
+                           f"{offset + nul}), expected text")
+        pending = len(decoder.getstate()[0])
+        try:
+            decoder.decode(chunk)
+        except UnicodeDecodeError as err:
+            raise CliError(f"{what} {path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} "
+                           f"at offset {offset - pending + err.start})") from None
+        offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise CliError(f"{what} {path} is not UTF-8 text (it ends inside a character)") from None
+
+
+def user_file(value: str | Path, what: str, *, text: bool = False) -> Path:
+    """`value` as a file the user named (`what` says which in messages): CliError when it
+    does not exist, is not a regular file, cannot be read or, with `text`, is not UTF-8 text."""
+    path = Path(value)
+    try:
+        with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise CliError(f"{what} {path} is not a regular file")
+            if text:
+                _check_text(handle, path, what)
+            else:
+                handle.read(1)
+    except FileNotFoundError:
+        raise CliError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise CliError(f"{what} {path} is a directory, expected a file") from None
+    except PermissionError:
+        raise CliError(f"{what} {path} is not readable (permission denied)") from None
+    except OSError as err:
+        raise CliError(f"{what} {path} cannot be read: {err.strerror or err}") from None
+    return path
+
+
+def user_dir(value: str | Path, what: str, *, must_exist: bool = False,
+             writable: bool = False) -> Path:
+    """`value` as a directory the user named: CliError when it is something else, when it
+    does not exist (with `must_exist`), or when it (or, not made yet, the directory it would
+    be made in) cannot be written (with `writable`)."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{what} {path} is a file, expected a directory")
+    if not path.exists() and must_exist:
+        raise CliError(f"{what} {path} does not exist")
+    if writable:
+        _check_writable(path, what)
+    return path
+
+
+def user_output(value: str | Path, what: str) -> Path:
+    """`value` as a file the command writes: CliError when it is a directory or when the
+    directory it goes in cannot be written."""
+    path = Path(value)
+    if path.is_dir():
+        raise CliError(f"{what} {path} is a directory; name the file to write")
+    _check_writable(path.parent, what)
+    return path
+
+
+def _check_writable(path: Path, what: str) -> None:
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise CliError(f"{what} {path}: {existing} is a file, not a directory")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise CliError(f"{what} {path}: {existing} is not writable (permission denied)")
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def config_arg(value: str | Path) -> str:
+    """A --config value: a path (one that exists, has a directory part or a YAML/JSON suffix)
+    is checked as a text file; a bare name (`quick`) is left to the loader, which looks it
+    up in configs/ and lists the names there when it is not one."""
+    path = Path(value)
+    if path.exists() or len(path.parts) > 1 or path.suffix in CONFIG_SUFFIXES:
+        user_file(path, "config", text=True)
+    return str(value)
+
+
+def registry_root(value: str | Path, *, must_exist: bool = True) -> str:
+    """A --registry value: a local path must be a directory (and exist, for a command that
+    reads it); a URL is left to its store, which names it in its own errors."""
+    from tilecast.registry.api import is_url
+
+    if not is_url(value):
+        path = Path(value)
+        if path.exists() and not path.is_dir():
+            raise CliError(f"registry {path} is a file; --registry names a directory or a URL")
+        if must_exist and not path.exists():
+            raise CliError(f"registry {path} does not exist; --registry names a directory "
+                           "(default ./registry) or a URL such as s3://bucket/prefix")
+    return str(value)
+
+
+# -- subcommands ----------------------------------------------------------------------------
 
 def _cmd_select(args) -> int:
-    dispatcher = Dispatcher.from_registry(args.registry, args.model, args.alias)
-    problem = parse_problem_string(args.problem)
+    from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
+
+    parse_problem_string(args.problem)  # a malformed string fails before the model is loaded
+    dispatcher = Dispatcher.from_registry(registry_root(args.registry), args.model, args.alias)
     if args.json:
-        print(json.dumps(dispatcher.select_json(problem)))
+        print(json.dumps(dispatcher.select_json(args.problem)))
     else:
-        print(dispatcher.select(problem))
+        print(dispatcher.select(args.problem))
     return 0
 
 
 def _cmd_convert(args) -> int:
-    inputs = [Path(p) for p in args.inputs]
+    inputs = [user_file(p, "input", text=True) for p in args.inputs]
+    out = user_output(args.out, "--out")
     if args.source == "ck-csv":
-        summary = convert_ck_csv(inputs, Path(args.out), problem_set=args.problem_set)
+        from tilecast.stages.convert_ck import convert_ck_csv
+
+        summary = convert_ck_csv(inputs, out, problem_set=args.problem_set)
     else:
-        summary = convert_raw(inputs, Path(args.out))
+        from tilecast.stages.convert import convert_raw
+
+        summary = convert_raw(inputs, out)
     print(f"wrote {summary.out_path}: {summary.rows} rows, {summary.problems} problems, "
           f"{summary.kernels} kernels, statuses {summary.statuses}")
     return 0
@@ -48,6 +197,9 @@ def _cmd_convert(args) -> int:
 
 def _version_summary(root, model: str, version: int) -> dict:
     """What `registry list/show` print for one version: headline metrics, promotion, lineage."""
+    from tilecast.registry import api as registry
+    from tilecast.stages import layout
+
     path = registry.version_path(root, model, version)
     summary: dict = {"version": version, "path": str(path)}
     for name, keys in ((registry.METRICS_FILE, ("mean_efficiency", "median_efficiency",
@@ -60,17 +212,34 @@ def _version_summary(root, model: str, version: int) -> dict:
         except (registry.RegistryError, ValueError) as err:
             summary[name] = f"unreadable: {err}"
             continue
+        if not isinstance(document, dict):
+            summary[name] = f"unreadable: holds a {type(document).__name__}, not an object"
+            continue
         summary.update({k: document[k] for k in keys if k in document})
     return summary
 
 
 def _cmd_repeatability(args) -> int:
+    from tilecast.workflows.repeatability import report
+
+    for run in args.runs:
+        path = Path(run)
+        if not path.is_dir():
+            with user_file(path, "run").open("rb") as handle:
+                if handle.read(4) != b"PAR1":
+                    raise CliError(f"run {path} is neither a workdir nor a parquet dataset "
+                                   "(`tilecast convert` writes one)")
+    if not 0.0 <= args.tie_threshold_pct < 100.0:
+        raise CliError(f"--tie-threshold-pct {args.tie_threshold_pct:g} must be a percentage "
+                       "from 0 to 100, e.g. 1")
     print(report(args.runs[0], args.runs[1], args.family, args.tie_threshold_pct))
     return 0
 
 
 def _cmd_registry(args) -> int:
-    root = args.registry
+    from tilecast.registry import api as registry
+
+    root = registry_root(args.registry)
     if args.action == "list":
         models = [args.model] if args.model else registry.list_models(root)
         if not models:
@@ -88,37 +257,75 @@ def _cmd_registry(args) -> int:
         print(json.dumps({"model": args.model, "aliases": aliases,
                           **_version_summary(root, args.model, number)}, indent=2))
         return 0
-    if args.action == "promote":
-        if not args.version:
-            raise CliError("registry promote needs VERSION")
-        previous = registry.promote(root, args.model, args.version, args.alias)
-        print(f"{args.model}: alias {args.alias} -> version {int(args.version)} "
-              f"(was {previous if previous is not None else 'unset'})")
-        return 0
-    version = registry.rollback(root, args.model, args.alias)
-    print(f"{args.model}: alias {args.alias} rolled back to version {version}")
+    if args.action == "promote" and not args.version:
+        raise CliError("registry promote needs VERSION")
+    try:
+        if args.action == "promote":
+            previous = registry.promote(root, args.model, args.version, args.alias)
+            print(f"{args.model}: alias {args.alias} -> version {int(args.version)} "
+                  f"(was {previous if previous is not None else 'unset'})")
+        else:
+            version = registry.rollback(root, args.model, args.alias)
+            print(f"{args.model}: alias {args.alias} rolled back to version {version}")
+    except PermissionError as err:
+        raise CliError(f"registry {root} is not writable: {err.strerror} ({err.filename}); "
+                       "ask its owner, or use a registry you can write") from None
     return 0
 
 
 def _cmd_evaluate(args) -> int:
-    metrics = evaluate_published(args.registry, args.model, args.problems, args.workdir,
-                                 alias=args.alias, config=args.config)
+    from tilecast.workflows.user_eval import dump, evaluate_published, summary_line
+
+    user_file(args.problems, "problems file", text=True)
+    metrics = evaluate_published(registry_root(args.registry), args.model, args.problems,
+                                 user_dir(args.workdir, "workdir", writable=True),
+                                 alias=args.alias, config=config_arg(args.config))
     print(dump(metrics))
     print(summary_line(metrics), file=sys.stderr)
     return 0
 
 
 def _cmd_rebench(args) -> int:
+    from tilecast.workflows.rebench import rebench
+
     families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
     if args.families is not None and not families:
         raise CliError(f"--families {args.families!r} names no family; e.g. --families gemm")
-    result = rebench(args.config, args.workdir, args.history, families=families,
+    result = rebench(config_arg(args.config), user_dir(args.workdir, "workdir", writable=True),
+                     user_dir(args.history, "history", writable=True), families=families,
                      problems=args.problems, git_ref=args.git_ref, repo=args.repo,
                      alpha=args.alpha, min_effect=args.min_effect, samples=args.samples)
     print(result.markdown)
     for family, path in result.reports.items():
         print(f"rebench {family}: report {path}", file=sys.stderr)
     return result.exit_status
+
+
+def _config_summary(config) -> str:
+    """One line on a valid config: its name and each family's problems per set."""
+    families = "; ".join(
+        f"{name} " + " + ".join(f"{len(problems)} {problem_set}"
+                                for problem_set, problems in family.problems.items())
+        + " problems" for name, family in config.families.items())
+    count = len(config.families)
+    return (f"{config.path}: config {config.name!r}, {count} "
+            f"{'family' if count == 1 else 'families'} ({families})")
+
+
+def _cmd_config_check(args) -> int:
+    # the schema module is imported only by the command that needs it
+    from tilecast.core.schema import check_config_file
+
+    config = check_config_file(Path(config_arg(args.file)))
+    print(f"ok: {_config_summary(config)}")
+    return 0
+
+
+def _cmd_config_schema(args) -> int:
+    from tilecast.core.schema import config_json_schema
+
+    print(json.dumps(config_json_schema(), indent=2))
+    return 0
 
 
 REBENCH_EPILOG = """\
@@ -129,20 +336,25 @@ exit status:
   3  not comparable: the hardware differs from the baseline's, or no pair was measured
      validly in both runs (1 wins when another family regressed)
 
-A verdict needs a significant test (Mann-Whitney U per kernel and problem, Wilcoxon
-signed-rank per kernel across problems, Benjamini-Hochberg q <= ALPHA) and a practical
-effect (a time ratio of at least 1 + MIN_EFFECT, or at most 1 / (1 + MIN_EFFECT)).
+A verdict needs a significant test and a practical effect. The tests: per kernel and problem,
+a two-sided Welch t-test on the logs of the two runs' per-round medians (each round is a
+process of its own; records without rounds fall back to a Mann-Whitney U test on their
+samples); per kernel, a Wilcoxon signed-rank test on the logs of its time ratios across
+problems; every test of a run corrected with Benjamini-Hochberg, significant at q <= ALPHA.
+The effect: a time ratio of at least 1 + MIN_EFFECT, or at most 1 / (1 + MIN_EFFECT).
 """
 
 
 REGISTRY_HELP = ("a directory (default ./registry) or an fsspec URL such as s3://bucket/prefix; "
                  "S3 credentials and endpoint come from the environment (AWS_*)")
+CONFIG_HELP = "a YAML path or a name in configs/"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every library subcommand; callers may add more."""
-    parser = argparse.ArgumentParser(prog="tilecast", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser = argparse.ArgumentParser(prog="tilecast", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging (and the traceback behind an error message)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     select = sub.add_parser("select", help="print the kernel the published model chooses")
@@ -205,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "previous run there. Writes WORKDIR/report/rebench_<family>.json and "
                     "WORKDIR/report/rebench.md; prints the markdown.",
         epilog=REBENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rebench.add_argument("--config", default="quick", help="a YAML path or a name in configs/")
+    rebench.add_argument("--config", default="quick", help=CONFIG_HELP)
     rebench.add_argument("--workdir", required=True)
     rebench.add_argument("--history", required=True,
                          help="directory of past rebenchmarks (<family>/<run_id>.jsonl, latest.json)")
@@ -225,15 +437,21 @@ def build_parser() -> argparse.ArgumentParser:
                          help="samples per kernel and problem (default: the protocol's, raised "
                               "to what the tests need)")
     rebench.set_defaults(func=_cmd_rebench)
+
+    config = sub.add_parser("config", help="check a run config without running anything, or "
+                                           "print the JSON Schema configs follow")
+    actions = config.add_subparsers(dest="action", metavar="{check,schema}", required=True)
+    check = actions.add_parser("check", help="validate FILE: 'ok: ...' and a one-line summary, "
+                                             "or the first error (exit status 2)")
+    check.add_argument("file", metavar="FILE", help=CONFIG_HELP)
+    check.set_defaults(func=_cmd_config_check)
+    schema = actions.add_parser("schema", help="print the JSON Schema of a run config")
+    schema.set_defaults(func=_cmd_config_schema)
     return parser
 
 
-# Errors a user can cause: printed as a message, never as a traceback.
-USER_ERRORS = (CliError, ConfigError, DatasetError, FamilyError, FileNotFoundError,
-               ModelArtifactError, RebenchError, registry.RegistryError)
-
-
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run one command; a user error (USER_ERRORS) is one line on stderr and exit status 2."""
     parser = parser or build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -243,6 +461,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         return args.func(args)
-    except USER_ERRORS as err:
-        print(f"tilecast {args.command}: error: {err}", file=sys.stderr)
+    except user_errors() as err:  # the tuple is made only when an error arrives here
+        log.debug("the error's traceback (a user error: shown with --verbose only)",
+                  exc_info=True)
+        print(f"tilecast {args.command}: error: {one_line(str(err))}", file=sys.stderr)
         return 2

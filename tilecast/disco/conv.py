@@ -39,6 +39,7 @@ own tiles.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Union
 
 import torch
@@ -69,7 +70,12 @@ class _DiscoConvBase(nn.Module):
                  basis_type: str, groups: int, bias: bool, optimized_kernel: bool = True):
         super().__init__()
         self.optimized_kernel = bool(optimized_kernel)
-        if groups < 1 or in_channels % groups != 0 or out_channels % groups != 0:
+        for label, count in (("in_channels", in_channels), ("out_channels", out_channels),
+                             ("groups", groups)):
+            if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+                raise ValueError(f"{type(self).__name__}: {label}={count!r} must be a positive "
+                                 "integer")
+        if in_channels % groups != 0 or out_channels % groups != 0:
             raise ValueError(f"in_channels ({in_channels}) and out_channels ({out_channels}) "
                              f"must be multiples of groups ({groups})")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
@@ -151,6 +157,13 @@ class _DiscoConvBase(nn.Module):
         if x.dim() != 4 or x.shape[1] != self.in_channels or tuple(x.shape[-2:]) != shape:
             raise ValueError(f"{type(self).__name__} expects x of shape (B, {self.in_channels}, "
                              f"{shape[0]}, {shape[1]}), got {tuple(x.shape)}")
+
+    def _empty_batch(self, x: Tensor, out_shape: tuple[int, int]) -> Tensor:
+        """The output of a batch of size 0: (0, out_channels, *out_shape) in x's dtype, as
+        torch's convolutions give one, instead of a failed reshape on one of the paths. It
+        hangs off x and the weight (zero gradients), as an output of the other paths does."""
+        anchor = x.sum().to(self.weight.dtype) * 0 + self.weight.sum() * 0
+        return self._add_bias(anchor.to(x.dtype).expand(0, self.out_channels, *out_shape))
 
     def _grouped_weight(self) -> Tensor:
         return self.weight.reshape(self.groups, self.out_channels // self.groups,
@@ -321,6 +334,8 @@ class DiscoConvS2(_DiscoConvBase):
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x, self.in_shape)
+        if x.shape[0] == 0:
+            return self._empty_batch(x, self.out_shape)
         return self._add_bias(self._contract_and_mix(x))
 
 
@@ -352,4 +367,6 @@ class DiscoConvTransposeS2(_DiscoConvBase):
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x, self.in_shape)
+        if x.shape[0] == 0:
+            return self._empty_batch(x, self.out_shape)
         return self._add_bias(self._mix_and_transpose(x, self.out_shape[1]))

@@ -245,6 +245,8 @@ class DistributedDiscoConvS2(_DistributedBase):
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_shard(x)
+        if x.shape[0] == 0:  # every rank holds the same batch: none exchanges anything
+            return self._empty_batch(x, self.shard_shape("out"))
         band = exchange(x, self.polar, self._plans["band"])
         partial = self.local(self._to_channel_split(band), self._local_weight())
         return self._add_bias(exchange(partial, self.azimuth, self._plans["reduce_scatter"]))
@@ -284,6 +286,8 @@ class DistributedDiscoConvTransposeS2(_DistributedBase):
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_shard(x)
+        if x.shape[0] == 0:
+            return self._empty_batch(x, self.shard_shape("out"))
         partial = self.local.transpose(self._to_channel_split(x), self._local_weight(),
                                        self.out_shape[1])
         partial = exchange(partial, self.polar, self._plans["band"])

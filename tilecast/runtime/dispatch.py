@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -21,7 +22,7 @@ import numpy as np
 
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
-from tilecast.registry import api as registry
+from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
 from tilecast.runtime.native.scoring import CandidateScorer
 from tilecast.stages.layout import CANDIDATES_FILE, FEATURE_SPEC_FILE, MODEL_FILE, TARGET_TRANSFORMS
@@ -36,26 +37,81 @@ INVERSE_TRANSFORMS = {name: inverse for name, (_, inverse) in TARGET_TRANSFORMS.
 DEFAULT_CACHE_SIZE = 65536
 
 
+#: the largest value any problem field may hold: every size is an int64 in the kernels
+MAX_FIELD_VALUE = 2**63 - 1
+PROBLEM_EXAMPLE = "m=512,n=512,k=512"
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DIGITS = re.compile(r"[+]?[0-9]+")
+
+
+class ProblemError(FamilyError):
+    """A problem as a user wrote it that cannot be read: a malformed 'field=value' string, a
+    field given twice, a number not written as a whole number or too large for any field."""
+
+
+class NoKernelError(ValueError):
+    """No kernel of a model can run a problem: no candidate applies to it, nor the static best."""
+
+
+def _too_large(value: str) -> bool:
+    """Whether an integer literal is beyond MAX_FIELD_VALUE (by length first: int() refuses
+    literals of more than 4300 digits)."""
+    digits = value.lstrip("+-").lstrip("0")
+    return len(digits) > len(str(MAX_FIELD_VALUE)) or int(digits or "0") > MAX_FIELD_VALUE
+
+
 def parse_problem_string(text: str) -> dict[str, str]:
-    """'m=128,n=256,k=64' -> {'m': '128', 'n': '256', 'k': '64'} (values stay strings; the
-    family validates and converts them). ValueError names a malformed or repeated pair."""
+    """'m=128,n=256,k=64' -> {'m': '128', 'n': '256', 'k': '64'}: the fields of a problem as a
+    user types it (`tilecast select --problem`, `tilecast rebench --problems`). Values stay
+    strings: the family converts them (see parse_problem, which also does). ProblemError names
+    a malformed pair (no '=', a key that is not a name, an empty value, a second '=' as in
+    'm=1;n=2'), a field given twice, an integer beyond MAX_FIELD_VALUE, or a string with no
+    field at all; empty pairs ('m=1,,n=2', a trailing comma) are ignored."""
     if not isinstance(text, str):
-        raise ValueError(f"problem string must be a str, got {type(text).__name__}")
+        raise TypeError(f"problem string must be a str, got {type(text).__name__}")
     values: dict[str, str] = {}
     for pair in text.split(","):
         pair = pair.strip()
         if not pair:
-            continue  # tolerate 'm=1,,n=2' and a trailing comma
+            continue
         key, sep, value = pair.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or not key or not value:
-            raise ValueError(f"malformed pair {pair!r} in problem {text!r}; expected k=v,k=v")
+        if not sep or not _FIELD_NAME.fullmatch(key) or not value or "=" in value:
+            raise ProblemError(f"malformed pair {pair!r} in problem {text!r}; expected "
+                               f"field=value pairs separated by commas, e.g. {PROBLEM_EXAMPLE}")
         if key in values:
-            raise ValueError(f"field {key!r} given twice in problem {text!r}")
+            raise ProblemError(f"field {key!r} given twice in problem {text!r} "
+                               f"({key}={values[key]} and {key}={value}); give it once")
+        if _INTEGER.fullmatch(value) and _too_large(value):
+            raise ProblemError(f"field {key}={value} in problem {text!r} is too large: a "
+                               f"problem field holds at most {MAX_FIELD_VALUE} (2**63 - 1)")
         values[key] = value
     if not values:
-        raise ValueError(f"empty problem string {text!r}; expected k=v,k=v")
+        raise ProblemError(f"empty problem string {text!r}; expected field=value pairs "
+                           f"separated by commas, e.g. {PROBLEM_EXAMPLE}")
     return values
+
+
+def parse_problem(text: str, family) -> Any:
+    """The family's validated problem from a 'field=value,...' string. Stricter than a
+    mapping: an integer field must be written in digits, so '1e3', '64.0' or '0x40' are
+    refused (a config's 64.0 is a number, a typed '1e3' more likely a typo), and must come
+    out of the family's conversion as the number written; a fraction (127.9), a negative or
+    zero size is refused by the family. ProblemError / FamilyError name the field and value."""
+    values = parse_problem_string(text)
+    problem = family.problem(values)
+    for key, value in values.items():
+        converted = getattr(problem, key, None)
+        if not isinstance(converted, int) or isinstance(converted, bool):
+            continue
+        if not _DIGITS.fullmatch(value):
+            raise ProblemError(f"field {key}={value!r} in problem {text!r} is not a whole "
+                               f"number written in digits; e.g. {key}={converted}")
+        if converted != int(value):
+            raise ProblemError(f"field {key}={value} in problem {text!r} is beyond what the "
+                               f"{family.name} family holds exactly (it reads {converted})")
+    return problem
 
 
 def _raw_key(problem) -> Any:
@@ -199,20 +255,31 @@ class Dispatcher:
     @classmethod
     def from_directory(cls, path, *, model: str = "", version: int | None = None,
                        **options) -> "Dispatcher":
-        """Load model.txt, feature_spec.json and candidates.json from an artifact directory."""
+        """Load model.txt, feature_spec.json and candidates.json from an artifact directory,
+        after checking them against the directory's checksums.json when it has one (a
+        registry version's directory does). RegistryError names a damaged file."""
+        path = Path(path)
+        integrity.verify_directory(path)
+        return cls._load(path, model=model, version=version, **options)
+
+    @classmethod
+    def _load(cls, path: Path, *, model: str, version: int | None, **options) -> "Dispatcher":
+        """Load a verified artifact directory. model.txt is checked for truncation before
+        LightGBM reads it: its loader crashes the process on a truncated file instead of
+        raising (a version without checksums has nothing else to catch that)."""
         # lightgbm costs ~2 s to import (sklearn, scipy): only loading a model pays for it,
         # not `import tilecast.runtime.dispatch` (parse_problem_string, the CLI's parser)
         import lightgbm
 
-        path = Path(path)
         model_path = path / MODEL_FILE
         if not model_path.is_file():
             raise RegistryError(f"model artifact {path} has no {MODEL_FILE} (no file {model_path})")
         feature_spec = _read_json(path / FEATURE_SPEC_FILE, FEATURE_SPEC_FILE)
         candidates = _read_json(path / CANDIDATES_FILE, CANDIDATES_FILE)
+        integrity.check_model_text(model_path)
         try:
             booster = lightgbm.Booster(model_file=str(model_path))
-        except lightgbm.basic.LightGBMError as err:
+        except (lightgbm.basic.LightGBMError, ValueError) as err:  # ValueError: its last line
             raise RegistryError(f"corrupt LightGBM model {model_path}: {err}") from None
         return cls(booster, feature_spec, candidates, model=model, version=version,
                    source=path, **options)
@@ -221,13 +288,15 @@ class Dispatcher:
     def from_registry(cls, root, model: str, alias: str | int = "production", *,
                       cache_dir=None, **options) -> "Dispatcher":
         """The dispatcher for the version `alias` (an alias name or a version number) of
-        `model` in the registry at `root`, a local path or an fsspec URL. A remote version
-        is loaded from a local copy downloaded once (tilecast.registry.cache; `cache_dir`
-        overrides where)."""
+        `model` in the registry at `root`, a local path or an fsspec URL. The version's files
+        are verified against its checksums first (registry.local_copy): a damaged version is
+        a RegistryError naming the file, which `tilecast.runtime.serving` answers with the
+        last good version or the caller's static kernel. A remote version is loaded from a
+        local copy downloaded once (tilecast.registry.cache; `cache_dir` overrides where)."""
         version = registry.resolve_version(root, model, alias)
         path = registry.local_copy(root, model, version, cache_dir=cache_dir)
         try:
-            return cls.from_directory(path, model=model, version=version, **options)
+            return cls._load(path, model=model, version=version, **options)
         except RegistryError as err:
             if not registry.is_remote(root):
                 raise
@@ -284,10 +353,10 @@ class Dispatcher:
 
     def problem(self, problem) -> Any:
         """The family's validated problem from a mapping, a 'k=v,k=v' string or a problem
-        object; FamilyError / ValueError name the offending field."""
+        object; FamilyError (ProblemError for a string) names the offending field."""
         if isinstance(problem, str):
-            problem = parse_problem_string(problem)
-        elif dataclasses.is_dataclass(problem) and not isinstance(problem, type):
+            return parse_problem(problem, self.family)
+        if dataclasses.is_dataclass(problem) and not isinstance(problem, type):
             problem = self.family.problem_dict(problem)
         elif not isinstance(problem, Mapping):
             raise TypeError(f"problem must be a mapping, a 'k=v,...' string or a "
@@ -329,20 +398,35 @@ class Dispatcher:
     def _rank_uncached(self, problem) -> Ranking:
         applies = self._applicable(problem)
         if not any(applies):
-            reason = (f"no candidate of model {self.model!r} version {self.version} applies to "
-                      f"problem {self.family.dims_key(problem)}; falling back to the static "
-                      f"best {self.static_best!r}")
-            logger.warning(reason)
-            return Ranking((self.static_best,), (math.nan,), reason)
+            return self._fallback(problem)
         index = None if all(applies) else np.flatnonzero(applies).astype(np.int64, copy=False)
         tflops = self._scorer.raw_scores(problem, index)
         self._inverse(tflops, out=tflops)
         names = self._names_by_name if index is None else self._names_by_name[index]
         return Ranking(names, tflops)
 
+    def _fallback(self, problem) -> Ranking:
+        """The static best for a problem no candidate applies to, when it applies itself (the
+        Ranking says why it was chosen); NoKernelError when it does not either: a kernel that
+        cannot run the problem (an fp32 kernel for a bf16 problem) is never returned."""
+        problem_key = self.family.dims_key(problem)
+        static = self.family.parse_name(self.static_best)
+        if not self.family.applicable(static, problem):
+            why = self.family.unsupported_reason(static, problem) or "it does not apply either"
+            raise NoKernelError(
+                f"no kernel of model {self.model!r} version {self.version} can run problem "
+                f"{problem_key}: none of its {len(self.kernels)} candidates applies, nor its "
+                f"static best {self.static_best!r} ({why}); use a model whose candidates "
+                "cover such problems")
+        reason = (f"no candidate of model {self.model!r} version {self.version} applies to "
+                  f"problem {problem_key}; falling back to the static best {self.static_best!r}")
+        logger.warning(reason)
+        return Ranking((self.static_best,), (math.nan,), reason)
+
     def select(self, problem) -> str:
-        """The name of the kernel predicted fastest for `problem` (the static best when no
-        candidate applies; see `last_fallback_reason`)."""
+        """The name of the kernel predicted fastest for `problem`: the static best when no
+        candidate applies but it does (see `last_fallback_reason`); NoKernelError when no
+        kernel of the model can run the problem."""
         return self.ranking(problem).best
 
     def rank(self, problem, k: int = 5) -> list[tuple[str, float]]:

@@ -9,15 +9,21 @@ build.default_cache_dir() ($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, el
 tilecast.runtime.native). `load` compiles on first use, checks that the library reports
 the variant's compiled parameters, and keeps it for the process: one library per (kernel
 name, cache directory, compiler), thread-safe, and two threads asking for one kernel
-compile it once. Nothing is compiled at import time.
+compile it once. A variant needing CPU features this machine lacks (an AVX-512 kernel on an
+AVX2 CPU) is refused by name before anything is compiled. Nothing is compiled at import time.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from tilecast.core import hardware
+from tilecast.families.gemm_isa import DTYPES, ISAS
+from tilecast.families.grouped_conv_kernels import REQUIRED_FLAGS
 from tilecast.stages import build
 from tilecast.runtime.native.library import compiler
 
@@ -33,6 +39,10 @@ class KernelBuildError(RuntimeError):
     """A kernel's library did not compile, does not load, or is not the variant its name says."""
 
 
+class CpuFeatureError(KernelBuildError):
+    """A kernel needs CPU features (as /proc/cpuinfo names them) that this machine lacks."""
+
+
 class KernelCallError(ValueError):
     """A kernel refused a call (bad argument, unsupported shape, out of memory); the message
     is the kernel's."""
@@ -41,21 +51,46 @@ class KernelCallError(ValueError):
 @dataclass(frozen=True)
 class _Entry:
     """The C entry of one library source: the symbol, its arguments before the message buffer,
-    and the symbol reporting the readable floats needed past each tensor (None: none)."""
+    the CPU features a variant needs (its config -> /proc/cpuinfo flags, from the family's own
+    tables), and the symbol reporting the readable floats needed past each tensor (None: none)."""
     symbol: str
     argtypes: tuple
+    cpu_flags: Callable[[object], tuple[str, ...]]
     slack_symbol: str | None = None
+
+
+def _gemm_flags(config) -> tuple[str, ...]:
+    return ISAS[config.isa].flags + DTYPES[config.dtype].flags
 
 
 # library source file name -> its entry (see the sources' header comments for the arguments)
 ENTRIES = {
     "gemm_lib.cpp": _Entry("tilecast_gemm_run",
                            (_PTR, _INDEX, _INDEX, _PTR, _INDEX, _INDEX, _PTR, _INDEX,
-                            _INDEX, _INDEX, _INDEX, ctypes.c_int)),
+                            _INDEX, _INDEX, _INDEX, ctypes.c_int), _gemm_flags),
     "grouped_conv_lib.cpp": _Entry("tilecast_grouped_conv_run",
                                    (ctypes.POINTER(_INDEX), _PTR, _PTR, _PTR, ctypes.c_int),
+                                   lambda config: tuple(REQUIRED_FLAGS),
                                    "tilecast_grouped_conv_slack"),
 }
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags (/proc/cpuinfo); empty where they cannot be read."""
+    return frozenset(hardware.profile(1).get("flags", ()))
+
+
+def _check_cpu(name: str, needed: tuple[str, ...]) -> None:
+    """CpuFeatureError naming the features `needed` by kernel `name` that this CPU lacks
+    (nothing is checked where the CPU's flags are unknown: the compiler decides then)."""
+    have = cpu_flags()
+    missing = [flag for flag in needed if flag not in have]
+    if have and missing:
+        isa = sorted(flag for flag in have if flag.startswith(("avx", "fma")))
+        raise CpuFeatureError(f"kernel {name!r} needs {', '.join(needed)}, and this CPU lacks "
+                              f"{', '.join(missing)} (it has {', '.join(isa) or 'no AVX'}); "
+                              "pick a variant of an ISA it has")
 
 
 class InProcessKernel:
@@ -102,8 +137,9 @@ _lock = threading.Lock()
 
 def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel:
     """The in-process kernel `name` of `family`, compiled unless cached, loaded once per
-    process. FamilyError (a ValueError) for a name the family does not know; KernelBuildError
-    when it does not compile or load."""
+    process. FamilyError (a ValueError) for a name the family does not know; CpuFeatureError
+    (a KernelBuildError) for a variant this CPU cannot run; KernelBuildError when it does not
+    compile or load."""
     directory = Path(cache_dir) if cache_dir is not None else build.default_cache_dir()
     cxx = compiler()
     key = (family.name, name, str(directory), cxx)
@@ -127,6 +163,7 @@ def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKe
     if entry is None:
         raise KernelBuildError(f"family {family.name!r} has no in-process entry for {name!r}; "
                                f"in-process sources: {', '.join(ENTRIES)}")
+    _check_cpu(name, entry.cpu_flags(config))
     try:
         built = build.build_library(family, config, directory, compiler=cxx)
     except (OSError, RuntimeError) as err:  # no compiler, unwritable cache

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from tilecast.core import dataset, hardware, stats
 from tilecast.core.atomic import atomic_write_json
-from tilecast.core.config import ConfigError, expand_problems, load_config
+from tilecast.core.config import load_config, read_problem_file
 from tilecast.core.device import default_device, exclusive
 from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher
@@ -39,27 +38,16 @@ log = logging.getLogger("tilecast.workflows.user_eval")
 PROBLEM_SET = "holdout"  # every problem of the file is unseen by the model's training
 
 
+class EvaluationError(ValueError):
+    """A user's problems left nothing to score: none of them has a valid measurement."""
+
+
 def read_problems(path: str | Path, family) -> list:
-    """The family's problems listed in a problems file; ConfigError names the file and entry."""
-    path = Path(path)
-    try:
-        document = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"problems file {path} does not exist") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"problems file {path} is not valid YAML/JSON: {err}") from None
-    if not isinstance(document, dict) or "problems" not in document:
-        raise ConfigError(f"problems file {path}: expected a mapping with key 'problems' "
-                          "(a list of problem entries: list / grid / random)")
-    entries = expand_problems(f"{path}: problems", document["problems"])
-    if not entries:
-        raise ConfigError(f"problems file {path} lists no problem")
+    """The family's problems listed in a problems file, each once (in file order); checked as
+    a config's problem sets are (`config.read_problem_file`): ConfigError names the file, the
+    key path, the bad value and what is allowed."""
     found, seen = [], set()
-    for index, values in enumerate(entries):
-        try:
-            problem = family.problem(values)
-        except ValueError as err:
-            raise ConfigError(f"problems file {path}, problem {index} {values}: {err}") from None
+    for problem in read_problem_file(path, family):
         key = family.dims_key(problem)
         if key not in seen:
             seen.add(key)
@@ -100,8 +88,8 @@ def evaluate_published(registry_root, model: str, problems_file, workdir, *,
 
     per_problem = _score(dispatcher, family, final, cfg.tie_threshold_pct)
     if per_problem.empty:
-        raise ValueError(f"no problem of {problems_file} has a valid measurement: nothing to "
-                         f"score (see {raw})")
+        raise EvaluationError(f"no problem of {problems_file} has a valid measurement: "
+                              f"nothing to score (see the statuses in {raw})")
     metrics = _metrics(per_problem, dispatcher, model)
     out = work.eval_dir(model)
     out.mkdir(parents=True, exist_ok=True)
