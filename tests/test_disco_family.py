@@ -461,6 +461,11 @@ def test_selector_chooses_a_kernel_the_runtime_runs(tiny_run):
     assert back["direction"] == "backward" and back["bt"] <= 4
     assert back["entry"] == "transpose_contraction"
     assert back["tile"] == (back["bt"], back["nv"], back["lat_block"])
+    # batch * channels = 1: a kernel whose channel tile fits, or None where no candidate's
+    # does (the module then runs its own choice), never an error
+    for model in ("disco_forward", "disco_backward"):
+        one = choose_variant(ctx.registry, {**fields, "batch": 1, "channels": 1}, model=model)
+        assert one is None or one["bt"] == 1, one
 
     with pytest.raises(SelectorError, match="unknown DISCO model 'gemm'"):
         choose_variant(ctx.registry, fields, model="gemm")

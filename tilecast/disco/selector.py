@@ -10,11 +10,14 @@ so a module that asks once per shape pays the registry read once.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from tilecast.families.base import FamilyError
 from tilecast.registry.base import RegistryError
+
+log = logging.getLogger("tilecast.disco.selector")
 
 #: registry model name -> the family whose kernels it chooses among
 MODELS = {"disco_forward": "forward", "disco_backward": "backward"}
@@ -72,7 +75,7 @@ def problem_fields(x_shape, in_shape, out_shape, kernel_shape=(3, 3), basis_type
 
 
 def choose_variant(registry, problem, model: str = "disco_forward",
-                   alias: str | int = "production") -> dict:
+                   alias: str | int = "production") -> dict | None:
     """The kernel the published `model` predicts fastest for `problem`.
 
     registry: a registry root (path or fsspec URL). problem: a mapping of the disco families'
@@ -81,17 +84,25 @@ def choose_variant(registry, problem, model: str = "disco_forward",
     "isa", "bt", "nv", "lat_block", "kreg", "entry", "tile", "predicted_tflops", "model",
     "version"}: run it as getattr(tilecast.disco.native, entry)(..., tile=tile) (a kpacked
     kernel on psi's kpacked layout);
-    predicted_tflops is None when no candidate applied (the static best is returned then).
+    predicted_tflops is None when no candidate applied (the static best is returned then, where
+    it applies; None is returned where it does not either: the module's own choice runs).
     SelectorError on an unknown model, a registry without it, or a problem the family rejects.
     """
     if model not in MODELS:
         raise SelectorError(f"unknown DISCO model {model!r}; valid: {', '.join(MODELS)}")
     dispatcher = _dispatcher(registry, model, alias)
+    from tilecast.runtime.dispatch import NoKernelError   # loaded with the dispatcher above
+
     if dispatcher.family.name != model:
         raise SelectorError(f"model {model!r} in {str(registry)!r} is a {dispatcher.family.name} "
                             f"model, not a DISCO contraction model")
     try:
         ranking = dispatcher.ranking(problem)
+    except NoKernelError as err:
+        # every candidate's channel tile is wider than batch * channels (its slots compute
+        # padding): the module runs its own choice, as without a registry
+        log.warning("%s; the DISCO module runs its own kernel choice", err)
+        return None
     except (FamilyError, TypeError) as err:
         raise SelectorError(f"model {model!r} cannot rank problem {problem!r}: {err}") from None
     name = ranking.kernels[0]
