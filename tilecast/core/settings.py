@@ -12,6 +12,8 @@ directories all derive from one root:
     TILECAST_DEVICE           the benchmark device's name (default cpu@<host>, core.device)
     TILECAST_EMBEDDED_SERVER  "1" while `tilecast run` runs its own Prefect server
     TILECAST_CXX              the C++ compiler of the native libraries (default g++)
+    TILECAST_DEVICES          hardware-table YAML files added to the shipped one
+                              (os.pathsep-separated; tilecast.table.devices)
 
 A frozen dataclass rather than a pydantic-settings class: the dispatcher reads it, and
 importing pydantic would add to every `import tilecast.runtime.dispatch`.
@@ -30,6 +32,7 @@ LOCKS_ENV = "TILECAST_LOCKS"
 DEVICE_ENV = "TILECAST_DEVICE"
 EMBEDDED_SERVER_ENV = "TILECAST_EMBEDDED_SERVER"
 COMPILER_ENV = "TILECAST_CXX"
+DEVICES_ENV = "TILECAST_DEVICES"
 DEFAULT_COMPILER = "g++"
 
 
@@ -44,6 +47,7 @@ class Settings:
     device: str | None              # None: unset, core.device names this host's CPU
     embedded_server: bool
     compiler: str = DEFAULT_COMPILER    # of the native libraries (runtime.native, disco.native)
+    device_tables: tuple[Path, ...] = ()    # user hardware tables (tilecast.table.devices)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -56,7 +60,9 @@ class Settings:
                    lock_dir=Path(env.get(LOCKS_ENV) or root / "devices"),
                    device=env.get(DEVICE_ENV) or None,
                    embedded_server=env.get(EMBEDDED_SERVER_ENV) == "1",
-                   compiler=env.get(COMPILER_ENV) or DEFAULT_COMPILER)
+                   compiler=env.get(COMPILER_ENV) or DEFAULT_COMPILER,
+                   device_tables=tuple(Path(p) for p in env.get(DEVICES_ENV, "").split(os.pathsep)
+                                       if p))
 
 
 def settings() -> Settings:
