@@ -39,6 +39,8 @@ USER_ERRORS = (
     ("tilecast.stages.train", "ModelArtifactError"),    # a model directory a run left
     ("tilecast.workflows.rebench", "RebenchError"),     # rebench inputs and history
     ("tilecast.workflows.user_eval", "EvaluationError"),  # problems with nothing to score
+    ("tilecast.table.transfer", "TransferError"),       # cross-hardware evaluation options
+    ("tilecast.table.dataset", "TableDataError"),       # imported datasets, device tables
 )
 
 
@@ -172,10 +174,45 @@ def _cmd_select(args) -> int:
 
     parse_problem_string(args.problem)  # a malformed string fails before the model is loaded
     dispatcher = Dispatcher.from_registry(registry_root(args.registry), args.model, args.alias)
+    # only a table model answers per device (tilecast.table.dispatch.TableDispatcher)
+    table = getattr(dispatcher, "family", None) == "table"
+    if args.device is not None and not table:
+        raise CliError(f"--device {args.device}: model {args.model!r} is a "
+                       f"{dispatcher.family.name} model, which chooses for the machine it was "
+                       "trained on; --device is for table models (tilecast train --dataset)")
+    options = {"device": args.device} if table else {}
     if args.json:
-        print(json.dumps(dispatcher.select_json(args.problem)))
+        print(json.dumps(dispatcher.select_json(args.problem, **options)))
     else:
-        print(dispatcher.select(args.problem))
+        print(dispatcher.select(args.problem, **options))
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from tilecast.table.train import train_table
+
+    if args.rounds < 1:
+        raise CliError(f"--rounds {args.rounds} must be a positive number of boosting rounds")
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads {args.threads} must be a positive number")
+    summary = train_table(user_dir(args.dataset, "dataset", must_exist=True),
+                          user_dir(args.workdir, "workdir", writable=True),
+                          devices_files=[user_file(path, "devices file", text=True)
+                                         for path in args.devices],
+                          exclude_devices=args.exclude_device or (), rounds=args.rounds,
+                          threads=args.threads)
+    print(summary.line())
+    return 0
+
+
+def _cmd_publish(args) -> int:
+    from tilecast.table.train import publish_table
+
+    workdir = user_dir(args.workdir, "workdir", must_exist=True)
+    result = publish_table(workdir, registry_root(args.registry, must_exist=False), args.model)
+    print(f"{args.model}: version {result.version} "
+          f"{'promoted' if result.promoted else 'not promoted'} "
+          f"(aliases {', '.join(result.aliases)}): {result.reason}")
     return 0
 
 
@@ -217,6 +254,19 @@ def _version_summary(root, model: str, version: int) -> dict:
             continue
         summary.update({k: document[k] for k in keys if k in document})
     return summary
+
+
+def _cmd_import(args) -> int:
+    from tilecast.table.importing import import_files
+
+    paths = [user_file(path, "input") for path in args.inputs]
+    mapping = user_file(args.mapping, "mapping", text=True) if args.mapping else None
+    devices = [user_file(path, "devices file", text=True) for path in args.devices]
+    out = user_dir(args.out, "--out", writable=True)
+    summary = import_files(args.source, paths, out, mapping_path=mapping, device=args.device,
+                           devices_files=devices)
+    print(summary.line())
+    return 0
 
 
 def _cmd_repeatability(args) -> int:
@@ -273,13 +323,71 @@ def _cmd_registry(args) -> int:
     return 0
 
 
+#: `evaluate`'s two modes and the options of each (argparse dests; None = not given).
+EVALUATE_MODES = {"--model": ("model", "problems", "registry", "alias", "config"),
+                  "--dataset": ("dataset", "split", "devices", "rounds", "default_config",
+                                "threads")}
+EVALUATE_USAGE = ("give --model M --problems FILE (score a published model on your own "
+                  "problems) or --dataset DIR (evaluate a table model across devices)")
+
+
+def _option(dest: str) -> str:
+    return "--" + {"default_config": "default"}.get(dest, dest)
+
+
+def _evaluate_mode(args) -> str:
+    """'--model' or '--dataset': the mode the given options belong to; CliError when they mix
+    the two or lack what their mode needs."""
+    given = {mode: [d for d in dests if getattr(args, d) is not None]
+             for mode, dests in EVALUATE_MODES.items()}
+    if given["--model"] and given["--dataset"]:
+        raise CliError(f"{', '.join(map(_option, given['--model']))} and "
+                       f"{', '.join(map(_option, given['--dataset']))} belong to different "
+                       f"modes of evaluate; {EVALUATE_USAGE}, not both")
+    if given["--dataset"]:
+        if args.dataset is None:
+            raise CliError(f"{', '.join(map(_option, given['--dataset']))} need(s) --dataset "
+                           "DIR (an imported dataset to evaluate across devices)")
+        return "--dataset"
+    missing = [_option(d) for d in ("model", "problems") if getattr(args, d) is None]
+    if missing:
+        raise CliError(f"{' and '.join(missing)} missing; {EVALUATE_USAGE}")
+    return "--model"
+
+
+def _cmd_evaluate_dataset(args) -> int:
+    from tilecast.table.dataset import read_dataset
+    from tilecast.table.devices import DeviceTable
+    from tilecast.table.transfer import run_transfer
+    from tilecast.table.transfer_report import overall_line, write_report
+
+    if args.rounds is not None and args.rounds < 1:
+        raise CliError(f"--rounds {args.rounds} must be a positive number of boosting rounds")
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads {args.threads} must be a positive number")
+    dataset = read_dataset(user_dir(args.dataset, "dataset", must_exist=True))
+    workdir = user_dir(args.workdir, "workdir", writable=True)
+    extra = [user_file(path, "devices file", text=True) for path in args.devices or ()]
+    devices = DeviceTable.load(extra=extra)
+    options = {"rounds": args.rounds} if args.rounds is not None else {}
+    result = run_transfer(dataset, devices, split=args.split or "leave-one-device-out",
+                          threads=args.threads, default=args.default_config, **options)
+    for path in write_report(workdir, result):
+        print(f"evaluate: wrote {path}", file=sys.stderr)
+    print(overall_line(result.report))
+    return 0
+
+
 def _cmd_evaluate(args) -> int:
+    if _evaluate_mode(args) == "--dataset":
+        return _cmd_evaluate_dataset(args)
     from tilecast.workflows.user_eval import dump, evaluate_published, summary_line
 
     user_file(args.problems, "problems file", text=True)
-    metrics = evaluate_published(registry_root(args.registry), args.model, args.problems,
-                                 user_dir(args.workdir, "workdir", writable=True),
-                                 alias=args.alias, config=config_arg(args.config))
+    metrics = evaluate_published(registry_root(args.registry or "registry"), args.model,
+                                 args.problems, user_dir(args.workdir, "workdir", writable=True),
+                                 alias=args.alias or "production",
+                                 config=config_arg(args.config or "quick"))
     print(dump(metrics))
     print(summary_line(metrics), file=sys.stderr)
     return 0
@@ -363,7 +471,34 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--alias", default="production")
     select.add_argument("--problem", required=True, help="e.g. 'm=512,n=512,k=512'")
     select.add_argument("--json", action="store_true")
+    select.add_argument("--device", default=None,
+                        help="table models: the device to choose for (a name or label of the "
+                             "hardware table; default: the model's only training device)")
     select.set_defaults(func=_cmd_select)
+
+    train = sub.add_parser(
+        "train", help="train a table model on an imported dataset (tilecast import)",
+        description="Train a model that chooses a configuration per problem and device from "
+                    "an imported dataset, calibrate its confidence on out-of-fold picks and "
+                    "write WORKDIR/models/table/; prints a one-line summary.")
+    train.add_argument("--dataset", required=True, help="an imported dataset directory")
+    train.add_argument("--workdir", required=True)
+    train.add_argument("--devices", action="append", default=[], metavar="DEVICES.yaml",
+                       help="a hardware table adding to or replacing the shipped devices "
+                            "(repeatable)")
+    train.add_argument("--exclude-device", action="append", default=None, metavar="NAME",
+                       help="leave this device's measurements out (repeatable)")
+    train.add_argument("--rounds", type=int, default=300, help="boosting rounds (default 300)")
+    train.add_argument("--threads", type=int, default=None, help="training threads (default 2)")
+    train.set_defaults(func=_cmd_train)
+
+    publish = sub.add_parser(
+        "publish", help="publish WORKDIR/models/table/ to a registry, promoted if the gate "
+                        "passes")
+    publish.add_argument("--workdir", required=True)
+    publish.add_argument("--registry", default="registry", help=REGISTRY_HELP)
+    publish.add_argument("--model", required=True, help="the registry model name")
+    publish.set_defaults(func=_cmd_publish)
 
     convert = sub.add_parser("convert", help="raw benchmark records (JSONL) or CK tile-engine "
                                              "CSVs -> parquet")
@@ -375,16 +510,59 @@ def build_parser() -> argparse.ArgumentParser:
                          help="problem set of ck-csv rows (default train)")
     convert.set_defaults(func=_cmd_convert)
 
-    evaluate = sub.add_parser("evaluate", help="measure the oracle on your own problems and "
-                                                "score the published model's choices on them")
-    evaluate.add_argument("--registry", default="registry", help=REGISTRY_HELP)
-    evaluate.add_argument("--model", required=True)
-    evaluate.add_argument("--alias", default="production", help="alias or version number")
-    evaluate.add_argument("--problems", required=True,
+    from tilecast.table.formats import READERS
+
+    imports = sub.add_parser(
+        "import", help="other tools' measurements (Kernel Tuner, AutoHeuristic, CK tile-engine "
+                       "CSVs, any table + mapping) -> a dataset directory",
+        description="Read FILEs as --from's format, resolve each file's device in the hardware "
+                    "table, and write DATASET_DIR (measurements.parquet + dataset.json) whole; "
+                    "an existing dataset there gains the new rows (same columns). Bad input "
+                    "writes nothing.")
+    imports.add_argument("inputs", nargs="+", metavar="FILE")
+    imports.add_argument("--from", dest="source", required=True, choices=tuple(READERS),
+                         help="the files' format")
+    imports.add_argument("--mapping", metavar="MAP.yaml",
+                         help="--from table: which columns are problem, config, time (unit), "
+                              "device, status")
+    imports.add_argument("--device", metavar="NAME",
+                         help="the device of files that name none (CK CSVs, AutoHeuristic, "
+                              "an empty Kernel Tuner device_name)")
+    imports.add_argument("--devices", action="append", default=[], metavar="DEVICES.yaml",
+                         help="a hardware table adding to the shipped devices (repeatable)")
+    imports.add_argument("--out", required=True, metavar="DATASET_DIR")
+    imports.set_defaults(func=_cmd_import)
+
+    evaluate = sub.add_parser(
+        "evaluate", help="measure the oracle on your own problems and score the published "
+                         "model's choices on them (--model), or evaluate a table model across "
+                         "the devices of an imported dataset (--dataset)",
+        description="Two modes. --model M --problems FILE: measure every candidate of the "
+                    "published model on the problems and score its choices. --dataset DIR: "
+                    "hold each device of an imported dataset out in turn, train on the others "
+                    "and score the picks against the held-out measurements and the baselines; "
+                    "writes WORKDIR/report/transfer.json and transfer.md.")
+    evaluate.add_argument("--registry", default=None, help=REGISTRY_HELP + " (--model mode)")
+    evaluate.add_argument("--model")
+    evaluate.add_argument("--alias", default=None,
+                          help="alias or version number (default production)")
+    evaluate.add_argument("--problems",
                           help="YAML/JSON file: 'problems:' + list / grid / random entries")
     evaluate.add_argument("--workdir", required=True)
-    evaluate.add_argument("--config", default="quick",
+    evaluate.add_argument("--config", default=None,
                           help="config whose measurement protocol is used (default quick)")
+    evaluate.add_argument("--dataset", help="an imported dataset directory (tilecast import)")
+    evaluate.add_argument("--split", help="leave-one-device-out (default): each device held "
+                                          "out in turn; problems: problem folds held out on "
+                                          "every device")
+    evaluate.add_argument("--devices", action="append", default=None, metavar="DEVICES.yaml",
+                          help="a hardware table adding to or replacing the shipped devices "
+                               "(repeatable)")
+    evaluate.add_argument("--rounds", type=int, help="boosting rounds (default 300)")
+    evaluate.add_argument("--default", dest="default_config", metavar="KEY",
+                          help="a configuration to report as the 'default' baseline "
+                               "(e.g. a vendor library's choice), as name=value,...")
+    evaluate.add_argument("--threads", type=int, help="training threads (default: all)")
     evaluate.set_defaults(func=_cmd_evaluate)
 
     repeat = sub.add_parser(
@@ -466,3 +644,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
                   exc_info=True)
         print(f"tilecast {args.command}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

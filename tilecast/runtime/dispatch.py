@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 # feature_spec.json "target_transform" -> the inverse that turns predictions into TFLOP/s
 INVERSE_TRANSFORMS = {name: inverse for name, (_, inverse) in TARGET_TRANSFORMS.items()}
 DEFAULT_CACHE_SIZE = 65536
+#: feature_spec.json "family" of a table model (tilecast.table.dispatch.TableDispatcher)
+TABLE_FAMILY = "table"
 
 
 #: the largest value any problem field may hold: every size is an int64 in the kernels
@@ -266,7 +268,8 @@ class Dispatcher:
     def _load(cls, path: Path, *, model: str, version: int | None, **options) -> "Dispatcher":
         """Load a verified artifact directory. model.txt is checked for truncation before
         LightGBM reads it: its loader crashes the process on a truncated file instead of
-        raising (a version without checksums has nothing else to catch that)."""
+        raising (a version without checksums has nothing else to catch that). A table
+        model (feature_spec.json "family": "table") loads as a TableDispatcher."""
         # lightgbm costs ~2 s to import (sklearn, scipy): only loading a model pays for it,
         # not `import tilecast.runtime.dispatch` (parse_problem_string, the CLI's parser)
         import lightgbm
@@ -275,6 +278,11 @@ class Dispatcher:
         if not model_path.is_file():
             raise RegistryError(f"model artifact {path} has no {MODEL_FILE} (no file {model_path})")
         feature_spec = _read_json(path / FEATURE_SPEC_FILE, FEATURE_SPEC_FILE)
+        if isinstance(feature_spec, Mapping) and feature_spec.get("family") == TABLE_FAMILY:
+            # a model defined by its data: problems and devices come from its own files
+            from tilecast.table.dispatch import TableDispatcher
+
+            return TableDispatcher.load(path, model=model, version=version, **options)
         candidates = _read_json(path / CANDIDATES_FILE, CANDIDATES_FILE)
         integrity.check_model_text(model_path)
         try:

@@ -1,0 +1,252 @@
+"""Tests for tilecast.table.dispatch, tilecast.table.train and the train / publish / select
+commands on table models: trained with `tilecast train`, published with `tilecast publish`,
+loaded back through Dispatcher.from_registry."""
+from __future__ import annotations
+
+import json
+
+import lightgbm
+import numpy as np
+import pytest
+
+from test_table_model import (DEVICES, PROBLEMS, SCHEMA, make_dataset, write_test_dataset)
+from tilecast.cli import main
+from tilecast.families import get_family
+from tilecast.registry import api as registry
+from tilecast.runtime.dispatch import Dispatcher, ProblemError
+from tilecast.table.confidence import Calibration
+from tilecast.table.devices import DeviceTable, UnknownDeviceError
+from tilecast.table.dispatch import Choice, TableDispatcher
+from tilecast.table.model import TableModel
+
+ROUNDS = "40"
+THREADS = "1"     # see test_table_model.THREADS
+BIG = "m=512,n=512,k=512"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A dataset, a model trained on it by `tilecast train`, published as 'mm' by `tilecast
+    publish`."""
+    root = tmp_path_factory.mktemp("table")
+    dataset = write_test_dataset(root / "dataset")
+    workdir, registry_root = root / "work", root / "registry"
+    assert main(["train", "--dataset", str(dataset), "--workdir", str(workdir),
+                 "--rounds", ROUNDS, "--threads", THREADS]) == 0
+    assert main(["publish", "--workdir", str(workdir), "--registry", str(registry_root),
+                 "--model", "mm"]) == 0
+    return {"root": root, "dataset": dataset, "workdir": workdir, "registry": registry_root,
+            "dispatcher": Dispatcher.from_registry(registry_root, "mm")}
+
+
+def test_train_prints_one_line_and_writes_the_model_directory(setup):
+    directory = setup["workdir"] / "models" / "table"
+    names = {p.name for p in directory.iterdir()}
+    assert {"model.txt", "feature_spec.json", "candidates.json", "failures.json",
+            "calibration.json", "train_manifest.json", "out_of_fold.parquet"} <= names
+    manifest = json.loads((directory / "train_manifest.json").read_text())
+    assert manifest["devices"] == sorted(DEVICES)
+    assert manifest["out_of_fold"]["method"] == "leave-one-device-out"
+    assert manifest["out_of_fold"]["n_problems"] == len(DEVICES) * len(PROBLEMS)
+    assert 0.0 < manifest["out_of_fold"]["mean_efficiency"] <= 1.0
+    assert manifest["in_sample"]["mean_efficiency"] >= manifest["out_of_fold"]["mean_efficiency"]
+    spec = json.loads((directory / "feature_spec.json").read_text())
+    assert spec["family"] == "table" and sorted(spec["devices"]["devices"]) == sorted(DEVICES)
+
+
+def test_from_registry_returns_a_table_dispatcher(setup):
+    dispatcher = setup["dispatcher"]
+    assert isinstance(dispatcher, TableDispatcher)
+    assert (dispatcher.model, dispatcher.version) == ("mm", 1)
+    metrics = registry.read_metrics(setup["registry"], "mm", 1)
+    assert metrics["family"] == "table" and metrics["n_problems"] == len(DEVICES) * len(PROBLEMS)
+    path = registry.version_path(setup["registry"], "mm", 1)
+    assert isinstance(Dispatcher.from_directory(path), TableDispatcher)
+
+
+def test_select_is_the_best_prediction_of_the_allowed_candidates(setup):
+    dispatcher = setup["dispatcher"]
+    for device in DEVICES:
+        predicted = dispatcher.table_model.predict(PROBLEMS[2], device)
+        assert dispatcher.select(PROBLEMS[2], device=device) == max(predicted, key=predicted.get)
+        assert dispatcher.select(BIG, device=device) == dispatcher.select(PROBLEMS[2],
+                                                                          device=device)
+
+
+def test_failed_configurations_are_never_selected(setup):
+    dispatcher = setup["dispatcher"]
+    for device in DEVICES:
+        failed = dispatcher.table_model.failed_on(device)
+        for problem in PROBLEMS:
+            assert dispatcher.select(problem, device=device) not in failed
+            assert not set(dispatcher.shortlist(problem, 50, device=device)) & failed
+            assert not set(dispatcher.predict(problem, device=device)) & failed
+
+
+def test_shortlist_is_the_top_of_the_ranking(setup):
+    dispatcher = setup["dispatcher"]
+    ranked = dispatcher.rank(PROBLEMS[5], k=10, device="V100-SXM2")
+    scores = [score for _, score in ranked]
+    assert scores == sorted(scores, reverse=True)
+    assert dispatcher.shortlist(PROBLEMS[5], 10, device="V100-SXM2") == [k for k, _ in ranked]
+    assert dispatcher.shortlist(PROBLEMS[5], 1, device="V100-SXM2") == \
+        [dispatcher.select(PROBLEMS[5], device="V100-SXM2")]
+    allowed = dispatcher.table_model.allowed("V100-SXM2")
+    everything = dispatcher.shortlist(PROBLEMS[5], 10_000, device="V100-SXM2")
+    assert sorted(everything) == allowed                          # fewer when fewer allowed
+    with pytest.raises(ValueError, match="k=0 must be >= 1"):
+        dispatcher.shortlist(PROBLEMS[5], 0, device="V100-SXM2")
+
+
+def test_a_device_the_model_never_saw_is_answered_from_its_features(setup):
+    dispatcher = setup["dispatcher"]
+    answer = dispatcher.choice(BIG, device="NVIDIA H200")
+    assert answer.device == "H200" and answer.kernel in dispatcher.kernels
+
+
+def test_choice_is_unsure_with_a_shortlist_below_the_threshold(setup):
+    model = setup["dispatcher"].table_model
+    knots = {"slacks": (-5.0, 0.0), "probabilities": (0.2, 0.8)}
+    never = TableDispatcher(model, Calibration(**knots, threshold=float("inf")),
+                            shortlist_size=7)
+    always = TableDispatcher(model, Calibration(**knots, threshold=0.0))
+    unsure = never.choice(BIG, device="T4")
+    assert isinstance(unsure, Choice) and unsure.unsure
+    assert list(unsure.shortlist) == never.shortlist(BIG, 7, device="T4")
+    sure = always.choice(BIG, device="T4")
+    assert not sure.unsure and sure.shortlist == () and sure.kernel == unsure.kernel
+    assert 0.2 <= sure.confidence <= 0.8
+    uncalibrated = TableDispatcher(model, None).choice(BIG, device="T4")
+    assert uncalibrated.unsure and uncalibrated.confidence == 0.0
+    published = setup["dispatcher"].choice(BIG, device="T4")
+    assert 0.0 <= published.confidence <= 1.0
+    assert published.unsure == (published.confidence < setup["dispatcher"].calibration.threshold)
+
+
+def test_select_json_carries_the_choice(setup):
+    answer = setup["dispatcher"].select_json(BIG, device="RTX 3090")
+    assert answer["kernel"] == setup["dispatcher"].select(BIG, device="RTX 3090")
+    assert set(answer) == {"kernel", "predicted_efficiency", "confidence", "unsure",
+                           "shortlist", "device", "model", "version"}
+    json.dumps(answer)
+
+
+def test_rankings_are_memoized_per_device_and_problem(setup, monkeypatch):
+    dispatcher = TableDispatcher(setup["dispatcher"].table_model, None)
+    calls = []
+    original = dispatcher.table_model.scores
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dispatcher.table_model, "scores", counting)
+    first = dispatcher.ranking(BIG, "T4")
+    assert dispatcher.ranking(BIG, "T4") is first
+    assert dispatcher.ranking({"m": 512, "n": 512, "k": 512}, "Tesla T4") is first
+    dispatcher.ranking(BIG, "A100-PCIE-40GB")
+    assert calls == ["T4", "A100-PCIE-40GB"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("m=1,n=2", r"missing \['k'\]"),
+    ("m=1,n=2,k=3,batch=4", r"unknown \['batch'\]"),
+    ("m=big,n=2,k=3", "m='big' is not a finite number"),
+    ("m=1;n=2,k=3", "malformed pair"),
+    ("m=1,m=2,n=2,k=3", "given twice"),
+    ("", "empty problem string"),
+])
+def test_bad_problem_strings_are_named(setup, text, message):
+    with pytest.raises(ProblemError, match=message):
+        setup["dispatcher"].select(text, device="T4")
+
+
+def test_unknown_and_missing_devices_are_clear_errors(setup):
+    dispatcher = setup["dispatcher"]
+    with pytest.raises(UnknownDeviceError, match="unknown device 'Voodoo5'.*--devices FILE"):
+        dispatcher.select(BIG, device="Voodoo5")
+    with pytest.raises(ProblemError, match="trained on 5 devices.*name the device"):
+        dispatcher.select(BIG)
+
+
+def test_a_model_of_one_device_needs_no_device(setup):
+    model = TableModel.fit(make_dataset(devices=("A100-PCIE-40GB",)), DeviceTable.load(),
+                           rounds=10, threads=1)
+    dispatcher = TableDispatcher(model, None)
+    assert dispatcher.select(BIG) == dispatcher.select(BIG, device="A100-PCIE-40GB")
+
+
+# -- the command line -----------------------------------------------------------------------
+
+def test_select_command_answers_for_a_device(setup, capsys):
+    base = ["select", "--registry", str(setup["registry"]), "--model", "mm", "--problem", BIG]
+    assert main([*base, "--device", "MI250X"]) == 0
+    assert capsys.readouterr().out.strip() == setup["dispatcher"].select(BIG, device="MI250X")
+    assert main([*base, "--device", "A100-PCIE-40GB", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["device"] == "A100-PCIE-40GB" and answer["model"] == "mm"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--device", "Voodoo5"], "unknown device 'Voodoo5'"),
+    ([], "name the device"),
+    (["--device", "T4", "--problem", "m=1,n=2"], r"missing \['k'\]"),
+])
+def test_select_command_errors_are_one_line(setup, capsys, extra, message):
+    args = ["select", "--registry", str(setup["registry"]), "--model", "mm",
+            "--problem", BIG, *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tilecast select: error:") and \
+        __import__("re").search(message, err[0])
+
+
+def test_device_on_a_built_in_family_model_is_an_error(setup, capsys):
+    gemm = get_family("gemm")
+    hardware = {"threads": 2, "simd_bits": 256, "l1d_bytes": 32 << 10, "l2_bytes": 1 << 20,
+                "l3_bytes": 8 << 20, "clock_mhz": 3000.0, "flags": ["avx2", "fma"]}
+    engine = gemm.feature_engine(hardware)
+    configs = gemm.candidate_space({"dtype": ["fp32"], "isa": ["avx2"], "parallel": ["m"],
+                                    "tiles": ["6x16", "8x8"]}, hardware)
+    problem = gemm.problem({"m": 64, "n": 64, "k": 64})
+    X = engine.combine(problem, engine.problem_features(problem),
+                       engine.kernel_features(configs), configs)
+    booster = lightgbm.train({"verbose": -1, "min_data_in_leaf": 1}, lightgbm.Dataset(
+        X, np.arange(len(X), dtype=float)), num_boost_round=2)
+    names = [gemm.kernel_name(c) for c in configs]
+    spec = {"family": "gemm", "feature_names": list(engine.feature_names()),
+            "target_transform": "log1p_tflops", "hardware": hardware}
+    registry.publish(setup["registry"], "gemm-tiny", {
+        "model.txt": booster.model_to_string(), "feature_spec.json": json.dumps(spec),
+        "candidates.json": json.dumps({"family": "gemm", "kernels": names,
+                                       "static_best": names[0]})},
+        metrics={"mean_efficiency": 0.9, "p10_efficiency": 0.8})
+    assert main(["select", "--registry", str(setup["registry"]), "--model", "gemm-tiny",
+                 "--problem", "m=64,n=64,k=64", "--device", "T4"]) == 2
+    assert "--device is for table models" in capsys.readouterr().err
+
+
+def test_publish_gate_compares_held_out_picks(setup, capsys):
+    root, registry_root = setup["root"], setup["registry"]
+    # production trained without T4; the new model's out-of-fold T4 picks are held out too
+    partial = root / "work-without-t4"
+    assert main(["train", "--dataset", str(setup["dataset"]), "--workdir", str(partial),
+                 "--rounds", ROUNDS, "--threads", THREADS, "--exclude-device", "T4"]) == 0
+    assert main(["publish", "--workdir", str(partial), "--registry", str(registry_root),
+                 "--model", "gated"]) == 0
+    capsys.readouterr()
+    assert main(["publish", "--workdir", str(setup["workdir"]), "--registry",
+                 str(registry_root), "--model", "gated"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("gated: version 2 ") and "devices neither trained on: T4" in line
+    # the same model again: production saw every device, so stored metrics decide
+    assert main(["publish", "--workdir", str(setup["workdir"]), "--registry",
+                 str(registry_root), "--model", "mm"]) == 0
+    line = capsys.readouterr().out
+    assert "mm: version 2 promoted" in line and "trained on every device" in line
+
+
+def test_publish_without_a_trained_model_is_a_clear_error(setup, tmp_path, capsys):
+    assert main(["publish", "--workdir", str(tmp_path), "--registry", str(setup["registry"]),
+                 "--model", "mm"]) == 2
+    assert "run `tilecast train --dataset DIR --workdir W` first" in capsys.readouterr().err

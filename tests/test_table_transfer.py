@@ -1,0 +1,367 @@
+"""Cross-hardware evaluation of the table family: the confidence calibration behind "unsure",
+the exact random best-of-k, `evaluate_transfer` on a small synthetic dataset whose times
+follow a rule of the devices' real figures (shipped hardware table), and `tilecast evaluate
+--dataset` end to end with its error cases."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tilecast.cli import main
+from tilecast.table.confidence import MIN_PROBLEMS, Calibration, fit_calibration, slack
+from tilecast.table.dataset import Column, TableDataset, TableSchema, finish_frame, write_dataset
+from tilecast.table.devices import DeviceTable
+from tilecast.table.transfer import TransferError, resolve_default, run_transfer
+from tilecast.table.transfer_baselines import random_expectations
+
+DEVICES = ("V100-SXM2", "A100-SXM4-80GB", "H100-SXM5-80GB", "MI250X")
+SCHEMA = TableSchema(problem=(Column("m", "numeric"), Column("n", "numeric")),
+                     config=(Column("block", "numeric"), Column("unroll", "numeric"),
+                             Column("layout", "categorical")))
+PROBLEMS = [(m, n) for m in (256, 1024, 4096) for n in (128, 512, 2048)]
+CONFIGS = [(b, u, layout) for b in (16, 32, 64, 128, 256) for u in (1, 2, 4)
+           for layout in ("row", "col")]
+DEFAULT = "layout=row,block=64,unroll=1"        # any order: resolve_default spells it
+ROUNDS = 30
+THREADS = 1           # tiny data: one thread is faster, and immune to a busy machine
+KS = ("1", "5", "20", "50")
+FIGURES = {"mean_efficiency", "p10_efficiency", "min_efficiency", "top1"}
+BLOCK_KEYS = {"n_problems", "median_efficiency", "top5", "shortlist", "shortlist_random",
+              "unsure", "unmeasured_picks", "failed_picks", "baselines", "beats_default"} | FIGURES
+BASELINES = {"most_similar_device", "best_on_average", "random", "plain_lightgbm", "default"}
+
+
+# -- a dataset whose best configuration follows the devices' figures ------------------------
+
+def _time(entry: dict, m: int, n: int, block: int, unroll: int, layout: str) -> float:
+    """Seconds of one configuration: work over the device's peak, times the padding of m to
+    whole blocks, times penalties away from the device's ideal block (from its shared memory)
+    and unroll (from its warp size), and for the layout that does not match the shape."""
+    ideal_block = math.log2(entry["shared_memory_kib"]) - 1.0
+    ideal_unroll = 1.0 if entry["warp_size"] == 32 else 2.0
+    work = 2.0 * m * n * 512 / (entry["peak_tflops"]["fp32"] * 1e12)
+    padding = math.ceil(m / block) * block / m
+    penalty = (math.exp(0.35 * (math.log2(block) - ideal_block) ** 2)
+               * (1.0 + 0.12 * abs(math.log2(unroll) - ideal_unroll))
+               * (1.0 if (layout == "row") == (m >= n) else 1.2))
+    return work * padding * penalty
+
+
+def _rows(devices=DEVICES, seed: int = 0) -> list[dict]:
+    table, rng, rows = DeviceTable.load(), np.random.default_rng(seed), []
+    for device in devices:
+        entry = table.entry(device)
+        for (m, n), (block, unroll, layout) in ((p, c) for p in PROBLEMS for c in CONFIGS):
+            row = {"device": device, "m": m, "n": n, "block": block, "unroll": unroll,
+                   "layout": layout, "status": "ok",
+                   "time_s": _time(entry, m, n, block, unroll, layout)
+                   * math.exp(rng.normal(0.0, 0.02))}
+            if block == 256 and unroll == 4 and entry["shared_memory_kib"] < 100:
+                row.update(status="compile_failed", time_s=math.nan)
+            rows.append(row)
+    return rows
+
+
+def _dataset(rows) -> TableDataset:
+    return TableDataset(frame=finish_frame(rows, SCHEMA), schema=SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def devices() -> DeviceTable:
+    return DeviceTable.load()
+
+
+@pytest.fixture(scope="module")
+def transfer(devices):
+    return run_transfer(_dataset(_rows()), devices, rounds=ROUNDS, threads=THREADS,
+                        default=DEFAULT)
+
+
+# -- confidence -----------------------------------------------------------------------------
+
+def _outcomes(count: int, seed: int = 1):
+    """Problems whose pick reaches 0.9 more often the wider its predicted margin."""
+    rng = np.random.default_rng(seed)
+    margins = rng.uniform(0.0, 1.0, count)
+    scores = [np.array([1.0, math.exp(-m), 0.5 * math.exp(-m)]) for m in margins]
+    reached = rng.uniform(size=count) < np.clip(margins * 2.0, 0.0, 1.0)
+    efficiency = np.where(reached, rng.uniform(0.9, 1.0, count), rng.uniform(0.3, 0.89, count))
+    return scores, efficiency, margins
+
+
+def test_confidence_is_monotone_in_the_margin_and_the_threshold_honours_max_wrong():
+    scores, efficiency, margins = _outcomes(600)
+    calibration = fit_calibration(scores, efficiency, target=0.9, max_wrong=0.02)
+    confidence = np.array([calibration.confidence(s) for s in scores])
+    order = np.argsort(margins)
+    assert np.all(np.diff(confidence[order]) >= -1e-12)
+    assert confidence[order[0]] < 0.2 < 0.9 < confidence[order[-1]]
+    sure = confidence >= calibration.threshold
+    wrong = efficiency < 0.9
+    assert np.mean(sure & wrong) <= 0.02
+    assert 0.3 < sure.mean() < 0.8          # margins above ~0.5 always reach the target
+    # the next lower confidence level would break the budget: the coverage is the largest
+    lower = confidence[confidence < calibration.threshold]
+    assert np.mean((confidence >= lower.max()) & wrong) > 0.02
+    assert calibration.sure(scores[order[-1]]) and not calibration.sure(scores[order[0]])
+
+
+def test_calibration_round_trips_through_json():
+    scores, efficiency, _ = _outcomes(200, seed=2)
+    calibration = fit_calibration(scores, efficiency, target=0.8, max_wrong=0.05)
+    again = Calibration.from_json(json.loads(json.dumps(calibration.to_json())))
+    assert again == calibration
+    assert [again.confidence(s) for s in scores] == [calibration.confidence(s) for s in scores]
+
+
+def test_too_little_data_answers_unsure_always_and_says_so():
+    scores, efficiency, _ = _outcomes(MIN_PROBLEMS - 1)
+    calibration = fit_calibration(scores, np.ones(len(scores)))
+    assert calibration.threshold == math.inf and "too little calibration data" in calibration.note
+    assert not calibration.sure(np.array([1.0, 0.01]))
+    document = json.loads(json.dumps(calibration.to_json(), allow_nan=False))
+    assert document["threshold"] is None
+    assert Calibration.from_json(document).threshold == math.inf
+
+
+def test_no_threshold_when_every_pick_misses():
+    scores, _, _ = _outcomes(100)
+    calibration = fit_calibration(scores, np.full(100, 0.5))
+    assert calibration.threshold == math.inf and "every pick answers unsure" in calibration.note
+
+
+def test_slack_reads_one_problem_and_refuses_nonsense():
+    assert slack(np.array([0.5, 1.0])) == pytest.approx(2 * math.log(1.0) - math.log(0.5))
+    assert slack(np.array([0.8])) == pytest.approx(math.log(0.8) + 1.0)
+    for bad in (np.array([]), np.array([1.0, math.nan])):
+        with pytest.raises(ValueError):
+            slack(bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 1.0), st.floats(0.01, 1.0), st.floats(0.0, 1.0)),
+                min_size=MIN_PROBLEMS, max_size=120),
+       st.sampled_from([0.0, 0.02, 0.1]))
+def test_threshold_never_exceeds_the_wrong_budget(cases, max_wrong):
+    scores = [np.array([a, b]) for a, b, _ in cases]
+    efficiency = [e for _, _, e in cases]
+    calibration = fit_calibration(scores, efficiency, target=0.9, max_wrong=max_wrong)
+    sure = np.array([calibration.sure(s) for s in scores])
+    assert np.sum(sure & (np.array(efficiency) < 0.9)) <= max_wrong * len(cases) + 1e-9
+
+
+# -- random best-of-k -----------------------------------------------------------------------
+
+def test_random_best_of_k_is_exact():
+    efficiency = pd.DataFrame({"a": [0.2, 0.5], "b": [0.5, 1.0], "c": [1.0, np.nan]},
+                              index=pd.Index(["p", "q"], name="dims_key"))
+    expected = random_expectations(efficiency, (1, 2, 3), tie=0.99)
+    assert expected.loc["p", "random"] == pytest.approx(1.7 / 3)
+    assert expected.loc["p", "random_best_of_2"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
+    assert expected.loc["p", "random_best_of_3"] == 1.0
+    assert expected.loc["q", "random_best_of_2"] == 1.0       # only two ran on q
+    assert expected.loc["p", "random_top1"] == pytest.approx(1 / 3)
+
+
+# -- evaluate_transfer ----------------------------------------------------------------------
+
+def test_report_has_the_issue_shape(transfer):
+    report = transfer.report
+    assert set(report["devices"]) == set(DEVICES)
+    for block in [report["overall"], *report["devices"].values()]:
+        assert BLOCK_KEYS <= set(block)
+        assert list(block["shortlist"]) == list(KS) == list(block["shortlist_random"])
+        assert set(block["unsure"]) == {"coverage", "precision", "confident_wrong"}
+        assert set(block["baselines"]) == BASELINES
+        for figures in block["baselines"].values():
+            assert FIGURES <= set(figures)
+            assert 0.0 <= figures["min_efficiency"] <= figures["mean_efficiency"] <= 1.0
+    assert report["overall"]["n_problems"] == len(DEVICES) * len(PROBLEMS)
+    assert report["overall"]["devices_beating_default"] == sum(
+        d["beats_default"] for d in report["devices"].values())
+    assert report["overall"]["baselines"]["default"]["kernel"] == "block=64,unroll=1,layout=row"
+    # plain JSON: no NaN, no numpy scalars (json.dumps has no fallback for them)
+    assert json.loads(json.dumps(report, allow_nan=False)) == report
+
+
+def test_figures_are_efficiencies_and_shortlists_grow(transfer):
+    for block in [transfer.report["overall"], *transfer.report["devices"].values()]:
+        assert 0.0 <= block["min_efficiency"] <= block["p10_efficiency"] \
+            <= block["mean_efficiency"] <= 1.0
+        assert block["top1"] <= block["top5"]
+        for curve in (block["shortlist"], block["shortlist_random"]):
+            values = [curve[k] for k in KS]
+            assert all(a <= b + 1e-12 for a, b in zip(values, values[1:]))
+            assert values[-1] == pytest.approx(1.0)            # 50 >= the 30 configurations
+        assert block["shortlist"]["1"] == pytest.approx(block["mean_efficiency"])
+        assert block["shortlist_random"]["1"] == pytest.approx(
+            block["baselines"]["random"]["mean_efficiency"])
+        unsure = block["unsure"]
+        assert 0.0 <= unsure["confident_wrong"] <= unsure["coverage"] <= 1.0
+        if unsure["precision"] is not None:
+            assert unsure["confident_wrong"] == pytest.approx(
+                unsure["coverage"] * (1.0 - unsure["precision"]))
+    rows = transfer.per_problem
+    assert len(rows) == len(DEVICES) * len(PROBLEMS)
+    assert rows["efficiency"].between(0.0, 1.0).all()
+    # a pick without an ok time scores 0 and is counted
+    assert (rows.loc[~rows["pick_measured"], "efficiency"] == 0.0).all()
+    assert transfer.report["overall"]["unmeasured_picks"] == int((~rows["pick_measured"]).sum())
+
+
+class RuleModel:
+    """A perfect model of the dataset: predicts with its noise-free rule (from the device
+    table, never from measurements), so what the evaluation reports is the pipeline's doing."""
+
+    def __init__(self, dataset, exclude_devices):
+        frame = dataset.frame[~dataset.frame["device"].isin(exclude_devices)]
+        self._candidates = sorted(set(frame.loc[frame["status"] == "ok", "kernel"]))
+        self._table = DeviceTable.load()
+
+    @classmethod
+    def fit(cls, dataset, devices, *, exclude_devices=(), **options):
+        return cls(dataset, exclude_devices)
+
+    def candidates(self):
+        return list(self._candidates)
+
+    def failed_on(self, device):
+        return set()
+
+    def predict_many(self, frame):
+        times = np.array([_time(self._table.entry(r.device), r.m, r.n, r.block, r.unroll,
+                                r.layout) for r in frame.itertuples()])
+        best = pd.Series(times).groupby(frame["dims_key"].to_numpy()).transform("min")
+        return best.to_numpy() / times
+
+
+def test_a_perfect_model_scores_near_one_and_is_sure(devices, monkeypatch):
+    from tilecast.table import model
+
+    monkeypatch.setattr(model, "TableModel", RuleModel)
+    result = run_transfer(_dataset(_rows()), devices, rounds=ROUNDS, threads=THREADS)
+    overall = result.report["overall"]
+    assert overall["mean_efficiency"] > 0.95 and overall["top5"] > 0.9
+    for name, figures in overall["baselines"].items():
+        assert overall["mean_efficiency"] >= figures["mean_efficiency"] - 0.02, name
+    assert overall["baselines"]["random"]["mean_efficiency"] < 0.8
+    # every calibration pick reached the target: sure everywhere, as often right as the picks
+    unsure = overall["unsure"]
+    assert unsure["coverage"] == 1.0
+    assert unsure["confident_wrong"] == pytest.approx(float(np.mean(
+        result.per_problem["efficiency"] < 0.9)))
+
+
+def test_most_similar_device_is_the_nearest_training_device(transfer, devices):
+    for device, block in transfer.report["devices"].items():
+        others = [d for d in DEVICES if d != device]
+        nearest = min(sorted(others), key=lambda d: devices.distance(device, d))
+        assert block["baselines"]["most_similar_device"]["devices"] == [nearest]
+        assert block["folds"][0]["trained_on"] == sorted(others)
+
+
+def test_a_held_out_device_never_sees_its_own_measurements(transfer, devices):
+    """Scale the held-out device's times by random factors (a different oracle there): its
+    picks and their confidences must not move, while its efficiencies do."""
+    held_out = "A100-SXM4-80GB"
+    rng = np.random.default_rng(7)
+    rows = [dict(row, time_s=row["time_s"] * rng.uniform(0.3, 3.0))
+            if row["device"] == held_out else row for row in _rows()]
+    perturbed = run_transfer(_dataset(rows), devices, rounds=ROUNDS, threads=THREADS,
+                             default=DEFAULT)
+
+    def of(result):
+        table = result.per_problem
+        return table[table["device"] == held_out].set_index("dims_key").sort_index()
+
+    before, after = of(transfer), of(perturbed)
+    for picks in ("pick", "most_similar_device_pick", "best_on_average_pick",
+                  "plain_lightgbm_pick"):
+        assert list(after[picks]) == list(before[picks]), picks
+    np.testing.assert_allclose(after["confidence"], before["confidence"])
+    assert not np.allclose(after["efficiency"], before["efficiency"])
+
+
+def test_problem_split_has_the_same_shape(devices):
+    """--split problems: problem folds held out on every device, same JSON shape."""
+    result = run_transfer(_dataset(_rows(DEVICES[:2])), devices, split="problems",
+                          rounds=ROUNDS, threads=THREADS)
+    report = result.report
+    assert set(report["devices"]) == set(DEVICES[:2])
+    assert report["overall"]["n_problems"] == 2 * len(PROBLEMS)
+    for block in [report["overall"], *report["devices"].values()]:
+        assert (BLOCK_KEYS - {"beats_default"}) <= set(block)
+        assert set(block["baselines"]) == BASELINES - {"default"}
+    for block in report["devices"].values():
+        assert len(block["folds"]) == 5 and block["n_problems"] == len(PROBLEMS)
+        assert all(f["trained_on"] == sorted(DEVICES[:2]) for f in block["folds"])
+    folds_of = result.per_problem.groupby("dims_key")["fold"]
+    assert (folds_of.nunique() == 1).all() and folds_of.first().nunique() == 5
+
+
+def test_nothing_to_hold_out_with_one_device(devices):
+    with pytest.raises(TransferError, match=r"1 device\(s\).*nothing to hold out"):
+        run_transfer(_dataset(_rows(DEVICES[:1])), devices, rounds=ROUNDS, threads=THREADS)
+
+
+def test_default_is_any_spelling_of_a_dataset_configuration():
+    dataset = _dataset(_rows(DEVICES[:1]))
+    assert resolve_default(dataset, "unroll=2,layout=col,block=16") == \
+        "block=16,unroll=2,layout=col"
+    for bad, needle in [("block=16", "every configuration column"),
+                        ("block=17,unroll=2,layout=col", "not a configuration")]:
+        with pytest.raises(TransferError, match=needle):
+            resolve_default(dataset, bad)
+
+
+# -- tilecast evaluate --dataset ------------------------------------------------------------
+
+def _write(tmp_path, devices=DEVICES):
+    frame = finish_frame(_rows(devices), SCHEMA)
+    return write_dataset(tmp_path / f"dataset{len(devices)}", frame, SCHEMA, [])
+
+
+def test_cli_writes_the_report(tmp_path, capsys):
+    dataset, workdir = _write(tmp_path, DEVICES[:3]), tmp_path / "w"
+    status = main(["evaluate", "--dataset", str(dataset), "--split", "leave-one-device-out",
+                   "--workdir", str(workdir), "--rounds", str(ROUNDS), "--threads", str(THREADS),
+                   "--default", DEFAULT])
+    assert status == 0
+    out = capsys.readouterr().out
+    assert "mean efficiency" in out and "most similar device" in out
+    report = json.loads((workdir / "report" / "transfer.json").read_text())
+    assert set(report["devices"]) == set(DEVICES[:3])
+    assert BLOCK_KEYS | {"devices_beating_default"} <= set(report["overall"])
+    markdown = (workdir / "report" / "transfer.md").read_text()
+    for needle in ("## Overall", "## Shortlist", "## Unsure", "## Per device", "plain LightGBM",
+                   *DEVICES[:3]):
+        assert needle in markdown
+    rows = pd.read_parquet(workdir / "report" / "transfer_per_problem.parquet")
+    assert len(rows) == 3 * len(PROBLEMS)
+
+
+@pytest.mark.parametrize("arguments, needle", [
+    (["--model", "m", "--dataset", "D"], "--model and --dataset belong to different modes"),
+    (["--problems", "p.yaml"], "--model missing"),
+    ([], "--model and --problems missing"),
+    (["--split", "problems"], "--split need(s) --dataset"),
+    (["--dataset", "{one}"], "nothing to hold out"),
+    (["--dataset", "{four}", "--default", "block=3,unroll=1,layout=row"], "not a configuration"),
+    (["--dataset", "{four}", "--rounds", "0"], "--rounds 0"),
+    (["--dataset", "{four}", "--split", "random"], "unknown split 'random'"),
+    (["--dataset", "{missing}"], "does not exist"),
+    (["--dataset", "{workdir}"], "not an imported dataset"),
+])
+def test_cli_names_what_is_wrong(tmp_path, capsys, arguments, needle):
+    paths = {"one": _write(tmp_path, DEVICES[:1]), "four": _write(tmp_path),
+             "missing": tmp_path / "nowhere", "workdir": tmp_path}
+    arguments = [a.format(**paths) for a in arguments]
+    status = main(["evaluate", *arguments, "--workdir", str(tmp_path / "w")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 2 and error.startswith("tilecast evaluate: error: ") and needle in error
+    assert not (tmp_path / "w" / "report").exists()

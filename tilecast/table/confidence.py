@@ -1,0 +1,148 @@
+"""How sure a table model's pick is: a problem's predicted scores -> P(the pick reaches target).
+
+The dispatcher answers "unsure" (measure a shortlist instead) when a pick's confidence is below
+a threshold. Confidence comes from one number per problem, the pick's slack in log-efficiency
+units: how far the top prediction stands above the runner-up plus how high it is itself,
+
+    slack = log(p1 / p2) + log(p1)          p1 >= p2 the two highest predicted efficiencies
+
+(a narrow margin means the ranking could flip on a small error; a low top prediction means the
+model sees no configuration it believes in). Held-out outcomes (did the pick reach `target` of
+the best?) are fitted against the slack by isotonic regression, so confidence is monotone in
+slack and reads as a probability on the calibration data. The threshold is then the lowest
+confidence at which the confident-wrong share (sure answers below target, over ALL problems)
+stays within `max_wrong`: the largest coverage the budget allows.
+
+With fewer than MIN_PROBLEMS calibration problems, or when no threshold keeps within the
+budget, the calibration answers "unsure" for every problem (`threshold` = inf, written as null
+in JSON) and says why in `note`: a threshold fitted to a handful of outcomes would promise a
+confident-wrong rate nobody measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+
+#: Fewer held-out problems than this and no threshold is fitted: at max_wrong = 0.02 even 50
+#: problems allow only one confident-wrong pick, and 20 is where an isotonic fit stops being
+#: a few steps drawn through single outcomes.
+MIN_PROBLEMS = 20
+#: Predictions at or below this are treated as this (log of a non-positive efficiency).
+FLOOR = 1e-6
+#: The margin of a problem with a single allowed candidate (nothing to confuse it with):
+#: log(e), a runner-up predicted at 37 % of the pick.
+SOLE_CANDIDATE_MARGIN = 1.0
+NEVER = math.inf
+
+
+def slack(predicted_scores: np.ndarray) -> float:
+    """The pick's slack, log(p1 / p2) + log(p1), from one problem's predicted efficiencies
+    over its allowed candidates (see the module docstring). ValueError when there are none or
+    one is not finite."""
+    scores = np.asarray(predicted_scores, dtype=np.float64).ravel()
+    if scores.size == 0:
+        raise ValueError("no predicted scores: a problem needs at least one allowed candidate")
+    if not np.all(np.isfinite(scores)):
+        raise ValueError(f"predicted scores {scores[~np.isfinite(scores)][:5]} are not finite")
+    logs = np.log(np.maximum(scores, FLOOR))
+    if logs.size == 1:
+        return float(logs[0] + SOLE_CANDIDATE_MARGIN)
+    second, first = np.partition(logs, logs.size - 2)[-2:]
+    return float(2.0 * first - second)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Maps a problem's predicted scores to P(the pick reaches >= target of the best).
+
+    `slacks` and `probabilities` are the isotonic fit's knots (confidence between them is
+    interpolated, beyond them clipped); `threshold` is the confidence below which the
+    dispatcher answers "unsure" (inf: always unsure, see `note`)."""
+    slacks: tuple[float, ...]
+    probabilities: tuple[float, ...]
+    threshold: float
+    target: float = 0.9
+    max_wrong: float = 0.02
+    n_problems: int = 0
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.slacks) != len(self.probabilities) or not self.slacks:
+            raise ValueError(f"calibration knots: {len(self.slacks)} slacks and "
+                             f"{len(self.probabilities)} probabilities; need as many, >= 1")
+        if any(b < a for a, b in zip(self.slacks, self.slacks[1:])) or \
+                any(b < a for a, b in zip(self.probabilities, self.probabilities[1:])):
+            raise ValueError("calibration knots must be non-decreasing in slack and probability")
+
+    def confidence(self, predicted_scores: np.ndarray) -> float:
+        """P(pick >= target of the best) for one problem's predicted scores over its allowed
+        candidates."""
+        return float(np.interp(slack(predicted_scores), self.slacks, self.probabilities))
+
+    def sure(self, predicted_scores: np.ndarray) -> bool:
+        """Whether the pick is confident enough to answer without measuring."""
+        return self.confidence(predicted_scores) >= self.threshold
+
+    def to_json(self) -> dict:
+        return {"slacks": list(self.slacks), "probabilities": list(self.probabilities),
+                "threshold": None if math.isinf(self.threshold) else self.threshold,
+                "target": self.target, "max_wrong": self.max_wrong,
+                "n_problems": self.n_problems, "note": self.note}
+
+    @classmethod
+    def from_json(cls, doc) -> "Calibration":
+        try:
+            threshold = NEVER if doc["threshold"] is None else float(doc["threshold"])
+            return cls(slacks=tuple(map(float, doc["slacks"])),
+                       probabilities=tuple(map(float, doc["probabilities"])),
+                       threshold=threshold, target=float(doc["target"]),
+                       max_wrong=float(doc["max_wrong"]), n_problems=int(doc["n_problems"]),
+                       note=str(doc.get("note", "")))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not a calibration document ({err!r}): {str(doc)[:200]}") from None
+
+
+def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequence[float], *,
+                    target: float = 0.9, max_wrong: float = 0.02) -> Calibration:
+    """The calibration of held-out outcomes: per problem, the predicted scores over its
+    allowed candidates and the measured efficiency of the pick (0 for a pick that failed).
+
+    The threshold is the lowest fitted confidence at which the picks answered sure fall below
+    `target` on at most `max_wrong` of all problems (see the module docstring for when it is
+    inf instead)."""
+    if len(predicted) != len(efficiency_of_pick):
+        raise ValueError(f"{len(predicted)} problems' scores but {len(efficiency_of_pick)} "
+                         "efficiencies; one each")
+    if not 0.0 < target <= 1.0 or not 0.0 <= max_wrong < 1.0:
+        raise ValueError(f"target {target} must be in (0, 1] and max_wrong {max_wrong} in [0, 1)")
+    efficiency = np.asarray(efficiency_of_pick, dtype=np.float64)
+    if not np.all(np.isfinite(efficiency)) or np.any((efficiency < 0) | (efficiency > 1 + 1e-9)):
+        raise ValueError("efficiencies of the picks must be finite and in [0, 1]")
+    count = len(efficiency)
+    settings = {"target": target, "max_wrong": max_wrong, "n_problems": count}
+    if count < MIN_PROBLEMS:
+        return Calibration(slacks=(0.0,), probabilities=(0.0,), threshold=NEVER, **settings,
+                           note=f"too little calibration data: {count} held-out problems, "
+                                f"need {MIN_PROBLEMS}; every pick answers unsure")
+    slacks = np.array([slack(scores) for scores in predicted])
+    reached = (efficiency >= target).astype(np.float64)
+    isotonic = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True,
+                                  out_of_bounds="clip").fit(slacks, reached)
+    knots = (tuple(map(float, isotonic.X_thresholds_)), tuple(map(float, isotonic.y_thresholds_)))
+    confidence = np.interp(slacks, *knots)
+    wrong = reached == 0.0
+    threshold, covered = NEVER, 0.0
+    for level in np.unique(confidence):   # ascending: the first that fits covers the most
+        sure = confidence >= level
+        if np.sum(sure & wrong) <= max_wrong * count + 1e-9:
+            threshold, covered = float(level), float(sure.mean())
+            break
+    note = (f"sure on {covered:.0%} of {count} calibration problems" if threshold != NEVER else
+            f"no confidence level keeps confident-wrong picks within {max_wrong:.0%} of "
+            f"{count} calibration problems; every pick answers unsure")
+    return Calibration(slacks=knots[0], probabilities=knots[1], threshold=threshold,
+                       **settings, note=note)

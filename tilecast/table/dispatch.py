@@ -1,0 +1,228 @@
+"""Run-time dispatch for a table model: the configuration to run for a problem on a device.
+
+`Dispatcher.from_registry` / `from_directory` return a TableDispatcher for a model whose
+feature_spec.json says `"family": "table"`. A query names the device (a name or any label of
+the model's stored device entries, or of the shipped table with the user's additions, for a
+device the model never saw: its prediction then comes from the device's features alone).
+Configurations that failed or were invalid on that device in the training data are never
+chosen there. Each answer carries a confidence from the model's calibration (calibration.json,
+fitted on held-out predictions when the model was trained); below its threshold the answer is
+"unsure" and comes with the shortlist worth measuring. Rankings are memoized per (device,
+problem), so a repeated query costs a dictionary lookup.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from tilecast.registry import api as registry, integrity
+from tilecast.registry.api import RegistryError
+from tilecast.runtime.dispatch import (DEFAULT_CACHE_SIZE, ProblemError, _raw_key,
+                                       parse_problem_string)
+from tilecast.table.dataset import TableDataError
+from tilecast.table.model import FAMILY, TableModel, check_problem, resolve_device
+
+CALIBRATION_FILE = "calibration.json"
+#: configurations an unsure answer offers to measure (the issue's figure: 20 reach >= 0.97)
+DEFAULT_SHORTLIST = 20
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One answer: the configuration, how sure the model is, and what to measure when unsure.
+    `confidence` is the calibrated P(the pick reaches `target` of the best) (0.0 when the
+    model has no calibration); `shortlist` is empty when sure."""
+    kernel: str
+    confidence: float
+    unsure: bool
+    shortlist: tuple[str, ...]
+    device: str
+    predicted_efficiency: float
+
+
+class TableRanking:
+    """A problem's allowed candidates on one device, best predicted first."""
+    __slots__ = ("device", "kernels", "efficiencies", "_scores", "confidence")
+
+    def __init__(self, device: str, kernels, scores: np.ndarray, calibration):
+        self.device = device
+        order = np.argsort(-scores, kind="stable")   # equal predictions in key order
+        self.kernels = tuple(np.asarray(kernels, dtype=object)[order].tolist())
+        self.efficiencies = tuple(scores[order].tolist())
+        self.confidence = 0.0 if calibration is None else float(calibration.confidence(scores))
+
+    @property
+    def best(self) -> str:
+        return self.kernels[0]
+
+
+class TableDispatcher:
+    """Picks a configuration per (problem, device) from one table model.
+
+    Attributes: `model` (registry model name), `version`, `family` ("table"), `table_model`
+    (the TableModel), `calibration` (or None), `kernels` (the candidates)."""
+    family = FAMILY
+
+    def __init__(self, table_model: TableModel, calibration=None, *, model: str = "",
+                 version: int | None = None, cache_size: int = DEFAULT_CACHE_SIZE,
+                 shortlist_size: int = DEFAULT_SHORTLIST):
+        self.table_model = table_model
+        self.calibration = calibration
+        self.model = model
+        self.version = version
+        self.kernels = tuple(table_model.candidates())
+        self.shortlist_size = int(shortlist_size)
+        self._cache: dict[Any, TableRanking] = {}
+        self._cache_size = int(cache_size)
+        self._devices: dict[str, tuple[str, Any]] = {}
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_directory(cls, path, *, model: str = "", version: int | None = None,
+                       **options) -> "TableDispatcher":
+        """Load a table model directory (checked against its checksums.json when it has one)."""
+        path = Path(path)
+        integrity.verify_directory(path)
+        return cls.load(path, model=model, version=version, **options)
+
+    @classmethod
+    def from_registry(cls, root, model: str, alias: str | int = "production", *,
+                      cache_dir=None, **options) -> "TableDispatcher":
+        """The dispatcher of version `alias` of `model` (a table model) in the registry at
+        `root`; RegistryError when it is another family's model."""
+        version = registry.resolve_version(root, model, alias)
+        path = registry.local_copy(root, model, version, cache_dir=cache_dir)
+        return cls.load(path, model=model, version=version, **options)
+
+    @classmethod
+    def load(cls, path, *, model: str = "", version: int | None = None,
+             **options) -> "TableDispatcher":
+        """Load a verified directory: the TableModel and calibration.json. RegistryError
+        naming a missing or damaged file."""
+        from tilecast.stages.train import ModelArtifactError
+        from tilecast.table.confidence import Calibration
+
+        path = Path(path)
+        try:
+            table_model = TableModel.load(path)
+        except ModelArtifactError as err:
+            raise RegistryError(str(err)) from None
+        calibration_path = path / CALIBRATION_FILE
+        try:
+            calibration = Calibration.from_json(json.loads(calibration_path.read_text()))
+        except FileNotFoundError:
+            raise RegistryError(f"table model {path} has no {CALIBRATION_FILE}; train it again "
+                                "with `tilecast train --dataset`") from None
+        except (OSError, ValueError) as err:
+            raise RegistryError(f"{calibration_path} is damaged: {err}") from None
+        return cls(table_model, calibration, model=model, version=version, **options)
+
+    # -- problems and devices -----------------------------------------------------------
+
+    def problem(self, problem) -> dict[str, Any]:
+        """The checked problem values from a mapping or a 'name=value,...' string;
+        ProblemError naming the column that is missing, unknown or unreadable."""
+        if isinstance(problem, str):
+            problem = parse_problem_string(problem)
+        elif not isinstance(problem, Mapping):
+            raise TypeError(f"problem must be a mapping or a 'name=value,...' string, got "
+                            f"{type(problem).__name__}")
+        try:
+            return check_problem(self.table_model.schema, problem)
+        except TableDataError as err:
+            raise ProblemError(str(err)) from None
+
+    def device(self, device: str | None) -> tuple[str, Any]:
+        """(canonical name, device table holding it) of a device label. None names the one
+        training device of a model trained on one; UnknownDeviceError (saying how to add
+        the device) for a label neither the model nor the device tables know."""
+        if device is None:
+            trained = self.table_model.training_devices
+            if len(trained) != 1:
+                raise ProblemError(f"table model {self.model!r} was trained on "
+                                   f"{len(trained)} devices ({', '.join(trained)}); name the "
+                                   "device to choose for (device=..., --device)")
+            device = trained[0]
+        found = self._devices.get(device)
+        if found is None:
+            found = resolve_device(self.table_model.devices, device)
+            self._devices[device] = found
+        return found
+
+    # -- queries --------------------------------------------------------------------------
+
+    def ranking(self, problem, device: str | None = None) -> TableRanking:
+        """The memoized ranking of the allowed candidates for `problem` on `device`."""
+        raw = _raw_key(problem)
+        key = (device, raw)
+        found = self._cache.get(key) if raw is not None else None
+        if found is not None:
+            return found
+        values = self.problem(problem)
+        name, table = self.device(device)
+        checked = (name, tuple(values.items()))
+        found = self._cache.get(checked)
+        if found is None:
+            kernels = self.table_model.allowed(name)
+            if not kernels:
+                raise ProblemError(f"every candidate of table model {self.model!r} failed on "
+                                   f"{name} in its training data: nothing to choose there")
+            scores = self.table_model.scores(values, name, kernels, table)
+            found = TableRanking(name, kernels, scores, self.calibration)
+            self._remember(checked, found)
+        if raw is not None:
+            self._remember(key, found)
+        return found
+
+    def _remember(self, key, ranking: TableRanking) -> None:
+        if len(self._cache) >= self._cache_size:
+            self._cache.pop(next(iter(self._cache)))   # oldest entry first
+        self._cache[key] = ranking
+
+    def select(self, problem, device: str | None = None) -> str:
+        """The configuration predicted fastest for `problem` on `device`."""
+        return self.ranking(problem, device).best
+
+    def rank(self, problem, k: int = 5, device: str | None = None) -> list[tuple[str, float]]:
+        """The k best (configuration, predicted efficiency) pairs, best first."""
+        if k < 1:
+            raise ValueError(f"k={k} must be >= 1")
+        ranking = self.ranking(problem, device)
+        return list(zip(ranking.kernels[:k], ranking.efficiencies[:k]))
+
+    def predict(self, problem, device: str | None = None) -> dict[str, float]:
+        """Predicted efficiency of every allowed candidate, best first."""
+        ranking = self.ranking(problem, device)
+        return dict(zip(ranking.kernels, ranking.efficiencies))
+
+    def shortlist(self, problem, k: int, device: str | None = None) -> list[str]:
+        """The k configurations worth measuring (fewer when fewer are allowed): the k highest
+        predictions, best first, never one that failed on the device."""
+        if k < 1:
+            raise ValueError(f"k={k} must be >= 1")
+        return list(self.ranking(problem, device).kernels[:k])
+
+    def choice(self, problem, device: str | None = None) -> Choice:
+        """The pick with its confidence; unsure (with the shortlist to measure) below the
+        calibration's threshold, or always when the model has no calibration."""
+        ranking = self.ranking(problem, device)
+        threshold = np.inf if self.calibration is None else self.calibration.threshold
+        unsure = not ranking.confidence >= threshold
+        return Choice(kernel=ranking.best, confidence=ranking.confidence, unsure=unsure,
+                      shortlist=ranking.kernels[:self.shortlist_size] if unsure else (),
+                      device=ranking.device, predicted_efficiency=ranking.efficiencies[0])
+
+    def select_json(self, problem, device: str | None = None) -> dict:
+        """{"kernel", "predicted_efficiency", "confidence", "unsure", "shortlist", "device",
+        "model", "version"} for `tilecast select --json`."""
+        choice = self.choice(problem, device)
+        return {"kernel": choice.kernel, "predicted_efficiency": choice.predicted_efficiency,
+                "confidence": choice.confidence, "unsure": choice.unsure,
+                "shortlist": list(choice.shortlist), "device": choice.device,
+                "model": self.model, "version": self.version}
+

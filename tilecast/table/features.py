@@ -1,0 +1,309 @@
+"""Features of a table-family row (problem, configuration, device), fixed by the dataset's schema.
+
+The feature list is derived from the schema alone (its columns, kinds and order), so two
+models of one schema have the same names in the same order:
+
+    numeric problem column p        p, log2(|p|+1)
+    pairs of numeric problem cols   a*b, a/b   for the first MAX_PROBLEM_PAIRS pairs
+    all numeric problem columns     log2 of the product of (|p|+1): the problem's size
+    numeric config column c         c, log2(|c|+1)
+    categorical column (either)     its integer code among the categories seen in training
+    numeric (problem, config) pair  p/c and fit(p,c) = p / (ceil(p/c)*c), the share of the
+                                    padded problem a tile of c covers that is real work,
+                                    for the first MAX_FIT_PAIRS pairs
+    device                          DeviceTable.FEATURE_NAMES, prefixed `device:`
+
+Caps: a schema with 10 numeric problem columns has 45 pairs and, with 15 numeric
+configuration columns, 150 (problem, config) pairs; every pair costs two features, so only
+the first MAX_PROBLEM_PAIRS problem pairs (15: every pair of the first 6 columns) and the first
+MAX_FIT_PAIRS (problem, config) pairs (48, configuration columns outermost, both in schema
+order) become features. The list is in feature_spec.json.
+
+Undefined values are missing (NaN), which LightGBM sends down its learned missing branch:
+a ratio over zero, a fit with a non-positive value. A categorical value not seen in training
+is missing too; LightGBM's categorical splits send a missing value with the categories the
+split does not list (the "other" side).
+
+Vectorized: a block is computed once per distinct problem, configuration or device and
+gathered to the rows; the pair features are numpy expressions over whole columns. Matrices are
+float32 (LightGBM reads them as they are), so a grid of 300 problems x 5,000 configurations of
+one device with ~80 features is ~480 MB; `grid` callers should go problem block by block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tilecast.table.dataset import Column, TableDataError, TableSchema
+
+MAX_PROBLEM_PAIRS = 15
+MAX_FIT_PAIRS = 48
+DEVICE_PREFIX = "device:"
+DTYPE = np.float32
+
+
+def _log2(values: np.ndarray) -> np.ndarray:
+    return np.log2(np.abs(values) + 1.0)
+
+
+def _ratio(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(bottom != 0, top / np.where(bottom != 0, bottom, 1.0), np.nan)
+
+
+def _fit(size: np.ndarray, tile: np.ndarray) -> np.ndarray:
+    """size / (ceil(size / tile) * tile): 1.0 when the tile divides the size, NaN when either is
+    not positive."""
+    valid = (size > 0) & (tile > 0)
+    safe_tile = np.where(valid, tile, 1.0)
+    safe_size = np.where(valid, size, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        padded = np.ceil(safe_size / safe_tile) * safe_tile
+        return np.where(valid, safe_size / padded, np.nan)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Which schema columns feed which feature groups (derived from the schema alone)."""
+    problem_numeric: tuple[str, ...]
+    problem_categorical: tuple[str, ...]
+    config_numeric: tuple[str, ...]
+    config_categorical: tuple[str, ...]
+    problem_pairs: tuple[tuple[str, str], ...]
+    fit_pairs: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, schema: TableSchema) -> "Blocks":
+        def names(columns: Sequence[Column], kind: str) -> tuple[str, ...]:
+            return tuple(c.name for c in columns if c.kind == kind)
+
+        problem_numeric = names(schema.problem, "numeric")
+        config_numeric = names(schema.config, "numeric")
+        fit_pairs = [(p, c) for c in config_numeric for p in problem_numeric]
+        return cls(problem_numeric=problem_numeric,
+                   problem_categorical=names(schema.problem, "categorical"),
+                   config_numeric=config_numeric,
+                   config_categorical=names(schema.config, "categorical"),
+                   problem_pairs=tuple(combinations(problem_numeric, 2))[:MAX_PROBLEM_PAIRS],
+                   fit_pairs=tuple(fit_pairs[:MAX_FIT_PAIRS]))
+
+
+class TableFeatures:
+    """The feature engine of one schema and device table.
+
+    `fit(frame)` learns the categories of the categorical columns (sorted, stored in
+    `categories_`); `problem_features`, `config_features`, `rows` and `grid` build matrices.
+    `device_table` gives device features; a query may pass another table for a device this
+    one lacks."""
+
+    def __init__(self, schema: TableSchema, device_table, categories: Mapping | None = None):
+        self.schema = schema
+        self.device_table = device_table
+        self.blocks = Blocks.of(schema)
+        self.categories_: dict[str, list[str]] | None = (
+            None if categories is None else {k: [str(v) for v in vs]
+                                             for k, vs in categories.items()})
+        self._codes: dict[str, dict[str, int]] = {}
+        if self.categories_ is not None:
+            self._index_categories()
+        self.problem_names = self._problem_names()
+        self.config_names = self._config_names()
+        self.fit_names = [name for p, c in self.blocks.fit_pairs for name in (f"{p}/{c}",
+                                                                             f"fit({p},{c})")]
+        self.device_names = [DEVICE_PREFIX + n for n in device_table.FEATURE_NAMES]
+        self.names = self.problem_names + self.config_names + self.fit_names + self.device_names
+        repeated = sorted({n for n in self.names if self.names.count(n) > 1})
+        if repeated:
+            raise TableDataError(f"the schema's column names make feature name(s) {repeated} "
+                                 "twice; rename the columns (e.g. one called 'log2(m)')")
+
+    # -- names ---------------------------------------------------------------------------
+
+    def _problem_names(self) -> list[str]:
+        blocks = self.blocks
+        names = [n for p in blocks.problem_numeric for n in (p, f"log2({p})")]
+        names += [n for a, b in blocks.problem_pairs for n in (f"{a}*{b}", f"{a}/{b}")]
+        if blocks.problem_numeric:
+            names.append("log2(size)")
+        return names + list(blocks.problem_categorical)
+
+    def _config_names(self) -> list[str]:
+        blocks = self.blocks
+        names = [n for c in blocks.config_numeric for n in (c, f"log2({c})")]
+        return names + list(blocks.config_categorical)
+
+    @property
+    def categorical_indices(self) -> list[int]:
+        """Positions of the categorical codes in `names` (LightGBM's categorical_feature)."""
+        wanted = set(self.blocks.problem_categorical + self.blocks.config_categorical)
+        return [i for i, name in enumerate(self.names) if name in wanted]
+
+    # -- categories ----------------------------------------------------------------------
+
+    def fit(self, frame: pd.DataFrame) -> "TableFeatures":
+        """Learn the categories of every categorical column from `frame` (sorted); returns self."""
+        columns = self.blocks.problem_categorical + self.blocks.config_categorical
+        self.categories_ = {c: sorted(set(frame[c].astype(str))) for c in columns}
+        self._index_categories()
+        return self
+
+    def _index_categories(self) -> None:
+        self._codes = {column: {value: code for code, value in enumerate(values)}
+                       for column, values in self.categories_.items()}
+
+    def _check_fitted(self) -> None:
+        if self.categories_ is None:
+            raise RuntimeError("TableFeatures is not fitted: call fit(frame) first")
+
+    def _codes_of(self, column: str, values) -> np.ndarray:
+        """Integer codes of `values` (NaN for a category unseen in training)."""
+        codes = self._codes[column]
+        return np.array([codes.get(str(v), np.nan) for v in values], dtype=np.float64)
+
+    # -- blocks --------------------------------------------------------------------------
+
+    def problem_features(self, problems: Mapping[str, Any]) -> np.ndarray:
+        """(P, len(problem_names)) for P problems given as column -> P values."""
+        self._check_fitted()
+        blocks = self.blocks
+        numeric = {p: np.asarray(problems[p], dtype=np.float64) for p in blocks.problem_numeric}
+        count = len(next(iter(problems.values()))) if problems else 1
+        out = []
+        for p in blocks.problem_numeric:
+            out += [numeric[p], _log2(numeric[p])]
+        for a, b in blocks.problem_pairs:
+            out += [numeric[a] * numeric[b], _ratio(numeric[a], numeric[b])]
+        if blocks.problem_numeric:
+            out.append(sum(_log2(numeric[p]) for p in blocks.problem_numeric))
+        out += [self._codes_of(c, problems[c]) for c in blocks.problem_categorical]
+        return _stack(out, count)
+
+    def config_features(self, configs: Mapping[str, Any]) -> np.ndarray:
+        """(C, len(config_names)) for C configurations given as column -> C values."""
+        self._check_fitted()
+        blocks = self.blocks
+        count = len(next(iter(configs.values())))
+        out = []
+        for c in blocks.config_numeric:
+            values = np.asarray(configs[c], dtype=np.float64)
+            out += [values, _log2(values)]
+        out += [self._codes_of(c, configs[c]) for c in blocks.config_categorical]
+        return _stack(out, count)
+
+    def fit_features(self, problems: Mapping[str, np.ndarray],
+                     configs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """(N, len(fit_names)) for N rows: problem and configuration columns aligned row by row."""
+        out = []
+        for p, c in self.blocks.fit_pairs:
+            size = np.asarray(problems[p], dtype=np.float64)
+            tile = np.asarray(configs[c], dtype=np.float64)
+            out += [_ratio(size, tile), _fit(size, tile)]
+        count = len(next(iter(configs.values())))
+        return _stack(out, count)
+
+    def device_features(self, devices: Sequence[str], table=None) -> np.ndarray:
+        """(D, len(device_names)) for canonical device names, from `table` (default: this
+        engine's device table)."""
+        table = table or self.device_table
+        return np.array([np.asarray(table.features(d), dtype=np.float64) for d in devices],
+                        dtype=np.float64).reshape(len(devices), len(self.device_names))
+
+    # -- matrices ------------------------------------------------------------------------
+
+    def rows(self, frame: pd.DataFrame, device_table=None) -> np.ndarray:
+        """(N, len(names)) for N rows holding the problem and configuration columns and
+        `device` (canonical names): each block computed once per distinct value."""
+        self._check_fitted()
+        problem_cols = list(self.schema.problem_names)
+        config_cols = list(self.schema.config_names)
+        missing = [c for c in problem_cols + config_cols + ["device"] if c not in frame.columns]
+        if missing:
+            raise TableDataError(f"rows lack column(s) {missing}")
+        out = np.empty((len(frame), len(self.names)), dtype=DTYPE)
+        stops = np.cumsum([0, len(self.problem_names), len(self.config_names),
+                           len(self.fit_names), len(self.device_names)])
+        for (start, stop), columns, key, block in (
+                ((stops[0], stops[1]), problem_cols, "dims_key", self.problem_features),
+                ((stops[1], stops[2]), config_cols, "kernel", self.config_features)):
+            index, unique = _distinct(frame, columns, key)
+            out[:, start:stop] = block(unique)[index]
+        fit_columns = {p for p, _ in self.blocks.fit_pairs} | {c for _, c in self.blocks.fit_pairs}
+        values = {c: frame[c].to_numpy() for c in fit_columns}
+        out[:, stops[2]:stops[3]] = self.fit_features(values, values) if fit_columns else \
+            np.empty((len(frame), 0))
+        device_index, devices = pd.factorize(frame["device"].astype(str))
+        out[:, stops[3]:] = self.device_features(list(devices), device_table)[device_index]
+        return out
+
+    def grid(self, problems: pd.DataFrame, configs: pd.DataFrame, device: str,
+             device_table=None) -> np.ndarray:
+        """(P*C, len(names)) for every problem (rows of `problems`) with every configuration
+        (rows of `configs`) on one device, problem-major: row p*C + c."""
+        self._check_fitted()
+        n_problems, n_configs = len(problems), len(configs)
+        problem_block = self.problem_features({c: problems[c].to_numpy()
+                                               for c in self.schema.problem_names})
+        config_block = self.config_features({c: configs[c].to_numpy()
+                                             for c in self.schema.config_names})
+        out = np.empty((n_problems * n_configs, len(self.names)), dtype=DTYPE)
+        view = out.reshape(n_problems, n_configs, len(self.names))
+        stops = np.cumsum([0, len(self.problem_names), len(self.config_names),
+                           len(self.fit_names), len(self.device_names)])
+        view[:, :, stops[0]:stops[1]] = problem_block[:, None, :]
+        view[:, :, stops[1]:stops[2]] = config_block[None, :, :]
+        if self.fit_names:
+            sizes = {p: np.repeat(problems[p].to_numpy(dtype=np.float64), n_configs)
+                     for p, _ in self.blocks.fit_pairs}
+            tiles = {c: np.tile(configs[c].to_numpy(dtype=np.float64), n_problems)
+                     for _, c in self.blocks.fit_pairs}
+            out[:, stops[2]:stops[3]] = self.fit_features(sizes, tiles)
+        out[:, stops[3]:] = self.device_features([device], device_table)[0]
+        return out
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        """The engine's part of feature_spec.json (the device table is stored apart)."""
+        self._check_fitted()
+        return {"schema": self.schema.to_json(), "categories": self.categories_,
+                "feature_names": list(self.names),
+                "categorical_features": self.categorical_indices,
+                "max_problem_pairs": MAX_PROBLEM_PAIRS, "max_fit_pairs": MAX_FIT_PAIRS}
+
+    @classmethod
+    def from_json(cls, document: Mapping, device_table) -> "TableFeatures":
+        """The engine stored by to_json; TableDataError when the stored feature names are not
+        the ones this code derives from the stored schema (a model of another tilecast)."""
+        engine = cls(TableSchema.from_json(document["schema"]), device_table,
+                     categories=document["categories"])
+        if list(document["feature_names"]) != engine.names:
+            raise TableDataError("the model's feature names differ from the ones this tilecast "
+                                 "derives from its schema; retrain the model with this version")
+        return engine
+
+
+def _stack(columns: list[np.ndarray], count: int) -> np.ndarray:
+    if not columns:
+        return np.empty((count, 0), dtype=np.float64)
+    return np.column_stack([np.broadcast_to(c, (count,)) for c in columns])
+
+
+def _distinct(frame: pd.DataFrame, columns: list[str], key: str) -> tuple[np.ndarray, dict]:
+    """(row -> distinct index, column -> distinct values) of `frame[columns]`; by the `key`
+    column (a dataset's dims_key or kernel, which spells those columns) when the frame has it:
+    one string column factorizes faster than several."""
+    if not columns:
+        return np.zeros(len(frame), dtype=np.intp), {}
+    if key in frame.columns:
+        codes = pd.factorize(frame[key])[0]
+    elif len(columns) == 1:
+        codes = pd.factorize(frame[columns[0]])[0]
+    else:
+        codes = frame.groupby(columns, sort=False, dropna=False).ngroup().to_numpy()
+    _, first = np.unique(codes, return_index=True)
+    return codes, {c: frame[c].to_numpy()[first] for c in columns}
+

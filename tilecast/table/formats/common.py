@@ -1,0 +1,234 @@
+"""What the format readers share: the reader's answer (Imported), time units, reading a file's
+bytes (gzip detected by its magic bytes) and CSV text with one-line errors, and collapsing the
+repeated measurements a tool appends to one row each.
+
+A reader reports each bad value with its file, row (a line number or a cache key) and column;
+nothing here writes anything.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import logging
+import math
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tilecast.table.dataset import SHOWN, Column, TableDataError, TableSchema
+
+log = logging.getLogger("tilecast.table.import")
+
+# seconds per unit; the one table every reader and the mapping's `time.unit` use
+SECONDS_PER_UNIT = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass
+class Imported:
+    """What a reader found in its files: the schema, one row per (device label, problem,
+    configuration) in `finish_frame`'s form, and one `sources` entry per file."""
+    schema: TableSchema
+    rows: list[dict]
+    sources: list[dict] = field(default_factory=list)
+
+
+def seconds_per(unit: Any, where: str) -> float:
+    """Seconds in one `unit` ("ms" -> 1e-3); TableDataError naming `where` and the valid units."""
+    key = str(unit).strip()
+    key = "us" if key in ("µs", "μs") else key
+    if key not in SECONDS_PER_UNIT:
+        raise TableDataError(f"{where}: unknown time unit {unit!r}; valid: "
+                             f"{', '.join(SECONDS_PER_UNIT)}")
+    return SECONDS_PER_UNIT[key]
+
+
+@dataclass(frozen=True)
+class RawFile:
+    """A file's bytes as read (for its sha256) and as its format sees them (gunzipped)."""
+    path: Path
+    raw: bytes
+    data: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+    def text(self, what: str) -> str:
+        """The content as UTF-8 text; TableDataError when it is binary or another encoding."""
+        nul = self.data.find(b"\0")
+        if nul >= 0:
+            raise TableDataError(f"{self.path}: binary data (a NUL byte at offset {nul}), "
+                                 f"not {what}")
+        try:
+            return self.data.decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise TableDataError(f"{self.path}: not UTF-8 text (byte 0x{err.object[err.start]:02x}"
+                                 f" at offset {err.start}); expected {what}") from None
+
+
+def read_raw(path: str | Path) -> RawFile:
+    """The bytes of `path`, gunzipped when they start with gzip's magic bytes; TableDataError
+    when it cannot be read, is empty, or is a damaged gzip file."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise TableDataError(f"cannot read {path}: {err.strerror or err}") from None
+    data = raw
+    if raw.startswith(GZIP_MAGIC):
+        try:
+            data = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as err:
+            raise TableDataError(f"{path}: a damaged gzip file ({err})") from None
+    if not data.strip():
+        raise TableDataError(f"{path}: empty file")
+    return RawFile(path, raw, data)
+
+
+def source_entry(raw: RawFile, fmt: str, statuses: Iterable[str]) -> dict:
+    """The manifest's record of one file (path, format, sha256, how many rows it holds and how
+    many are `ok`), logged as the file's progress line."""
+    statuses = list(statuses)
+    ok = sum(1 for status in statuses if status == "ok")
+    log.info("%s: %d rows (%d ok, %d failed or invalid) read as %s", raw.path, len(statuses), ok,
+             len(statuses) - ok, fmt)
+    return {"path": str(raw.path), "format": fmt, "sha256": raw.sha256, "rows": len(statuses),
+            "ok": ok}
+
+
+def read_csv_text(raw: RawFile, what: str, *, skip_lines: int = 0) -> pd.DataFrame:
+    """The CSV in `raw` (after `skip_lines` lines) with stripped column names, every field a
+    string (the reader decides what is a number); TableDataError for empty or malformed CSV."""
+    text = raw.text(what)
+    try:
+        frame = pd.read_csv(io.StringIO(text), skiprows=skip_lines, dtype=str,
+                            keep_default_na=False, skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise TableDataError(f"{raw.path}: no CSV header; expected {what}") from None
+    except pd.errors.ParserError as err:
+        raise TableDataError(f"{raw.path}: not a well-formed CSV ({str(err).strip()}); "
+                             f"expected {what}") from None
+    frame.columns = [str(c).strip() for c in frame.columns]
+    repeated = sorted({c for c in frame.columns if list(frame.columns).count(c) > 1})
+    if repeated:
+        raise TableDataError(f"{raw.path}: column(s) {repeated} appear twice in the header")
+    if frame.empty:
+        raise TableDataError(f"{raw.path}: a header but no rows; expected {what}")
+    return frame
+
+
+def require_columns(frame: pd.DataFrame, columns: Sequence[str], path: Path, what: str) -> None:
+    """TableDataError naming the columns of `columns` that `frame` lacks."""
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise TableDataError(f"{path}: missing column(s) {missing}; {what} has "
+                             f"{', '.join(columns)}")
+
+
+def _rows_named(lines: Sequence[Any], values: Sequence[Any]) -> str:
+    shown = ", ".join(f"{line} ({value!r})" for line, value in list(zip(lines, values))[:SHOWN])
+    return shown + (f" and {len(lines) - SHOWN} more" if len(lines) > SHOWN else "")
+
+
+def numbers(frame: pd.DataFrame, column: str, path: Path, lines: pd.Series, *,
+            positive: bool = False, allow_inf: bool = False) -> pd.Series:
+    """Column `column` as floats: TableDataError naming the rows whose field is blank or not a
+    number, NaN, infinite (unless `allow_inf`), or (with `positive`) not above zero."""
+    text = frame[column].astype(str).str.strip()
+    values = pd.to_numeric(text.str.replace(r"^(?i:inf(inity)?)$", "inf", regex=True),
+                           errors="coerce")
+    bad = values.isna() | (np.isinf(values) & (not allow_inf))
+    if positive:
+        bad |= values <= 0
+    if bad.any():
+        rule = "a positive number" if positive else "a number"
+        raise TableDataError(f"{path}: column {column}: not {rule} at row(s) "
+                             f"{_rows_named(list(lines[bad]), list(text[bad]))}")
+    return values.astype(float)
+
+
+def as_numeric_column(values: pd.Series) -> pd.Series | None:
+    """`values` (strings) as numbers when every one is a number or True/False (as 1/0), else
+    None (a categorical column)."""
+    text = values.astype(str).str.strip()
+    truth = {"true": 1, "false": 0}
+    lowered = text.str.lower()
+    mapped = lowered.map(truth)
+    numeric = pd.to_numeric(text.where(mapped.isna(), mapped.astype(str)), errors="coerce")
+    if numeric.isna().any() or not np.isfinite(numeric).all():
+        return None
+    whole = (numeric == np.floor(numeric)).all() and (np.abs(numeric) < 2**53).all()
+    return numeric.astype(np.int64) if whole else numeric.astype(float)
+
+
+def typed_column(frame: pd.DataFrame, name: str) -> Column:
+    """Make column `name` of `frame` numeric where every value is a number (or true/false);
+    its Column, numeric or categorical."""
+    numeric = as_numeric_column(frame[name])
+    if numeric is not None:
+        frame[name] = numeric
+    return Column(name, "categorical" if numeric is None else "numeric")
+
+
+def collapse_repeats(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """One row per distinct `keys` (the columns naming device, problem and configuration) of a
+    frame with `time_s`, `status`, `reason` and `row` columns: a tool that appends each run to
+    its file records one configuration several times. An `ok` group's time is the median of
+    its times, `repeats` how many there were and `spread` max/min; a group with any failed
+    row keeps the first failure (a configuration that failed once is not safe to choose).
+    `row` lists the rows merged."""
+    frame = frame.reset_index(drop=True)
+    groups = frame.groupby(list(keys), sort=False, dropna=False)
+    failed = frame["status"] != "ok"
+    ok_times = frame["time_s"].where(~failed)
+    first = groups.head(1).index
+    out = frame.loc[first].copy()
+    group_ids = groups.ngroup()
+    order = group_ids.loc[first].to_numpy()
+    stats = pd.DataFrame({"group": group_ids, "time": ok_times, "failed": failed})
+    by_group = stats.groupby("group")
+    median = by_group["time"].median().reindex(order).to_numpy()
+    counts = by_group.size().reindex(order).to_numpy()
+    spread = (by_group["time"].max() / by_group["time"].min()).reindex(order).to_numpy()
+    any_failed = by_group["failed"].any().reindex(order).to_numpy()
+    rows_of = frame["row"].astype(str).groupby(group_ids).agg(",".join).reindex(order).to_numpy()
+    out["time_s"] = np.where(any_failed, math.nan, median)
+    out["repeats"] = counts
+    out["spread"] = np.where(any_failed, math.nan, spread)
+    out["row"] = rows_of
+    if any_failed.any():
+        first_failure = frame[failed].groupby(group_ids[failed]).head(1)
+        failure_of = dict(zip(group_ids[first_failure.index], first_failure.index))
+        for position, group in enumerate(order):
+            if any_failed[position]:
+                source_row = failure_of[group]
+                out.iloc[position, out.columns.get_loc("status")] = frame.at[source_row, "status"]
+                out.iloc[position, out.columns.get_loc("reason")] = frame.at[source_row, "reason"]
+    return out.reset_index(drop=True)
+
+
+def check_names(names: Sequence[str], path: Path) -> None:
+    """TableDataError naming `path` when a column name is empty or one of the dataset's own
+    (device, kernel, time_s, ...)."""
+    for name in names:
+        try:
+            Column(name, "categorical")
+        except TableDataError as err:
+            raise TableDataError(f"{path}: {err}") from None
+
+
+def same_columns(found: dict[Path, tuple], what: str) -> tuple:
+    """The one column tuple every file of `found` has; TableDataError naming two that differ."""
+    items = list(found.items())
+    first_path, first = items[0]
+    for path, columns in items[1:]:
+        if columns != first:
+            raise TableDataError(f"{path} and {first_path} differ in their {what} ({list(columns)}"
+                                 f" against {list(first)}); import them into separate datasets")
+    return first

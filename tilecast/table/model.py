@@ -1,0 +1,455 @@
+"""A table-family performance model: which configuration is fastest for a problem on a device.
+
+What transfers across devices is relative performance, not absolute time, so the target is
+each configuration's efficiency within its (device, problem) group, best ok time / its time
+(1.0 for the best, in (0, 1]), learned from the problem, configuration and device features of
+tilecast.table.features. On a device absent from the training data the prediction comes from
+its hardware features alone.
+
+Formulation (FORMULATIONS): L2 regression on efficiency itself, every row weighted alike.
+benchmarks/table_formulations.py compared it by leave-one-device-out on three generated
+GEMM-shaped datasets (6 GPUs x 8 problems x 5,480 CLBlast configurations) with
+`log_efficiency` (L2 on log efficiency, rows weighted WEIGHT_FLOOR + efficiency ** TOP_POWER
+towards each group's best) and LambdaRank ((device, problem) query groups, graded relevance):
+mean held-out efficiency 0.803 against 0.791 (better on 2 of 3 datasets: within noise), and
+LambdaRank 0.705 against 0.815 on the one dataset it ran on. Failed or invalid configurations
+are not training rows; they are kept per device (`failed_on`) and never chosen there.
+
+A group with more than `group_cap` ok rows (the row budget spread over the groups, at most
+MAX_GROUP_ROWS) keeps its best TOP_SHARE of that cap and a deterministic random sample of the
+rest, so training stays within ROW_BUDGET rows whatever the dataset's size.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tilecast.core.atomic import atomic_write_json, atomic_write_text
+from tilecast.table.dataset import TableDataError, TableDataset, TableSchema, parse_key
+from tilecast.table.features import TableFeatures
+
+FAMILY = "table"
+FORMAT_VERSION = 1
+MODEL_FILE = "model.txt"
+FEATURE_SPEC_FILE = "feature_spec.json"
+CANDIDATES_FILE = "candidates.json"
+FAILURES_FILE = "failures.json"
+
+#: Training rows at most (all groups together); a group keeps at least MIN_GROUP_ROWS.
+ROW_BUDGET = 300_000
+MIN_GROUP_ROWS = 200
+#: LambdaRank's limit on one query group; kept for regression too, so both see the same rows.
+MAX_GROUP_ROWS = 10_000
+#: Share of a capped group's rows that are its best (by efficiency); the rest are sampled.
+TOP_SHARE = 0.25
+#: Efficiencies below this are this in the log target (a config 1000x slower than the best).
+EFFICIENCY_FLOOR = 1e-3
+TOP_POWER = 2.0
+WEIGHT_FLOOR = 0.05
+#: Rows predicted per LightGBM call (bounds the float32 feature matrix to ~100 MB).
+PREDICT_CHUNK = 250_000
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """How efficiencies become a LightGBM target and row weights, and predictions
+    efficiencies again."""
+    objective: str
+    target: Callable[[np.ndarray], np.ndarray]
+    weight: Callable[[np.ndarray], np.ndarray]
+    to_efficiency: Callable[[np.ndarray], np.ndarray]
+
+
+def _log_efficiency(efficiency: np.ndarray) -> np.ndarray:
+    return np.log(np.maximum(efficiency, EFFICIENCY_FLOOR))
+
+
+def _top_weight(efficiency: np.ndarray) -> np.ndarray:
+    return WEIGHT_FLOOR + efficiency ** TOP_POWER
+
+
+FORMULATIONS = {
+    "log_efficiency": Formulation("regression", _log_efficiency, _top_weight, np.exp),
+    "efficiency": Formulation("regression", target=lambda e: e, weight=np.ones_like,
+                              to_efficiency=lambda s: s),
+}
+DEFAULT_FORMULATION = "efficiency"
+
+
+def lgb_params(formulation: str, rows: int, threads: int | None, seed: int) -> dict:
+    """LightGBM parameters: fixed rounds (no early stopping), row and feature bagging,
+    deterministic; small leaves only for small data."""
+    return {"objective": FORMULATIONS[formulation].objective if formulation in FORMULATIONS
+            else formulation, "learning_rate": 0.05, "num_leaves": 63,
+            "min_data_in_leaf": 20 if rows >= 5_000 else 3, "min_data_per_group": 10,
+            "cat_smooth": 5.0, "feature_fraction": 0.8, "bagging_fraction": 0.8,
+            "bagging_freq": 1, "lambda_l2": 1.0, "max_bin": 255, "seed": seed,
+            "deterministic": True, "force_row_wise": True, "num_threads": threads or 2,
+            "verbose": -1}
+
+
+# -- training rows --------------------------------------------------------------------------
+
+def canonical_devices(frame: pd.DataFrame, devices) -> pd.Series:
+    """The frame's `device` column in the device table's canonical names (UnknownDeviceError
+    for a device the table lacks)."""
+    names = {label: devices.resolve(label) for label in frame["device"].unique()}
+    return frame["device"].map(names)
+
+
+def excluded_names(frame: pd.DataFrame, devices, exclude: Sequence[str]) -> set[str]:
+    """The dataset devices named by `exclude` (a dataset name or any label resolving to one);
+    TableDataError for a name that is neither."""
+    present = set(frame["device"])
+    chosen = set()
+    for name in exclude:
+        if name in present:
+            chosen.add(name)
+            continue
+        try:
+            resolved = devices.resolve(name)
+        except ValueError:
+            resolved = None
+        if resolved not in present:
+            raise TableDataError(f"excluded device {name!r} is not a device of the dataset; "
+                                 f"its devices: {', '.join(sorted(present))}")
+        chosen.add(resolved)
+    return chosen
+
+
+def efficiencies(ok: pd.DataFrame) -> np.ndarray:
+    """best ok time of the row's (device, dims_key) group / the row's time."""
+    best = ok.groupby(["device", "dims_key"], sort=False)["time_s"].transform("min")
+    return (best / ok["time_s"]).to_numpy(dtype=np.float64)
+
+
+def sample_rows(ok: pd.DataFrame, efficiency: np.ndarray, *, budget: int = ROW_BUDGET,
+                seed: int = 0) -> np.ndarray:
+    """Positions of the ok rows to train on: every row of a group within its cap; of a
+    larger group its best TOP_SHARE * cap rows and a seeded random sample of the rest.
+    Deterministic for a given seed and row order (training_rows sorts the rows first)."""
+    groups = ok.groupby(["device", "dims_key"], sort=False).ngroup().to_numpy()
+    sizes = np.bincount(groups)
+    cap = int(min(MAX_GROUP_ROWS, max(MIN_GROUP_ROWS, budget // max(1, len(sizes)))))
+    if sizes.max() <= cap:
+        return np.arange(len(ok))
+    draw = np.random.default_rng(seed).random(len(ok))
+    keys = pd.DataFrame({"group": groups, "efficiency": -efficiency, "draw": draw})
+    top_count = int(cap * TOP_SHARE)
+    top = keys.groupby("group")["efficiency"].rank(method="first").to_numpy() <= top_count
+    rest = keys[~top].groupby("group")["draw"].rank(method="first").to_numpy()
+    keep = top.copy()
+    keep[np.flatnonzero(~top)] = rest <= cap - top_count
+    return np.flatnonzero(keep)
+
+
+@dataclass
+class TrainingRows:
+    """The rows a model learns from, after exclusion, canonical names and sampling."""
+    ok: pd.DataFrame                  # sampled ok rows, canonical device names
+    efficiency: np.ndarray            # aligned with ok
+    all_ok: pd.DataFrame              # every ok row (before sampling)
+    all_efficiency: np.ndarray        # aligned with all_ok
+    candidates: list[str]
+    failures: dict[str, list[str]]
+    devices: list[str]
+
+
+def training_rows(dataset: TableDataset, devices, *, exclude_devices: Sequence[str] = (),
+                  budget: int = ROW_BUDGET, seed: int = 0) -> TrainingRows:
+    """Canonical, filtered and sampled training rows of `dataset` (see the module docstring)."""
+    frame = dataset.frame.assign(device=canonical_devices(dataset.frame, devices))
+    frame = frame[~frame["device"].isin(excluded_names(frame, devices, exclude_devices))]
+    ok = frame[frame["status"] == "ok"].sort_values(["device", "dims_key", "kernel"])
+    if ok.empty:
+        raise TableDataError("no ok measurement to train on (after excluding devices "
+                             f"{list(exclude_devices)}); import measurements that ran")
+    bad = frame[frame["status"] != "ok"]
+    failures = {device: sorted(set(rows["kernel"])) for device, rows in bad.groupby("device")}
+    efficiency = efficiencies(ok)
+    keep = sample_rows(ok, efficiency, budget=budget, seed=seed)
+    return TrainingRows(ok=ok.iloc[keep].reset_index(drop=True), efficiency=efficiency[keep],
+                        all_ok=ok, all_efficiency=efficiency,
+                        candidates=sorted(set(ok["kernel"])), failures=failures,
+                        devices=sorted(set(frame["device"])))
+
+
+# -- the model ------------------------------------------------------------------------------
+
+class TableModel:
+    """A trained table model (see the module docstring). Build with `fit` or `load`."""
+
+    def __init__(self, booster, features: TableFeatures, candidates: Sequence[str],
+                 failures: Mapping[str, Sequence[str]], *, formulation: str = DEFAULT_FORMULATION,
+                 training_devices: Sequence[str] = (), info: Mapping | None = None):
+        self.booster = booster
+        self.features = features
+        self.schema: TableSchema = features.schema
+        self.devices = features.device_table
+        self.formulation = formulation
+        self.training_devices = list(training_devices)
+        self.info = dict(info or {})
+        self._candidates = list(candidates)
+        self._failures = {device: frozenset(kernels) for device, kernels in failures.items()}
+        self._to_efficiency = FORMULATIONS[formulation].to_efficiency
+        self._configs: pd.DataFrame | None = None
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    @classmethod
+    def fit(cls, dataset: TableDataset, devices, *, exclude_devices: Sequence[str] = (),
+            rounds: int = 300, threads: int | None = None, seed: int = 0,
+            formulation: str = DEFAULT_FORMULATION, budget: int = ROW_BUDGET,
+            keep_devices: Sequence[str] = (), params: Mapping | None = None) -> "TableModel":
+        """Train on `dataset`'s ok rows, without `exclude_devices`. `devices` is the
+        DeviceTable the dataset's devices resolve in; `keep_devices` are other devices of it
+        whose entries the saved model carries (so it answers for them without the shipped
+        table); `params` override LightGBM parameters of lgb_params."""
+        import lightgbm as lgb  # ~2 s to import: only fitting and loading pay for it
+
+        if formulation not in FORMULATIONS:
+            raise ValueError(f"unknown formulation {formulation!r}; valid: "
+                             f"{', '.join(FORMULATIONS)}")
+        if int(rounds) < 1:
+            raise ValueError(f"rounds={rounds!r} must be >= 1")
+        rows = training_rows(dataset, devices, exclude_devices=exclude_devices, budget=budget,
+                             seed=seed)
+        how = FORMULATIONS[formulation]
+        features = TableFeatures(dataset.schema, devices).fit(rows.all_ok)
+        X = features.rows(rows.ok)
+        train_set = lgb.Dataset(X, how.target(rows.efficiency), weight=how.weight(rows.efficiency),
+                                categorical_feature=features.categorical_indices or "auto",
+                                free_raw_data=True)
+        params = {**lgb_params(formulation, len(X), threads, seed), **(params or {})}
+        booster = lgb.train(params, train_set, num_boost_round=int(rounds))
+        kept = sorted(set(rows.devices) | {devices.resolve(d) for d in keep_devices})
+        info = {"rounds": int(rounds), "rows": int(len(X)), "seed": seed, "params": params,
+                "excluded_devices": sorted(set(canonical_devices(dataset.frame, devices))
+                                           - set(rows.devices)),
+                "kept_devices": kept}
+        return cls(booster, features, rows.candidates, rows.failures, formulation=formulation,
+                   training_devices=rows.devices, info=info)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def candidates(self) -> list[str]:
+        """Configuration keys seen ok on some training device, sorted."""
+        return list(self._candidates)
+
+    def failed_on(self, device: str) -> set[str]:
+        """Configurations that failed or were invalid on `device` (a canonical name or label)
+        in the training data: never chosen there. Empty for a device without data."""
+        failures = self._failures.get(device)
+        if failures is None:
+            try:
+                failures = self._failures.get(self.devices.resolve(device), frozenset())
+            except ValueError:
+                failures = frozenset()
+        return set(failures)
+
+    def allowed(self, device: str) -> list[str]:
+        """The candidates that may be chosen on `device`, sorted."""
+        failed = self.failed_on(device)
+        return [k for k in self._candidates if k not in failed]
+
+    def candidate_configs(self) -> pd.DataFrame:
+        """The candidates' configuration columns, one row per candidate (index: the key)."""
+        if self._configs is None:
+            records = [parse_key(k, self.schema.config) for k in self._candidates]
+            self._configs = pd.DataFrame(records, index=pd.Index(self._candidates, name="kernel"),
+                                         columns=list(self.schema.config_names))
+        return self._configs
+
+    def scores(self, problem: Mapping[str, Any], device: str, kernels: Sequence[str],
+               device_table=None) -> np.ndarray:
+        """Predicted efficiencies of `kernels` (candidate keys) for one checked problem on a
+        canonical `device` (features from `device_table`, default the model's)."""
+        configs = self.candidate_configs().loc[list(kernels)]
+        problems = pd.DataFrame([problem], columns=list(self.schema.problem_names))
+        X = self.features.grid(problems, configs, device, device_table)
+        return self._predict(X)
+
+    def predict(self, problem: Mapping[str, Any], device: str) -> dict[str, float]:
+        """kernel -> predicted efficiency (best time / its time; about 1.0 for a
+        configuration predicted to be the best there, may exceed 1 by the model's error) of
+        every candidate allowed on `device` (a name or label in the model's device entries
+        or the shipped table)."""
+        name, table = resolve_device(self.devices, device)
+        kernels = self.allowed(name)
+        values = self.scores(check_problem(self.schema, problem), name, kernels, table)
+        return dict(zip(kernels, values.tolist()))
+
+    def predict_many(self, frame: pd.DataFrame) -> np.ndarray:
+        """Predicted efficiencies of rows holding the problem and configuration columns and
+        `device` (names or labels), in row order."""
+        names = {label: resolve_device(self.devices, label)
+                 for label in frame["device"].astype(str).unique()}
+        out = np.empty(len(frame), dtype=np.float64)
+        for name, table, labels in _by_table(names):
+            positions = np.flatnonzero(frame["device"].astype(str).isin(labels).to_numpy())
+            for start in range(0, len(positions), PREDICT_CHUNK):
+                chunk = positions[start:start + PREDICT_CHUNK]
+                rows = frame.iloc[chunk].assign(device=name)
+                out[chunk] = self._predict(self.features.rows(rows, table))
+        return out
+
+    def _predict(self, X: np.ndarray) -> np.ndarray:
+        if len(X) == 0:
+            return np.empty(0)
+        return self._to_efficiency(self.booster.predict(X, num_threads=self.info.get(
+            "params", {}).get("num_threads", 2)))
+
+    # -- files -----------------------------------------------------------------------------
+
+    def feature_spec(self, extra_devices: Sequence[str] = ()) -> dict:
+        """feature_spec.json: family, format, formulation, the feature engine (schema,
+        categories, names) and the device entries of every training and kept device."""
+        kept = sorted(set(self.info.get("kept_devices", self.training_devices))
+                      | {self.devices.resolve(d) for d in extra_devices})
+        return {"family": FAMILY, "format_version": FORMAT_VERSION,
+                "formulation": self.formulation, **self.features.to_json(),
+                "device_features": list(self.devices.FEATURE_NAMES),
+                "devices": self.devices.to_json(kept),
+                "training_devices": self.training_devices,
+                "training": dict(self.info)}
+
+    def save(self, directory, *, extra_devices: Sequence[str] = ()) -> dict[str, Path]:
+        """Write model.txt, feature_spec.json, candidates.json and failures.json into
+        `directory` (each atomically); name -> path, as registry.publish takes them."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        files = {MODEL_FILE: directory / MODEL_FILE, FEATURE_SPEC_FILE: directory / FEATURE_SPEC_FILE,
+                 CANDIDATES_FILE: directory / CANDIDATES_FILE,
+                 FAILURES_FILE: directory / FAILURES_FILE}
+        atomic_write_text(files[MODEL_FILE], self.booster.model_to_string())
+        atomic_write_json(files[FEATURE_SPEC_FILE], self.feature_spec(extra_devices))
+        atomic_write_json(files[CANDIDATES_FILE], {"family": FAMILY, "kernels": self._candidates})
+        atomic_write_json(files[FAILURES_FILE], {d: sorted(k) for d, k in
+                                                 sorted(self._failures.items())})
+        return files
+
+    @classmethod
+    def load(cls, directory) -> "TableModel":
+        """The model saved in `directory`; ModelArtifactError naming a missing or damaged file."""
+        import lightgbm as lgb
+
+        from tilecast.stages.train import ModelArtifactError
+        from tilecast.table.devices import DeviceTable
+
+        directory = Path(directory)
+        documents = {}
+        for name in (FEATURE_SPEC_FILE, CANDIDATES_FILE, FAILURES_FILE):
+            try:
+                documents[name] = json.loads((directory / name).read_text())
+            except FileNotFoundError:
+                raise ModelArtifactError(f"table model {directory} has no {name}; train it "
+                                         "again with `tilecast train --dataset`") from None
+            except (OSError, ValueError) as err:
+                raise ModelArtifactError(f"{directory / name} is damaged: {err}") from None
+        spec = documents[FEATURE_SPEC_FILE]
+        if not isinstance(spec, dict) or spec.get("family") != FAMILY:
+            raise ModelArtifactError(f"{directory / FEATURE_SPEC_FILE} is not a table model's "
+                                     f"(family {spec.get('family') if isinstance(spec, dict) else spec!r})")
+        if spec.get("format_version") != FORMAT_VERSION:
+            raise ModelArtifactError(f"{directory / FEATURE_SPEC_FILE} has format_version "
+                                     f"{spec.get('format_version')!r}; this tilecast reads "
+                                     f"{FORMAT_VERSION}: retrain the model")
+        try:
+            table = DeviceTable.from_json(spec["devices"])
+            features = TableFeatures.from_json(spec, table)
+            kernels = list(documents[CANDIDATES_FILE]["kernels"])
+            formulation = spec["formulation"]
+            FORMULATIONS[formulation]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ModelArtifactError(f"{directory / FEATURE_SPEC_FILE} or {CANDIDATES_FILE} "
+                                     f"is damaged: {err!r}") from None
+        model_path = directory / MODEL_FILE
+        if not model_path.is_file():
+            raise ModelArtifactError(f"table model {directory} has no {MODEL_FILE}")
+        from tilecast.registry import integrity
+        try:
+            integrity.check_model_text(model_path)
+            booster = lgb.Booster(model_file=str(model_path))
+        except Exception as err:  # LightGBMError, ValueError, RegistryError: all "damaged"
+            raise ModelArtifactError(f"{model_path} is damaged: {err}") from None
+        if booster.num_feature() != len(features.names):
+            raise ModelArtifactError(f"{model_path} expects {booster.num_feature()} features, "
+                                     f"{FEATURE_SPEC_FILE} lists {len(features.names)}")
+        return cls(booster, features, kernels, documents[FAILURES_FILE], formulation=formulation,
+                   training_devices=spec.get("training_devices", []),
+                   info=spec.get("training", {}))
+
+
+# -- problems and devices -------------------------------------------------------------------
+
+def check_problem(schema: TableSchema, problem: Mapping[str, Any]) -> dict[str, Any]:
+    """The problem's values in schema order: numbers for numeric columns (finite), strings for
+    categorical ones. TableDataError naming a missing, unknown or unreadable column."""
+    if not isinstance(problem, Mapping):
+        raise TableDataError(f"a problem is a mapping of {list(schema.problem_names)}, got "
+                             f"{type(problem).__name__}")
+    names = list(schema.problem_names)
+    missing = [n for n in names if n not in problem]
+    unknown = sorted(set(problem) - set(names))
+    if missing or unknown:
+        raise TableDataError(f"problem {dict(problem)!r}: " + "; ".join(
+            part for part in (missing and f"missing {missing}", unknown and f"unknown {unknown}")
+            if part) + f"; the model's problem columns are {names or '(none)'}")
+    values = {}
+    for column in schema.problem:
+        value = problem[column.name]
+        if column.kind == "categorical":
+            values[column.name] = str(value)
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if isinstance(value, bool) or not np.isfinite(number):
+            raise TableDataError(f"problem column {column.name}={value!r} is not a finite "
+                                 "number")
+        values[column.name] = number
+    return values
+
+
+def resolve_device(table, label: str):
+    """(canonical name, table holding it): from `table` (a model's device entries), else from
+    the shipped device table with the user's additions (DeviceTable.load()).
+    UnknownDeviceError when neither knows it."""
+    from tilecast.table.devices import UnknownDeviceError
+
+    try:
+        return table.resolve(label), table
+    except UnknownDeviceError:
+        shipped = shipped_devices()
+        return shipped.resolve(label), shipped
+
+
+def shipped_devices():
+    """DeviceTable.load(), read once per value of TILECAST_DEVICES (parsing the YAML costs
+    ~0.2 s, a query answers in milliseconds)."""
+    from tilecast.table.devices import DEVICES_ENV
+
+    return _load_devices(os.environ.get(DEVICES_ENV, ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_devices(setting: str):
+    from tilecast.table.devices import DeviceTable
+
+    return DeviceTable.load()
+
+
+def _by_table(resolved: Mapping[str, tuple[str, Any]]) -> list[tuple[str, Any, list[str]]]:
+    """label -> (name, table) grouped: (name, table, its labels) per distinct device."""
+    grouped: dict[tuple[str, int], tuple[str, Any, list[str]]] = {}
+    for label, (name, table) in resolved.items():
+        grouped.setdefault((name, id(table)), (name, table, []))[2].append(label)
+    return list(grouped.values())

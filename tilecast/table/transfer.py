@@ -1,0 +1,325 @@
+"""Cross-hardware evaluation: how well a table model picks configurations on a device it has
+never seen measured, against what a user would otherwise do.
+
+Split `leave-one-device-out`: each device of the dataset is held out in turn and a model is
+trained on the others (TableModel.fit with that device excluded). Split `problems`: problems
+are grouped into PROBLEM_FOLDS folds by dims_key; each fold is held out on every device while
+the model trains on the rest.
+
+Per (held-out device, problem): the oracle is the best ok time among the configurations
+measured there; the efficiency of a pick is best time / its time, 0 when the pick has no ok
+time there (counted as `unmeasured_picks`, of which `failed_picks` failed there). `top1`: the
+pick is within TIE_PCT of the best; `top5`: one of the five highest predictions is;
+`shortlist[k]`: the best efficiency among the k highest predictions (a user measures those k
+and keeps the fastest), beside `shortlist_random[k]`, the expected best of k random ok
+configurations. `unsure`: the model's confidence (tilecast.table.confidence) is calibrated
+on the training rows only, by an inner split of the same kind (leave-one-device-out over the
+training devices when there are two or more, problem folds otherwise), so a held-out device's
+confidences never saw it; `coverage` is the share of problems answered sure, `precision` the
+share of sure answers reaching `target`, `confident_wrong` the share of ALL problems answered
+sure below `target`. Baselines (tilecast.table.transfer_baselines) are scored on the same
+problems. Figures pool every (device, problem) for `overall` and each device's for `devices`
+(tilecast.table.transfer_summary); the per-(device, problem) table behind them (picks, their
+efficiencies, confidences, the baselines' picks) comes back beside the report.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from tilecast.table import transfer_baselines as baselines
+from tilecast.table.confidence import Calibration, fit_calibration
+from tilecast.table.dataset import TableDataset, parse_key, key_of
+from tilecast.table.transfer_baselines import TIE_EFFICIENCY, TIE_PCT
+from tilecast.table.transfer_summary import summarize
+
+log = logging.getLogger("tilecast.table.transfer")
+
+SPLITS = ("leave-one-device-out", "problems")
+PROBLEM_FOLDS = 5
+DEFAULT_KS = (1, 5, 20, 50)
+#: Rows of (problem, candidate) predicted at once: bounds the feature matrix's memory.
+GRID_ROWS = 200_000
+
+
+class TransferError(ValueError):
+    """A dataset or option the evaluation cannot use: says which and what would work."""
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One fold of a split over `rows`: the model is fitted on `fit_rows` without
+    `exclude_devices` (TableModel.fit's arguments) and scored on `test_devices` x
+    `test_problems` (None: every problem of the test devices)."""
+    rows: pd.DataFrame
+    test_devices: tuple[str, ...]
+    test_problems: frozenset | None = None
+    exclude_devices: tuple[str, ...] = ()
+
+    @property
+    def fit_rows(self) -> pd.DataFrame:
+        if self.test_problems is None:
+            return self.rows
+        return self.rows[~self.rows["dims_key"].isin(self.test_problems)]
+
+    @property
+    def train(self) -> pd.DataFrame:
+        """The rows the model and the baselines may learn from."""
+        rows = self.fit_rows
+        return rows[~rows["device"].isin(self.exclude_devices)]
+
+    def test(self, device: str) -> pd.DataFrame:
+        """`device`'s rows scored in this fold: its test problems with an ok time there."""
+        rows = self.rows[self.rows["device"] == device]
+        if self.test_problems is not None:
+            rows = rows[rows["dims_key"].isin(self.test_problems)]
+        return rows[rows["dims_key"].isin(set(rows.loc[rows["status"] == "ok", "dims_key"]))]
+
+
+@dataclass
+class Transfer:
+    """The report (`evaluate_transfer`'s JSON) and the per-(device, problem) table behind it."""
+    report: dict
+    per_problem: pd.DataFrame = field(repr=False)
+
+
+def folds(frame: pd.DataFrame, split: str, seed: int = 0,
+          exclude: tuple[str, ...] = ()) -> list[Fold]:
+    """The folds of `split` over the devices of `frame` not in `exclude` (see the module
+    docstring); an inner split passes the outer fold's rows and exclusions."""
+    devices = sorted(set(frame["device"]) - set(exclude))
+    if split == "leave-one-device-out":
+        if len(devices) < 2:
+            raise TransferError(f"the dataset holds {len(devices)} device(s) {devices}: "
+                                "leave-one-device-out needs 2 or more (nothing to hold out); "
+                                "import another device's measurements, or use --split problems")
+        return [Fold(rows=frame, test_devices=(d,), exclude_devices=(*exclude, d))
+                for d in devices]
+    if split == "problems":
+        keys = np.array(sorted(frame.loc[frame["device"].isin(devices), "dims_key"].unique()))
+        if len(keys) < 2:
+            raise TransferError(f"the dataset holds {len(keys)} problem(s): --split problems "
+                                "needs 2 or more")
+        groups = np.array_split(np.random.default_rng(seed).permutation(keys),
+                                min(PROBLEM_FOLDS, len(keys)))
+        return [Fold(rows=frame, test_devices=tuple(devices), test_problems=frozenset(group),
+                     exclude_devices=tuple(exclude)) for group in groups]
+    raise TransferError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+
+
+def resolve_default(dataset: TableDataset, key: str | None) -> str | None:
+    """The canonical key of a --default configuration (its name=value pairs in any order);
+    TransferError when it is malformed or names no configuration of the dataset."""
+    if key is None:
+        return None
+    names = list(dataset.schema.config_names)
+    pairs = [part.split("=", 1) for part in key.split(",")]
+    if any(len(p) != 2 for p in pairs) or sorted(p[0] for p in pairs) != sorted(names):
+        raise TransferError(f"--default {key!r} must give every configuration column once as "
+                            f"name=value: {', '.join(names)}")
+    in_order = sorted(pairs, key=lambda pair: names.index(pair[0]))
+    try:
+        values = parse_key(",".join(f"{n}={v}" for n, v in in_order), dataset.schema.config)
+    except ValueError as err:   # a numeric column given a word
+        raise TransferError(f"--default {key!r}: {err}") from None
+    canonical = key_of(names, values)
+    if canonical not in set(dataset.frame["kernel"]):
+        raise TransferError(f"--default {key!r} is not a configuration of the dataset "
+                            f"(e.g. {dataset.frame['kernel'].iloc[0]!r})")
+    return canonical
+
+
+# -- one fold -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Run:
+    """What every fold of one evaluation shares."""
+    dataset: TableDataset
+    devices: object
+    configs: pd.DataFrame              # configuration columns, indexed by key
+    rounds: int
+    threads: int | None
+    seed: int
+
+    def fit(self, fold: Fold):
+        from tilecast.table.model import TableModel
+
+        part = TableDataset(frame=fold.fit_rows.reset_index(drop=True),
+                            schema=self.dataset.schema, manifest=self.dataset.manifest)
+        return TableModel.fit(part, self.devices, exclude_devices=fold.exclude_devices,
+                              rounds=self.rounds, threads=self.threads, seed=self.seed)
+
+    def grid(self, problems: pd.DataFrame, kernels: Sequence[str], device: str) -> pd.DataFrame:
+        """Every (problem, candidate) pair of `problems` on `device`: key, problem and
+        configuration columns."""
+        schema = self.dataset.schema
+        configs = self.configs.loc[list(kernels)].reset_index()
+        return (problems[["dims_key", *schema.problem_names]].merge(configs, how="cross")
+                .assign(device=device))
+
+
+def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int]):
+    """The model's ranking of its allowed candidates on each test problem of `device`:
+    the score matrix (problems x candidates, problems in key order) and the per-problem
+    figures of its picks."""
+    failed = model.failed_on(device)
+    kernels = sorted(k for k in model.candidates() if k not in failed)
+    if not kernels:
+        raise TransferError(f"no candidate configuration is allowed on {device}")
+    problems = test.drop_duplicates("dims_key").sort_values("dims_key")
+    step = max(1, GRID_ROWS // len(kernels))
+    blocks = []
+    for start in range(0, len(problems), step):   # a block of problems at a time
+        grid = run.grid(problems.iloc[start:start + step], kernels, device)
+        scores = np.asarray(model.predict_many(grid), dtype=np.float64)
+        if scores.shape != (len(grid),) or not np.all(np.isfinite(scores)):
+            raise ValueError(f"predict_many returned {scores.shape} values (finite: "
+                             f"{bool(np.all(np.isfinite(scores)))}) for {len(grid)} rows")
+        blocks.append(scores.reshape(-1, len(kernels)))
+    matrix = np.vstack(blocks)
+    efficiency = (baselines.efficiency_table(test[test["status"] == "ok"])
+                  .reindex(index=problems["dims_key"], columns=kernels).to_numpy())
+    order = np.argsort(-matrix, axis=1, kind="stable")      # equal scores in key order
+    ranked = np.take_along_axis(np.nan_to_num(efficiency, nan=0.0), order, axis=1)
+    best_of = np.maximum.accumulate(ranked, axis=1)
+    picks = np.array(kernels)[order[:, 0]]
+    measured = set(zip(test["dims_key"], test["kernel"]))
+    pick_measured = np.isfinite(efficiency[np.arange(len(picks)), order[:, 0]])
+    return matrix, pd.DataFrame({
+        "device": device, "dims_key": problems["dims_key"].to_numpy(), "pick": picks,
+        "efficiency": ranked[:, 0], "top1": ranked[:, 0] >= TIE_EFFICIENCY,
+        "top5": best_of[:, min(5, len(kernels)) - 1] >= TIE_EFFICIENCY,
+        "pick_measured": pick_measured,
+        "pick_failed": [(p, k) in measured and not ok for p, k, ok
+                        in zip(problems["dims_key"], picks, pick_measured)],
+        **{f"shortlist_{k}": best_of[:, min(k, len(kernels)) - 1] for k in ks}})
+
+
+def _outcomes(run: _Run, fold: Fold, ks: Sequence[int]):
+    """The fold's model, its pick figures per test device and its score rows (one array of
+    predicted efficiencies over the allowed candidates per test problem)."""
+    model = run.fit(fold)
+    tables, score_rows = [], []
+    for device in fold.test_devices:
+        test = fold.test(device)
+        if test.empty:
+            continue
+        matrix, table = _score(run, model, test, device, ks)
+        tables.append(table)
+        score_rows.extend(matrix)
+    return model, tables, score_rows
+
+
+def _calibrate(run: _Run, fold: Fold, target: float, max_wrong: float) -> tuple[Calibration, str]:
+    """A calibration from the fold's training rows alone (module docstring): the inner
+    split's held-out picks, fitted by fit_calibration."""
+    method = ("leave-one-device-out" if fold.train["device"].nunique() >= 2 else "problems")
+    scores, efficiency = [], []
+    try:
+        inner_folds = folds(fold.fit_rows, method, run.seed, exclude=fold.exclude_devices)
+    except TransferError:   # one training problem: nothing to hold out, too little data
+        inner_folds = []
+    for inner in inner_folds:
+        _, tables, rows = _outcomes(run, inner, (1,))
+        scores.extend(rows)
+        efficiency.extend(value for table in tables for value in table["efficiency"])
+    return fit_calibration(scores, efficiency, target=target, max_wrong=max_wrong), method
+
+
+def _baseline_columns(run: _Run, fold: Fold, table: pd.DataFrame, pool: Sequence[str],
+                      ks: Sequence[int], default: str | None) -> pd.DataFrame:
+    """`table` with the baselines' efficiencies on the same (device, problem) pairs."""
+    train_ok = fold.train[fold.train["status"] == "ok"]
+    static = baselines.best_on_average(train_ok, pool)
+    extra = []
+    for device, rows in table.groupby("device", sort=False):
+        test = fold.test(device)
+        efficiency = baselines.efficiency_table(test[test["status"] == "ok"])
+        problems = list(rows["dims_key"])
+        nearest = baselines.nearest_device(device, sorted(train_ok["device"].unique()),
+                                           run.devices)
+        grid = run.grid(test.drop_duplicates("dims_key"), sorted(pool), device)
+        picks = {"most_similar_device": baselines.most_similar_device_picks(
+                     train_ok, nearest, problems, pool),
+                 "best_on_average": dict.fromkeys(problems, static),
+                 "plain_lightgbm": baselines.plain_lightgbm_picks(
+                     train_ok, run.dataset.schema, grid, rounds=run.rounds,
+                     threads=run.threads, seed=run.seed)}
+        if default is not None:
+            picks["default"] = dict.fromkeys(problems, default)
+        columns = {"dims_key": problems, "device": device, "nearest_device": nearest,
+                   "best_on_average_kernel": static}
+        for name, chosen in picks.items():
+            columns[f"{name}_pick"] = [chosen[key] for key in problems]
+            values = [efficiency.at[key, chosen[key]] if chosen[key] in efficiency.columns
+                      else np.nan for key in problems]
+            columns[name] = np.nan_to_num(np.array(values, dtype=np.float64), nan=0.0)
+        random = baselines.random_expectations(efficiency, ks, TIE_EFFICIENCY).loc[problems]
+        extra.append(pd.DataFrame(columns).join(random, on="dims_key"))
+    return table.merge(pd.concat(extra), on=["device", "dims_key"], how="left")
+
+
+def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-device-out",
+                 rounds: int = 300, threads: int | None = None,
+                 ks: Sequence[int] = DEFAULT_KS, target: float = 0.9, max_wrong: float = 0.02,
+                 default: str | None = None, seed: int = 0) -> Transfer:
+    """Evaluate a table model across devices (module docstring); the report and the
+    per-(device, problem) table."""
+    ks = tuple(sorted({int(k) for k in ks}))
+    if not ks or ks[0] < 1:
+        raise TransferError(f"shortlist sizes {ks} must be positive integers")
+    default = resolve_default(dataset, default)
+    outer = folds(dataset.frame, split, seed)
+    configs = (dataset.frame.drop_duplicates("kernel").set_index("kernel")
+               [list(dataset.schema.config_names)])
+    run = _Run(dataset, devices, configs, rounds, threads, seed)
+    started, tables, calibrations = time.monotonic(), [], {}
+    for number, fold in enumerate(outer, 1):
+        fold_started = time.monotonic()
+        model, parts, rows = _outcomes(run, fold, ks)
+        if not parts:
+            log.warning("transfer %d/%d: no ok measurement to score on %s", number, len(outer),
+                        ", ".join(fold.test_devices))
+            continue
+        calibration, method = _calibrate(run, fold, target, max_wrong)
+        table = pd.concat(parts, ignore_index=True)
+        table["confidence"] = [calibration.confidence(r) for r in rows]
+        table["sure"] = table["confidence"] >= calibration.threshold
+        table = _baseline_columns(run, fold, table, model.candidates(), ks, default)
+        seconds = time.monotonic() - fold_started
+        table["fold"] = number
+        tables.append(table)
+        trained_on = sorted(fold.train["device"].unique())
+        for device in fold.test_devices:
+            calibrations.setdefault(device, []).append(
+                {"fold": number, "method": method, "seconds": round(seconds, 2),
+                 "trained_on": trained_on, **calibration.to_json()})
+        held_out = (", ".join(fold.test_devices) if fold.test_problems is None
+                    else f"{len(fold.test_problems)} problems")
+        log.info("transfer %d/%d: %s held out, trained on %d device(s): %d (device, problem) "
+                 "pairs, mean efficiency %.3f, %.1f s", number, len(outer), held_out,
+                 len(trained_on), len(table), float(table["efficiency"].mean()), seconds)
+    if not tables:
+        raise TransferError("no held-out device has an ok measurement: nothing to score")
+    per_problem = pd.concat(tables, ignore_index=True)
+    report = summarize(per_problem, calibrations, ks=ks, target=target, default=default)
+    report.update({"split": split, "target": target, "max_wrong": max_wrong,
+                   "tie_pct": TIE_PCT, "ks": list(ks), "rounds": rounds,
+                   "n_devices": int(dataset.frame["device"].nunique()),
+                   "seconds": round(time.monotonic() - started, 2)})
+    return Transfer(report=report, per_problem=per_problem)
+
+
+def evaluate_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-device-out",
+                      rounds: int = 300, threads: int | None = None,
+                      ks: Sequence[int] = DEFAULT_KS, target: float = 0.9,
+                      default: str | None = None, seed: int = 0) -> dict:
+    """The cross-hardware report: {"overall": {...}, "devices": {name: {...}}, ...} (see
+    tilecast.table.transfer_summary for the keys)."""
+    return run_transfer(dataset, devices, split=split, rounds=rounds, threads=threads, ks=ks,
+                        target=target, default=default, seed=seed).report
