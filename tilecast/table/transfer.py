@@ -8,7 +8,10 @@ the model trains on the rest.
 
 Per (held-out device, problem): the oracle is the best ok time among the configurations
 measured there; the efficiency of a pick is best time / its time, 0 when the pick has no ok
-time there (counted as `unmeasured_picks`, of which `failed_picks` failed there). `top1`: the
+time there (counted as `unmeasured_picks`, of which `failed_picks` failed there). The model
+and every baseline choose among the configurations the held-out device has a record of (ok,
+failed or invalid): one it never ran cannot be scored, and devices' caches of one kernel often
+cover different spaces; a pick that failed there scores 0. `top1`: the
 pick is within TIE_PCT of the best; `top5`: one of the five highest predictions is;
 `shortlist[k]`: the best efficiency among the k highest predictions (a user measures those k
 and keeps the fastest), beside `shortlist_random[k]`, the expected best of k random ok
@@ -168,7 +171,8 @@ def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int])
     the score matrix (problems x candidates, problems in key order) and the per-problem
     figures of its picks."""
     failed = model.failed_on(device)
-    kernels = sorted(k for k in model.candidates() if k not in failed)
+    known = set(test["kernel"])     # what the held-out device has a record of (module docstring)
+    kernels = sorted(k for k in model.candidates() if k not in failed and k in known)
     if not kernels:
         raise TransferError(f"no candidate configuration is allowed on {device}")
     problems = test.drop_duplicates("dims_key").sort_values("dims_key")
@@ -235,17 +239,19 @@ def _baseline_columns(run: _Run, fold: Fold, table: pd.DataFrame, pool: Sequence
                       ks: Sequence[int], default: str | None) -> pd.DataFrame:
     """`table` with the baselines' efficiencies on the same (device, problem) pairs."""
     train_ok = fold.train[fold.train["status"] == "ok"]
-    static = baselines.best_on_average(train_ok, pool)
     extra = []
     for device, rows in table.groupby("device", sort=False):
         test = fold.test(device)
         efficiency = baselines.efficiency_table(test[test["status"] == "ok"])
         problems = list(rows["dims_key"])
+        # every baseline chooses among what the held-out device has a record of, as the model
+        device_pool = sorted(set(pool) & set(test["kernel"]))
+        static = baselines.best_on_average(train_ok, device_pool)
         nearest = baselines.nearest_device(device, sorted(train_ok["device"].unique()),
                                            run.devices)
-        grid = run.grid(test.drop_duplicates("dims_key"), sorted(pool), device)
+        grid = run.grid(test.drop_duplicates("dims_key"), device_pool, device)
         picks = {"most_similar_device": baselines.most_similar_device_picks(
-                     train_ok, nearest, problems, pool),
+                     train_ok, nearest, problems, device_pool),
                  "best_on_average": dict.fromkeys(problems, static),
                  "plain_lightgbm": baselines.plain_lightgbm_picks(
                      train_ok, run.dataset.schema, grid, rounds=run.rounds,

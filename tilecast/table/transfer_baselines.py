@@ -46,9 +46,9 @@ def nearest_device(held_out: str, training: Sequence[str], devices) -> str:
 
 def most_similar_device_picks(train_ok: pd.DataFrame, nearest: str, problems: Sequence[str],
                               pool: Sequence[str]) -> dict[str, str]:
-    """Per test problem, the fastest ok configuration measured on `nearest` for that problem;
-    `nearest`'s best-on-average configuration where it has no ok time for the problem."""
-    rows = train_ok[train_ok["device"] == nearest]
+    """Per test problem, the fastest ok configuration of `pool` measured on `nearest` for that
+    problem; `nearest`'s best-on-average configuration where it has no ok time for the problem."""
+    rows = train_ok[(train_ok["device"] == nearest) & train_ok["kernel"].isin(list(pool))]
     fastest = (rows.sort_values(["time_s", "kernel"]).drop_duplicates("dims_key")
                .set_index("dims_key")["kernel"])
     fallback = best_on_average(rows, pool)
