@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -435,13 +434,13 @@ def resolve_device(table, label: str):
 def shipped_devices():
     """DeviceTable.load(), read once per value of TILECAST_DEVICES (parsing the YAML costs
     ~0.2 s, a query answers in milliseconds)."""
-    from tilecast.table.devices import DEVICES_ENV
+    from tilecast.core.settings import settings
 
-    return _load_devices(os.environ.get(DEVICES_ENV, ""))
+    return _load_devices(settings().device_tables)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_devices(setting: str):
+def _load_devices(tables: tuple):
     from tilecast.table.devices import DeviceTable
 
     return DeviceTable.load()
