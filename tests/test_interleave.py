@@ -165,6 +165,53 @@ def test_only_a_problems_contenders_are_raced():
     assert interleave.contenders({}, 0.1) == []
 
 
+def test_after_a_round_only_the_close_contenders_race_on():
+    def timing(samples, status="ok"):
+        return interleave.PairTiming(status=status, samples_s=list(samples))
+    round_ = {"a": timing([1.0, 1.02, 0.98]), "b": timing([1.04, 1.03, 1.05]),
+              "c": timing([1.3, 1.2, 1.25]), "d": timing([1.5, 1.6, 1.55]),
+              "e": timing([0.5], status="wrong_result"), "f": timing([])}
+    # within 5 % of the round's best; the best MIN_PAIRS_FOR_FACTOR stay for the window factor
+    assert interleave.survivors(round_, 0.05) == ["a", "b", "c"]
+    assert interleave.survivors(round_, 0.60) == ["a", "b", "c", "d"]
+    assert interleave.survivors({"e": round_["e"], "f": round_["f"]}, 0.05) == []
+
+
+def test_the_race_takes_contenders_wide_and_narrows_them_round_by_round():
+    """_race with a stand-in worker (the seconds below are what it 'measures'): the screen
+    put the real winner 'b' 20 % behind, inside the 25 % margin; after the first round only
+    the contenders within 5 % of that round's best race on."""
+    from types import SimpleNamespace
+    problem = GEMM.problem({"m": 8, "n": 8, "k": 8})
+    key = GEMM.dims_key(problem)
+    screen_s = {"a": 1.0, "b": 1.2, "c": 1.1, "d": 1.05, "slow": 1.4}
+    race_s = {"a": 1.0, "b": 0.9, "c": 1.2, "d": 0.93, "slow": 1.0}
+    builts = [SimpleNamespace(kernel=k, config=None, binary=Path(k), cache_key=k,
+                              event=SimpleNamespace(binary_bytes=1)) for k in screen_s]
+    done = {(key, k, "screen"): {"timing": "interleaved", "status": "ok", "median_s": t,
+                                 "samples_s": [t] * 3} for k, t in screen_s.items()}
+    plans, written = [], {}
+
+    class Worker:
+        def measure(self, plan):
+            plans.append(sorted(kernel for kernel, _ in plan.pairs))
+            return {(kernel, k): interleave.PairTiming(reps=1, samples_s=[race_s[kernel]] * plan.cycles)
+                    for kernel, k in plan.pairs}
+
+    class Recorder:
+        def write(self, ps, problem, kernel, config, role, phase, outcome, *args, **kwargs):
+            written[kernel] = outcome
+            return {}
+
+    settings = BenchSettings(protocol=PROTOCOL, rounds=3, race_cycles=6, race_margin_pct=25,
+                             race_keep_pct=5, libraries={k: Path(k) for k in screen_s})
+    bench._race(GEMM, builts, [("train", problem)], done, Recorder(), settings, Worker(),
+                lambda message: None)
+    assert plans == [["a", "b", "c", "d"], ["a", "b", "d"], ["a", "b", "d"]]
+    # 'a' is 11 % behind 'b' in the first round, but stays: the window factor needs three
+    assert {k: len(o.samples_s) for k, o in written.items()} == {"a": 6, "b": 6, "c": 2, "d": 6}
+
+
 def test_a_race_round_is_put_on_the_screens_scale():
     # the round ran in a state 2x slower for both contenders, and ranked them the other way
     screen = {"a": {"samples_s": [1.0, 1.0, 1.0]}, "b": {"samples_s": [1.1, 1.1, 1.1]}}

@@ -64,7 +64,8 @@ class RunConfig:
     retry_disturbed: int = 1
     interleave: bool = True    # time a batch's candidates side by side (tilecast.core.interleave)
     race_cycles: int = 16      # interleaved: more cycles for each problem's contenders
-    race_margin_pct: float = 10.0
+    race_margin_pct: float = 25.0
+    race_keep_pct: float = 5.0  # after a race round, contenders this close to its best go on
 
 
 def _raise_if(errors: list[str]) -> None:
@@ -268,6 +269,7 @@ def load_config(path: str | Path) -> RunConfig:
                      problems_per_batch=bench.problems_per_batch, rounds=bench.rounds,
                      retry_disturbed=bench.retry_disturbed, interleave=bench.interleave,
                      race_cycles=bench.race_cycles, race_margin_pct=float(bench.race_margin_pct),
+                     race_keep_pct=float(bench.race_keep_pct),
                      families=families)
 
 

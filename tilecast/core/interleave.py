@@ -88,7 +88,7 @@ class PairTiming:
 # a cycle's factor needs this many of the problem's pairs sampled in it; else it stays 1
 MIN_PAIRS_FOR_FACTOR = 3
 # the most candidates of one problem raced after the screening (`contenders`)
-RACE_MAX = 8
+RACE_MAX = 16
 
 
 def supports(family) -> bool:
@@ -213,6 +213,16 @@ def contenders(levels: Mapping[str, float], margin: float) -> list[str]:
     limit = levels[ranked[0]] * (1 + margin)
     return [kernel for rank, kernel in enumerate(ranked)
             if rank < MIN_PAIRS_FOR_FACTOR or levels[kernel] <= limit][:RACE_MAX]
+
+
+def survivors(timings: Mapping[str, PairTiming], keep: float) -> list[str]:
+    """The contenders of one problem that stay in the race after a round, fastest first:
+    the round's median in-window time within `keep` of the best's, and the best
+    MIN_PAIRS_FOR_FACTOR at least (the next round's cycles still get a window factor). A
+    contender that failed, or has no sample in the round, leaves."""
+    levels = {kernel: float(np.median(timing.samples_s)) for kernel, timing in timings.items()
+              if timing.status == "ok" and timing.samples_s}
+    return contenders(levels, keep)
 
 
 def _sync_probe(library: str) -> Callable[[], float] | None:

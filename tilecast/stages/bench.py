@@ -64,7 +64,11 @@ class BenchSettings:
     # problem's contenders (within race_margin_pct of its best) get race_cycles more samples,
     # in `rounds` rounds spread over the rest of the run (`_race`)
     race_cycles: int = 16
-    race_margin_pct: float = 10.0
+    race_margin_pct: float = 25.0
+    # after each race round but the last, a contender slower than the round's best by more
+    # than this leaves the race (interleave.survivors): the wide margin finds the leaders, the
+    # later rounds spend their cycles on the few that are still close
+    race_keep_pct: float = 5.0
 
     @classmethod
     def from_config(cls, config, *, seed: int = 0, libraries: Mapping[str, Path] | None = None,
@@ -520,7 +524,11 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
     does. So once every batch is screened, each problem's contenders
     (`interleave.contenders` of its in-window screen times) get `race_cycles` more samples
     in `rounds` rounds over all problems, spread over the rest of the run, each round one
-    worker plan (fresh buffers: memory layout is drawn anew too). A round's in-window samples
+    worker plan (fresh buffers: memory layout is drawn anew too). The contenders are taken
+    wide (`race_margin_pct` of the best's screen time: six screening samples put the next
+    run's winner 10-25 % behind in one problem in six, docs/results.md) and narrowed after
+    each round but the last to those within `race_keep_pct` of the round's best
+    (`interleave.survivors`), so the later rounds' cycles go to the close ones. A round's in-window samples
     are put on the screen's scale through its contenders (the median ratio of their screen
     to their round times), so a contender's pooled label (`dataset.final_table`) still
     compares with the screen labels of the problem's other candidates. A problem raced
@@ -554,12 +562,14 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
     racing = raceable
     if not racing:
         return
-    pairs = [(kernel, key) for key, kernels in racing.items() for kernel in kernels]
-    outcomes = {pair: JobOutcome("ok") for pair in pairs}
+    outcomes = {(kernel, key): JobOutcome("ok")
+                for key, kernels in racing.items() for kernel in kernels}
     errors: dict[tuple[str, str], float | None] = {}
     round_medians: dict[tuple[str, str], list[float]] = defaultdict(list)
     started, finished = time.perf_counter(), 0
+    keep = settings.race_keep_pct / 100
     for index, count in enumerate(counts, 1):
+        pairs = [(kernel, key) for key, kernels in racing.items() for kernel in kernels]
         plan = interleave.Plan(
             family=family.name,
             libraries={kernel: str(settings.libraries[kernel]) for kernel, _ in pairs},
@@ -577,6 +587,10 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
         for key, kernels in racing.items():
             _fold_round(screens[key], {kernel: timings[kernel, key] for kernel in kernels},
                         key, outcomes, errors, round_medians)
+        if index < len(counts):
+            racing = {key: interleave.survivors({kernel: timings[kernel, key]
+                                                 for kernel in kernels}, keep)
+                      for key, kernels in racing.items()}
         finished += 1
         elapsed = time.perf_counter() - started
         progress(f"bench {family.name}: race round {index}/{len(counts)} done, {len(pairs)} "
