@@ -1,10 +1,17 @@
-"""Build stage: content-hash cache reuse, cache keys that follow the inputs, compile errors
-recorded as events; build events read back whatever failed, and a family none of whose
-candidates built is one clear error naming the failures."""
+"""Build stage: content-hash cache reuse, cache keys that follow the inputs (every header the
+compiler reports, however it joined the include chain), compile errors recorded as events and
+cached with their log, while timed-out or killed compiles are not; concurrent builders of one
+key; one compile-and-cache for the build stage, the in-process kernels and the native
+libraries; build events read back whatever failed, and a family none of whose candidates built
+is one clear error naming the failures."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +19,7 @@ import pytest
 
 from faults import note_case
 from tilecast.cli import user_errors
+from tilecast.core import compile as compiling
 from tilecast.stages.build import (SHARED_FLAGS, BuildError, build_candidates, cache_key,
                                    first_error_line, read_events, rebase_spec, require_some_built,
                                    write_events)
@@ -43,8 +51,9 @@ def test_cache_key_follows_defines_flags_and_source(tmp_path):
     assert base != cache_key(other, spec.defines, ["-O3"], "g++")
 
 
-class _BrokenFamily:
-    """The GEMM family with a source that does not compile."""
+class _SourceFamily:
+    """The GEMM family's names and defines over another source (one that does not compile,
+    or a tiny program)."""
 
     def __init__(self, source):
         self.source = source
@@ -56,14 +65,22 @@ class _BrokenFamily:
         return replace(GEMM.build_spec(cfg), source=self.source)
 
 
-def test_compile_error_is_a_recorded_event(tmp_path):
+def test_compile_error_is_a_recorded_event(tmp_path, monkeypatch):
+    """A genuine compile error is cached with the compiler's log: the same inputs fail from
+    the cache, with the same reason, and no compiler runs."""
     source = tmp_path / "broken.cpp"
     source.write_text("int main() { return undefined_symbol; }\n")
-    [built] = build_candidates(_BrokenFamily(source), [CFG], tmp_path / "cache", jobs=1)
+    [built] = build_candidates(_SourceFamily(source), [CFG], tmp_path / "cache", jobs=1)
     assert built.event.status == "failed" and built.binary is None
+    assert built.outcome == "compile_error" and built.failure_cached and not built.cached
     assert "undefined_symbol" in built.event.reason
-    [again] = build_candidates(_BrokenFamily(source), [CFG], tmp_path / "cache", jobs=1)
-    assert again.cached and again.event.status == "failed"
+    [record] = (tmp_path / "cache").glob("*.failed")
+    assert record.name == f"{built.kernel}-{built.cache_key}.failed"
+    assert re.search(r"error: .undefined_symbol. was not declared", record.read_text())
+    _forbid_compiler_runs(monkeypatch)
+    [again] = build_candidates(_SourceFamily(source), [CFG], tmp_path / "cache", jobs=1)
+    assert again.cached and again.event.status == "failed" and again.failure_cached
+    assert again.event.reason == built.event.reason and again.cache_key == built.cache_key
     assert isinstance(BuildSpec(source, {}), BuildSpec)
 
 
@@ -103,16 +120,22 @@ def test_build_events_read_back_with_a_failed_candidate(tmp_path, build_cache):
     source = tmp_path / "broken.cpp"
     source.write_text("int main() { return undefined_symbol; }\n")
     [good] = build_candidates(GEMM, [CFG], build_cache, jobs=1)
-    [bad] = build_candidates(_BrokenFamily(source), [OTHER], tmp_path / "cache", jobs=1)
+    [bad] = build_candidates(_SourceFamily(source), [OTHER], tmp_path / "cache", jobs=1)
     events = tmp_path / "build" / "gemm" / "events.json"
     write_events(events, [good, bad])
     back = read_events(events, GEMM)
-    assert [(b.kernel, b.binary, b.cache_key, b.event.status) for b in back] == \
-        [(good.kernel, good.binary, good.cache_key, "ok"), (bad.kernel, None, bad.cache_key, "failed")]
+    assert [(b.kernel, b.binary, b.cache_key, b.event.status, b.outcome) for b in back] == \
+        [(good.kernel, good.binary, good.cache_key, "ok", "ok"),
+         (bad.kernel, None, bad.cache_key, "failed", "compile_error")]
     assert back[1].config == OTHER and "undefined_symbol" in back[1].event.reason
     require_some_built("gemm", back)            # one good build is enough
     assert "undefined_symbol" in first_error_line(bad.event.reason)
     assert "error" in first_error_line(bad.event.reason)
+    # events written before compiles had an outcome still load
+    entries = json.loads(events.read_text())
+    events.write_text(json.dumps([{k: v for k, v in e.items() if k != "outcome"} for e in entries]))
+    older = read_events(events, GEMM)
+    assert [(b.event, b.outcome) for b in older] == [(good.event, ""), (bad.event, "")]
 
 
 def test_unreadable_build_events_are_a_clear_error(tmp_path):
@@ -133,7 +156,7 @@ def test_every_build_failing_is_one_error_naming_the_failures(tmp_path):
     without running the compiler or caching the failure, and the family is one BuildError
     naming each kernel and why, which the CLI prints as a message (exit 2)."""
     missing = tmp_path / "gone" / "gemm.cpp"
-    builts = build_candidates(_BrokenFamily(missing), [CFG, OTHER], tmp_path / "cache", jobs=1)
+    builts = build_candidates(_SourceFamily(missing), [CFG, OTHER], tmp_path / "cache", jobs=1)
     assert all(b.binary is None and b.event.status == "failed" for b in builts)
     assert all(f"kernel source {missing} does not exist" in b.event.reason for b in builts)
     assert not list((tmp_path / "cache").iterdir())  # nothing cached: not a compile result
@@ -150,7 +173,7 @@ def test_a_compile_error_of_every_candidate_names_its_first_error_line(tmp_path)
     source = tmp_path / "broken.cpp"
     source.write_text("// the error is on line 2, in a function: gcc names the function first\n"
                       "int main() { return undefined_symbol; }\n")
-    builts = build_candidates(_BrokenFamily(source), [CFG], tmp_path / "cache", jobs=1)
+    builts = build_candidates(_SourceFamily(source), [CFG], tmp_path / "cache", jobs=1)
     with pytest.raises(BuildError, match=r"broken\.cpp:2:\d+: error: .undefined_symbol. was not "
                                          r"declared"):
         require_some_built("gemm", builts)
@@ -177,3 +200,231 @@ def test_a_run_whose_builds_all_fail_stops_with_the_failures(tmp_path, hw, monke
     for err in (built, loaded):
         assert "does not exist" in str(err.value)
         note_case("clear")
+
+
+# ---------------------------------------------------------------- the compile cache (core.compile)
+
+QUICK = ("-std=c++17", "-O0")   # tiny programs: no -march=native, no OpenMP
+
+
+def _forbid_compiler_runs(monkeypatch) -> None:
+    """Fail on any process started from now on (subprocess.run starts its own through Popen)."""
+    def refuse(command, *args, **kwargs):
+        raise AssertionError(f"ran {command!r}: expected a cache hit")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+def _compiler(directory: Path, before_compiling: str) -> Path:
+    """A C++ compiler that runs the shell code `before_compiling` first when it compiles (a
+    command with -o), and is g++ otherwise (--version, dependency listings)."""
+    script = directory / "cxx"
+    script.write_text(f'#!/bin/sh\ncase " $* " in *" -o "*) {before_compiling} ;; esac\n'
+                      'exec g++ "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def _program(directory: Path, headers: dict[str, str]) -> Path:
+    """k.cpp in `directory`, whose exit code is `value` from a.hpp's include chain."""
+    for name, text in headers.items():
+        (directory / name).write_text(text)
+    source = directory / "k.cpp"
+    source.write_text('#include "a.hpp"\n#include <cstdio>\nint main() { return value; }\n')
+    return source
+
+
+def _build(source: Path, cache: Path, **options):
+    [built] = build_candidates(_SourceFamily(source), [CFG], cache, jobs=1, flags=QUICK,
+                               **options)
+    return built
+
+
+def _exit_code(built) -> int:
+    return subprocess.run([str(built.binary)], timeout=60).returncode
+
+
+def _staging_left(cache: Path) -> list[str]:
+    return [p.name for p in cache.iterdir() if p.name.startswith(".") and p.name != ".deps"]
+
+
+def test_a_header_change_anywhere_in_the_include_chain_is_a_new_build(tmp_path):
+    """The compiler reports the headers it read; a hit rehashes them without running it, and
+    a change to any of them, also to one that joined the chain later, is a new build."""
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    src.mkdir()
+    source = _program(src, {"a.hpp": '#include "b.hpp"\n', "b.hpp": "constexpr int value = 3;\n",
+                            "unrelated.hpp": "int other = 1;\n"})
+    first = _build(source, cache)
+    assert first.outcome == "ok" and not first.cached and _exit_code(first) == 3
+    (src / "unrelated.hpp").write_text("int other = 2;\n")
+    with pytest.MonkeyPatch.context() as patch:
+        _forbid_compiler_runs(patch)
+        hit = _build(source, cache)
+    assert hit.cached and hit.binary == first.binary and hit.cache_key == first.cache_key
+
+    (src / "b.hpp").write_text("constexpr int value = 4;\n")   # two levels down
+    second = _build(source, cache)
+    assert not second.cached and second.cache_key != first.cache_key and _exit_code(second) == 4
+
+    (src / "c.hpp").write_text("constexpr int value = 5;\n")   # a header joins the chain...
+    (src / "a.hpp").write_text('#include "c.hpp"\n')
+    third = _build(source, cache)
+    assert not third.cached and _exit_code(third) == 5
+    (src / "c.hpp").write_text("constexpr int value = 6;\n")   # ...and its edits count
+    fourth = _build(source, cache)
+    assert not fourth.cached and _exit_code(fourth) == 6
+    assert len({b.cache_key for b in (first, second, third, fourth)}) == 4
+
+    (src / "b.hpp").write_text("constexpr int value = 7;\n")   # no longer included
+    (src / "c.hpp").write_text("constexpr int value = 5;\n")   # the third build's contents
+    with pytest.MonkeyPatch.context() as patch:
+        _forbid_compiler_runs(patch)
+        back = _build(source, cache)
+    assert back.cached and back.binary == third.binary
+    assert cache_key(source, GEMM.build_spec(CFG).defines, QUICK, "g++") == back.cache_key
+    # files beside the source are keyed by name and contents: a copy of the tree shares it
+    shutil.copytree(src, tmp_path / "copy")
+    assert _build(tmp_path / "copy" / "k.cpp", cache).binary == third.binary
+    assert not _staging_left(cache)
+
+
+def test_a_failure_for_a_missing_header_ends_when_the_header_appears(tmp_path):
+    """The cached failure's key lists the header it lacked (as absent): creating it is a
+    change, so the next build compiles instead of failing from the cache."""
+    cache = tmp_path / "cache"
+    source = _program(tmp_path, {"a.hpp": '#include "later.hpp"\n'})
+    failed = _build(source, cache)
+    assert failed.outcome == "compile_error" and failed.failure_cached
+    assert "later.hpp: No such file or directory" in failed.event.reason
+    assert _build(source, cache).cached
+    (tmp_path / "later.hpp").write_text("constexpr int value = 9;\n")
+    built = _build(source, cache)
+    assert built.outcome == "ok" and not built.cached and _exit_code(built) == 9
+
+
+def test_a_compile_killed_by_its_timeout_is_not_cached_and_builds_next_time(tmp_path):
+    slow = tmp_path / "slow"
+    slow.touch()
+    cxx = _compiler(tmp_path, f'if [ -e "{slow}" ]; then sleep 60; fi')
+    cache = tmp_path / "cache"
+    source = _program(tmp_path, {"a.hpp": "constexpr int value = 3;\n"})
+    start = time.monotonic()
+    timed_out = _build(source, cache, compiler=str(cxx), timeout_s=1.0)
+    assert time.monotonic() - start < 30, "the compiler's children outlived its timeout"
+    assert timed_out.outcome == "timeout" and timed_out.event.status == "failed"
+    assert timed_out.event.reason.startswith("compile timed out after 1 s and was killed "
+                                             "(not cached: the next build tries again)")
+    assert timed_out.binary is None and not timed_out.failure_cached
+    assert not list(cache.glob("*.failed")) and not _staging_left(cache)
+    slow.unlink()   # the next run has the time it needs
+    built = _build(source, cache, compiler=str(cxx), timeout_s=120.0)
+    assert built.outcome == "ok" and not built.cached and _exit_code(built) == 3
+
+
+@pytest.mark.parametrize("dies, reported", [
+    ("kill -9 $$", "the compiler was killed by SIGKILL"),
+    ('echo "g++: fatal error: Killed signal terminated program cc1plus" >&2; exit 1',
+     "a program the compiler ran was killed or ran out of memory"),
+], ids=["SIGKILL", "cc1plus-killed"])
+def test_a_killed_compiler_is_reported_and_not_cached(tmp_path, dies, reported):
+    """The compiler's own death (the OOM killer's SIGKILL, to it or to cc1plus under it) says
+    nothing about the source: reported as such, and g++ builds the same key next time."""
+    cache = tmp_path / "cache"
+    source = _program(tmp_path, {"a.hpp": "constexpr int value = 3;\n"})
+    killed = _build(source, cache, compiler=str(_compiler(tmp_path, dies)))
+    assert killed.outcome == "killed" and killed.event.status == "failed"
+    assert killed.event.reason.startswith(f"{reported} (not cached: the next build tries again)")
+    assert not killed.failure_cached and not list(cache.glob("*.failed"))
+    built = _build(source, cache)   # same compiler identity, so the same key
+    assert built.outcome == "ok" and not built.cached and _exit_code(built) == 3
+
+
+@pytest.mark.parametrize("flock", [True, False], ids=["flock", "rename-wins"])
+def test_two_concurrent_builds_of_one_key_leave_one_whole_artifact(tmp_path, monkeypatch,
+                                                                   flock):
+    """Two builders of one key at once: one artifact, whole and runnable, both pointing at
+    it; with flock the second waits and finds the first's, without it both publish by
+    rename and the last one wins."""
+    if not flock:
+        def no_flock(*args):
+            raise OSError("flock is not supported on this filesystem")
+        monkeypatch.setattr(compiling.fcntl, "flock", no_flock)
+    cxx = _compiler(tmp_path, "sleep 1")   # so that both compiles overlap
+    cache = tmp_path / "cache"
+    source = _program(tmp_path, {"a.hpp": "constexpr int value = 3;\n"})
+    results = [None, None]
+    barrier = threading.Barrier(2)
+
+    def build(index: int) -> None:
+        barrier.wait()
+        results[index] = _build(source, cache, compiler=str(cxx))
+
+    threads = [threading.Thread(target=build, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r.outcome for r in results] == ["ok", "ok"]
+    assert results[0].binary == results[1].binary
+    assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == \
+        [results[0].binary.name]
+    assert not _staging_left(cache) and _exit_code(results[0]) == 3
+    if flock:
+        assert sorted(r.cached for r in results) == [False, True]
+
+
+def test_in_process_kernels_and_native_libraries_compile_through_one_cached_compile(
+        tmp_path, monkeypatch, hw):
+    """The in-process kernel library, the native dispatcher's libraries and the DISCO
+    libraries all build through core.compile.cached_compile: a killed compiler is an error
+    of each and is not cached, and the next call builds into the same cache layout."""
+    from tilecast.disco import native as disco_native
+    from tilecast.runtime import kernel_library
+    from tilecast.runtime.native import library
+
+    if not {"avx2", "fma"} <= set(hw["flags"]):
+        pytest.skip("the in-process GEMM variant needs AVX2 and FMA, which this CPU lacks")
+    seen, real = [], compiling.cached_compile
+
+    def spy(job, *args, **kwargs):
+        seen.append(job.source.name)
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(compiling, "cached_compile", spy)
+    monkeypatch.setattr(kernel_library, "_loaded", {})   # as in a new process
+    monkeypatch.setattr(library, "_loaded", {})
+    monkeypatch.setenv(library.CACHE_ENV, str(tmp_path / "root"))
+    tiny = tmp_path / "tiny.cpp"
+    tiny.write_text('extern "C" int tiny() { return 7; }\n')
+    entry_points = {
+        kernel_library.KernelBuildError: lambda: kernel_library.load(
+            GEMM, GEMM.kernel_name(CFG), cache_dir=tmp_path / "build").path,
+        library.NativeBuildError: lambda: Path(library.load("forest.cpp")._name),
+        disco_native.DiscoBuildError:
+            lambda: disco_native.compile_library(tiny, directory=tmp_path / "disco"),
+    }
+    sources = ["gemm_lib.cpp", "forest.cpp", "tiny.cpp"]
+    stems = [GEMM.kernel_name(CFG), "forest", "tiny"]
+
+    monkeypatch.setenv(library.COMPILER_ENV, str(_compiler(tmp_path, "kill -9 $$")))
+    for error, load in entry_points.items():
+        with pytest.raises(error, match="killed by SIGKILL"):
+            load()
+    assert seen == sources
+    assert not list(tmp_path.rglob("*.failed"))
+
+    monkeypatch.delenv(library.COMPILER_ENV)
+    paths = [load() for load in entry_points.values()]
+    assert seen == sources * 2
+    for path, stem in zip(paths, stems):   # one naming, one layout
+        assert re.fullmatch(rf"{re.escape(stem)}-[0-9a-f]{{24}}\.so", path.name), path
+        assert path.is_file() and (path.parent / ".deps").is_dir()
+
+
+def test_dependency_files_parse_as_gcc_and_nvcc_write_them():
+    gcc = "/c/.x/out.so: /src/k.cpp /src/a\\ b.hpp \\\n /src/c$$d.hpp\n"
+    assert compiling.parse_depfile(gcc) == ["/src/k.cpp", "/src/a b.hpp", "/src/c$d.hpp"]
+    nvcc = "k.o : k.cu \\\n    k.cuh\n\n"
+    assert compiling.parse_depfile(nvcc) == ["k.cu", "k.cuh"]
+    assert compiling.parse_depfile("") == []

@@ -150,7 +150,7 @@ def test_a_second_build_is_served_from_the_cache(built, cuda_cache, monkeypatch)
     def no_subprocess(command, *args, **kwargs):
         raise AssertionError(f"ran {command!r}: the build was not served from the cache")
 
-    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)   # under subprocess.run too
     for source, library in built.items():
         mtime = library.stat().st_mtime_ns
         assert cuda.compile_library(source, ARCHS, cuda_cache) == library
@@ -163,14 +163,15 @@ def test_cache_key_covers_headers_flags_and_nvcc_release(tmp_path):
     tree = tmp_path / "cuda"
     shutil.copytree(cuda.KERNELS, tree)
     source, flags = tree / "disco_csr.cu", cuda.nvcc_flags(ARCHS)
-    key = build.cache_key(source, {"toolchain": cuda.toolchain(NVCC)}, flags, NVCC)
-    assert key == build.cache_key(source, {"toolchain": cuda.toolchain(NVCC)}, flags, NVCC)
-    assert "release" in cuda.toolchain(NVCC)
-    assert key != build.cache_key(source, {"toolchain": cuda.toolchain(NVCC)},
-                                  cuda.nvcc_flags(("80",)), NVCC)
+    toolchain = cuda.toolchain(NVCC)
+    key = build.cache_key(source, {}, flags, NVCC, toolchain=toolchain)
+    assert key == build.cache_key(source, {}, flags, NVCC, toolchain=toolchain)
+    assert "release" in toolchain
+    assert key != build.cache_key(source, {}, cuda.nvcc_flags(("80",)), NVCC, toolchain=toolchain)
+    assert key != build.cache_key(source, {}, flags, NVCC, toolchain=toolchain + " other host")
     with open(tree / "disco_csr_forward.cuh", "a") as header:
         header.write("// changed\n")
-    assert key != build.cache_key(source, {"toolchain": cuda.toolchain(NVCC)}, flags, NVCC)
+    assert key != build.cache_key(source, {}, flags, NVCC, toolchain=toolchain)
 
 
 @needs_nvcc

@@ -2,25 +2,26 @@
 called through ctypes on contiguous float32, bfloat16 or float16 tensors (computed in float32).
 
 The library lands in a content-hash cache ($TILECAST_CACHE/disco, default
-~/.cache/tilecast/disco) keyed by tilecast.stages.build.cache_key: the source and its local
-headers, the compiler's version and the flags. The compiler writes a temp file beside the
-target that is then renamed, so a concurrent or interrupted build never leaves a
-half-written library. Nothing is compiled at import time: the first kernel call builds.
+~/.cache/tilecast/disco), built by tilecast.core.compile.cached_compile like every other
+compile of tilecast: the key covers the source and the headers the compiler reports it read,
+the compiler's identity and the flags; the library is staged and renamed into place, so a
+concurrent or interrupted build never leaves a half-written one. Nothing is compiled at
+import time: the first kernel call builds.
 """
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
 import threading
 from pathlib import Path
 
 import torch
 
+from tilecast.core import compile as compiling
 from tilecast.core.settings import CACHE_ENV, COMPILER_ENV, settings  # noqa: F401 - re-exported
+from tilecast.families.base import KERNELS_DIR
 from tilecast.stages import build
 
-SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "cpu" / "disco_csr.cpp"
+SOURCE = KERNELS_DIR / "cpu" / "disco_csr.cpp"
 FLAGS = (*build.DEFAULT_FLAGS, "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 300.0
 _STDERR_LINES = 12
@@ -72,34 +73,27 @@ def compile_library(source: Path = SOURCE, cxx: str | None = None,
                     directory: Path | None = None, flags: tuple[str, ...] = FLAGS,
                     toolchain: str = "") -> Path:
     """Path of the shared library built from `source`, compiling it unless cached.
-    `toolchain` joins the cache key: what else changes the binary that the first line of
-    `cxx --version` does not name (nvcc's names no release; tilecast/disco/cuda.py passes it).
-    DiscoBuildError names the compiler and quotes the first lines of its error output."""
+    `toolchain` joins the cache key: what else changes the binary that `cxx --version` does
+    not name (tilecast/disco/cuda.py passes nvcc's host compiler). DiscoBuildError names the
+    compiler and quotes the first lines of its error output, or says that the compile timed
+    out or was killed (which is not cached: the next call compiles again)."""
     cxx = cxx or compiler()
     directory = Path(directory) if directory is not None else cache_dir()
+    job = compiling.CompileJob(source, cxx, tuple(flags), suffix=".so", toolchain=toolchain)
     try:
-        key = build.cache_key(source, {"toolchain": toolchain} if toolchain else {}, flags, cxx)
-    except RuntimeError as err:  # compiler_version: no such compiler
+        result = compiling.cached_compile(job, directory, COMPILE_TIMEOUT_S)
+    except RuntimeError as err:  # CompilerUnavailable: no such compiler
         raise DiscoBuildError(str(err)) from None
-    target = directory / f"{source.stem}-{key}.so"
-    if target.is_file():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    command = [cxx, *flags, str(source), "-o", str(temp)]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        temp.unlink(missing_ok=True)
-        raise DiscoBuildError(f"compiling {source.name} with {cxx!r} failed: {err}") from None
-    if proc.returncode != 0:
-        temp.unlink(missing_ok=True)
-        first_lines = "\n".join(proc.stderr.strip().splitlines()[:_STDERR_LINES])
-        raise DiscoBuildError(f"compiling {source.name} with {cxx!r} "
-                              f"({build.compiler_version(cxx)}) failed (exit {proc.returncode}):\n"
-                              f"{first_lines}")
-    os.replace(temp, target)
-    return target
+    except OSError as err:
+        raise DiscoBuildError(f"cannot build {source.name} into {directory}: {err}; set "
+                              f"{CACHE_ENV} to a writable directory") from None
+    if result.ok:
+        return result.artifact
+    first_lines = "\n".join(result.log.strip().splitlines()[:_STDERR_LINES])
+    what = ("failed" if result.outcome == "compile_error"
+            else f"did not finish ({result.outcome.replace('_', ' ')})")
+    raise DiscoBuildError(f"compiling {source.name} with {cxx!r} "
+                          f"({compiling.compiler_version(cxx)}) {what}:\n{first_lines}")
 
 
 def load_library(path: Path) -> ctypes.CDLL:

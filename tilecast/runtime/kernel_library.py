@@ -3,14 +3,15 @@ through ctypes, so that tilecast.runtime.ops runs the very kernel the benchmark 
 
 A variant's library is its family's in-process entry (the BuildSpec's `library_source`,
 kernels/cpu/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry) built by
-tilecast.stages.build in shared mode into the build cache: `cache_dir` when given, else
-build.default_cache_dir() ($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else
-~/.cache/tilecast/build). The compiler is $TILECAST_CXX, else g++ (as for
-tilecast.runtime.native). `load` compiles on first use, checks that the library reports
-the variant's compiled parameters, and keeps it for the process: one library per (kernel
-name, cache directory, compiler), thread-safe, and two threads asking for one kernel
-compile it once. A variant needing CPU features this machine lacks (an AVX-512 kernel on an
-AVX2 CPU) is refused by name before anything is compiled. Nothing is compiled at import time.
+tilecast.stages.build in shared mode (through tilecast.core.compile, like every compile of
+tilecast) into the build cache: `cache_dir` when given, else build.default_cache_dir()
+($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else ~/.cache/tilecast/build). The
+compiler is $TILECAST_CXX, else g++ (as for tilecast.runtime.native). `load` compiles on
+first use, checks that the library reports the variant's compiled parameters, and keeps it
+for the process: one library per (kernel name, cache directory, compiler), thread-safe, and
+two threads asking for one kernel compile it once. A variant needing CPU features this
+machine lacks (an AVX-512 kernel on an AVX2 CPU) is refused by name before anything is
+compiled. Nothing is compiled at import time.
 """
 from __future__ import annotations
 
@@ -170,8 +171,10 @@ def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKe
         raise KernelBuildError(f"cannot build kernel {name!r} into {directory}: {err}") from None
     if built.event.status != "ok":
         reason = "\n".join(built.event.reason.strip().splitlines()[-12:])
-        raise KernelBuildError(f"kernel {name!r} did not compile with {cxx!r} (the failure is "
-                               f"cached in {directory}):\n{reason}")
+        kept = (f"the failure is cached in {directory}" if built.failure_cached
+                else "not cached: the next load compiles again")
+        raise KernelBuildError(f"kernel {name!r} did not compile with {cxx!r} ({kept}):\n"
+                               f"{reason}")
     try:
         library = ctypes.CDLL(str(built.binary))
         kernel = InProcessKernel(name, config, built.binary, library, entry)

@@ -1,10 +1,12 @@
 """Build stage: compile a family's candidate variants into a content-hash cache.
 
-The cache key covers everything that changes the binary: the source and every header it
-includes (transitively), the compiler's version, the flags and the variant's -D defines. A
-binary is written to a temp file and moved into place, so an interrupted build never leaves
-a half-written binary.
-A compile error is a recorded `failed` event (cached too, so re-runs do not retry it).
+Every compile goes through tilecast.core.compile.cached_compile, which the in-process and
+native libraries use too: the key covers the source and every header the compiler reports it
+read (-MMD), the compiler's identity, the flags and the variant's -D defines; a binary is
+staged and moved into place, so an interrupted or concurrent build never leaves a
+half-written one. A compile error is a `failed` event, cached so that re-runs do not retry
+it; a compile that timed out, was killed (out of memory) or could not start is a `failed`
+event that is not cached, so the next build retries it. An event's `outcome` says which.
 
 The build events (one per candidate, with its binary's path and cache key) are what the next
 stages read (`write_events` / `read_events`); a family none of whose candidates built is a
@@ -16,21 +18,17 @@ same cache, with the same key rules; tilecast.runtime.kernel_library loads it fo
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import logging
-import os
 import re
-import subprocess
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields as dataclass_fields
 from pathlib import Path
 from typing import Callable, Sequence
 
+from tilecast.core import compile as compiling
 from tilecast.core.atomic import atomic_write_json
+from tilecast.core.compile import compiler_version  # also tilecast.disco.cuda's
 from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.tune import BuildEvent
 from tilecast.families.base import KERNELS_DIR, BuildSpec, FamilyError
@@ -70,74 +68,22 @@ class Built:
     binary: Path | None
     cache_key: str
     cached: bool
+    outcome: str = ""   # how its compile ended (core.compile.OUTCOMES); "" in older events
+
+    @property
+    def failure_cached(self) -> bool:
+        """A compile error kept in the cache: the same inputs fail from it, uncompiled."""
+        return self.outcome == "compile_error" and bool(self.cache_key)
 
 
-@functools.lru_cache(maxsize=None)
-def compiler_version(compiler: str) -> str:
-    """First line of `<compiler> --version` (part of every cache key)."""
-    try:
-        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as err:
-        raise RuntimeError(f"C++ compiler {compiler!r} is not usable: {err}; install g++ "
-                           "or set build.compiler in the config") from None
-    return out.stdout.splitlines()[0].strip()
-
-
-@functools.lru_cache(maxsize=None)
-def native_target(compiler: str) -> str:
-    """The target -march=native resolves to for `compiler` on this CPU (e.g. "znver3"), and
-    the AVX-512 flag it enables: part of the cache key of a -march=native build, so that a
-    cache shared across machines (or moved to another CPU) never hands one CPU's binary to
-    another (an AVX-512 binary on an AVX2 CPU dies of SIGILL). "" if the compiler does not
-    say."""
-    try:
-        out = subprocess.run([compiler, "-march=native", "-Q", "--help=target"],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    wanted = {}
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] in ("-march=", "-mavx512f", "-mavx2", "-mfma"):
-            wanted[parts[0]] = parts[1]
-    return ",".join(f"{key}{value}" for key, value in sorted(wanted.items()))
-
-
-INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
-
-
-def local_includes(source: Path) -> list[Path]:
-    """The source and every file it includes with `#include "..."`, transitively (found
-    beside the including file); system headers are covered by the compiler version."""
-    seen: dict[Path, None] = {}
-    pending = [source.resolve()]
-    while pending:
-        path = pending.pop()
-        if path in seen or not path.exists():
-            continue
-        seen[path] = None
-        pending.extend((path.parent / name).resolve()
-                       for name in INCLUDE_RE.findall(path.read_text(errors="replace")))
-    return sorted(seen)
-
-
-def _sources_digest(source: Path) -> str:
-    digest = hashlib.sha256()
-    for path in local_includes(source):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str) -> str:
-    """Content hash of source + headers, compiler version, flags and defines (and, with
-    -march=native, the target it resolves to here)."""
-    fields = {"src": _sources_digest(source), "cc": compiler_version(compiler),
-              "flags": list(flags), "defines": dict(sorted(defines.items()))}
-    if "-march=native" in flags:
-        fields["native"] = native_target(compiler)
-    payload = json.dumps(fields, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str,
+              include_dirs: Sequence[Path] = (), toolchain: str = "") -> str:
+    """The key a build of `source` with these inputs gets now (tilecast.core.compile): the
+    compiler lists the files it includes, nothing is compiled. Follows the source, every
+    included header, the compiler's identity, the flags, the defines and `toolchain` (and,
+    with -march=native, the target it resolves to here)."""
+    return compiling.current_key(compiling.CompileJob(
+        source, compiler, tuple(flags), defines, tuple(include_dirs), toolchain=toolchain))
 
 
 def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
@@ -163,6 +109,13 @@ def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
                      library_source=library if library is not None and library.exists() else None)
 
 
+def _event(name: str, result: compiling.CompileResult) -> BuildEvent:
+    if result.ok:
+        return BuildEvent(name, "ok", "", result.seconds, result.artifact.stat().st_size)
+    return BuildEvent(name, "failed", result.reason() or f"compile {result.outcome}",
+                      result.seconds, 0)
+
+
 def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str],
              timeout_s: float, kernels_dir: Path | None = None, shared: bool = False) -> Built:
     name = family.kernel_name(config)
@@ -179,31 +132,13 @@ def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str
         # not a compile result (an installation without kernels/, a moved tree): not cached
         reason = (f"kernel source {source} does not exist (is tilecast installed without its "
                   f"kernels/ tree?)")
-        return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, "", False)
-    key = cache_key(source, spec.defines, flags, compiler)
-    binary = cache_dir / (f"{name}-{key}" + (".so" if shared else ""))
-    failure = cache_dir / f"{name}-{key}.failed"
-    if binary.exists():
-        return Built(name, config, BuildEvent(name, "ok", "", 0.0, binary.stat().st_size), binary, key, True)
-    if failure.exists():
-        reason = failure.read_text()
-        return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, key, True)
-    tmp = binary.with_name(f".{binary.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    cmd = [compiler, *flags, *(f"-D{k}={v}" for k, v in spec.defines.items()),
-           *(f"-I{d}" for d in spec.include_dirs), str(source), "-o", str(tmp)]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        ok, reason = proc.returncode == 0, proc.stderr.strip()[-2000:]
-    except subprocess.TimeoutExpired:
-        ok, reason = False, f"compile timed out after {timeout_s:g} s"
-    seconds = time.perf_counter() - start
-    if not ok:
-        tmp.unlink(missing_ok=True)
-        failure.write_text(reason or "compiler failed without a message")
-        return Built(name, config, BuildEvent(name, "failed", reason, seconds, 0), None, key, False)
-    os.replace(tmp, binary)
-    return Built(name, config, BuildEvent(name, "ok", "", seconds, binary.stat().st_size), binary, key, False)
+        return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, "", False,
+                     "not_run")
+    job = compiling.CompileJob(source, compiler, tuple(flags), spec.defines, spec.include_dirs,
+                               stem=name, suffix=".so" if shared else "")
+    result = compiling.cached_compile(job, cache_dir, timeout_s)
+    return Built(name, config, _event(name, result), result.artifact, result.key, result.cached,
+                 result.outcome)
 
 
 def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 2,
@@ -260,11 +195,12 @@ def first_error_line(reason: str) -> str:
 
 def write_events(path: Path, builts: Sequence[Built]) -> None:
     """The build stage's result, one entry per candidate: its BuildEvent, binary path (None
-    when it failed), cache key and whether it came from the cache."""
+    when it failed), cache key, whether it came from the cache and its compile's outcome."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, [{**asdict(b.event), "binary": str(b.binary) if b.binary else None,
-                              "cache_key": b.cache_key, "cached": b.cached} for b in builts])
+                              "cache_key": b.cache_key, "cached": b.cached,
+                              "outcome": b.outcome} for b in builts])
 
 
 def read_events(path: Path, family) -> list[Built]:
@@ -281,7 +217,8 @@ def read_events(path: Path, family) -> list[Built]:
             event = BuildEvent(**{k: v for k, v in entry.items() if k in event_fields})
             binary = Path(entry["binary"]) if entry.get("binary") else None
             builts.append(Built(event.candidate_id, family.parse_name(event.candidate_id), event,
-                                binary, entry.get("cache_key", ""), bool(entry.get("cached"))))
+                                binary, entry.get("cache_key", ""), bool(entry.get("cached")),
+                                str(entry.get("outcome", ""))))
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         # json's, UTF-8's, BuildEvent's and the family's name parser's errors are ValueErrors;
         # an entry of the wrong shape is a TypeError, KeyError or AttributeError

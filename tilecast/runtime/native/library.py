@@ -1,20 +1,20 @@
 """Compile a tilecast/runtime/native C++ source once into a shared library and load it with ctypes.
 
 The library lands in a content-hash cache (`$TILECAST_CACHE/native`, default
-`~/.cache/tilecast/native`): the key covers the source and its local headers, the compiler's
-version and the flags (tilecast.stages.build.cache_key), so an edit or a new compiler builds a new
-file and nothing is ever rebuilt in place. The compiler writes a temp file in the cache
-directory that is then renamed, so a concurrent or interrupted build never leaves a
-half-written library. Nothing is compiled at import time.
+`~/.cache/tilecast/native`), built by tilecast.core.compile.cached_compile like every other
+compile of tilecast: the key covers the source and the headers the compiler reports it read,
+the compiler's identity and the flags, so an edit or a new compiler builds a new file and
+nothing is ever rebuilt in place; the library is staged and renamed into place, so a
+concurrent or interrupted build never leaves a half-written one. Nothing is compiled at
+import time.
 """
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
 import threading
 from pathlib import Path
 
+from tilecast.core import compile as compiling
 from tilecast.core.settings import COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.stages import build
 
@@ -71,26 +71,15 @@ def load(source_name: str) -> ctypes.CDLL:
 
 
 def _compiled(source: Path, cxx: str, directory: str) -> Path:
+    job = compiling.CompileJob(source, cxx, FLAGS, suffix=".so")
     try:
-        key = build.cache_key(source, {}, FLAGS, cxx)
-    except RuntimeError as err:  # compiler_version: no such compiler
+        result = compiling.cached_compile(job, Path(directory), COMPILE_TIMEOUT_S)
+    except RuntimeError as err:  # CompilerUnavailable: no such compiler
         raise NativeBuildError(str(err)) from None
-    target = Path(directory) / f"{source.stem}-{key}.so"
-    if target.is_file():
-        return target
-    temp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    command = [cxx, *FLAGS, str(source), "-o", str(temp)]
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(command, capture_output=True, text=True,
-                              timeout=COMPILE_TIMEOUT_S)
-        if proc.returncode != 0:
-            raise NativeBuildError(f"compiling {source.name} with {cxx!r} failed (exit "
-                                   f"{proc.returncode}): {proc.stderr.strip()[-1500:]}")
-        os.replace(temp, target)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise NativeBuildError(f"compiling {source.name} with {cxx!r} into {target.parent} "
-                               f"failed: {err}; set {CACHE_ENV} to a writable directory") from None
-    finally:
-        temp.unlink(missing_ok=True)
-    return target
+    except OSError as err:
+        raise NativeBuildError(f"cannot build {source.name} into {directory}: {err}; set "
+                               f"{CACHE_ENV} to a writable directory") from None
+    if not result.ok:
+        raise NativeBuildError(f"compiling {source.name} with {cxx!r} failed "
+                               f"({result.outcome.replace('_', ' ')}): {result.reason(1500)}")
+    return result.artifact
