@@ -1,18 +1,27 @@
-"""Latency of Dispatcher.select on problems it has not seen, against Booster.predict alone.
+"""Latency of one kernel choice, per path, for 16 and 200 candidates: the exported C selector
+(`tilecast export`, timed in C++), Dispatcher.select, Booster.predict on the candidates'
+feature rows, and a compiled-forest library (lleaves, else treelite + tl2cgen) when one is
+importable.
 
-    python benchmarks/dispatch_latency.py                       # a synthetic ~200-candidate model
+    python benchmarks/dispatch_latency.py                       # a synthetic nightly-shaped model
     python benchmarks/dispatch_latency.py --registry R --model gemm [--alias production]
 
 Without --registry it trains a model shaped like the nightly's (31 leaves, ~130 trees) on a
-synthetic target over ~200 GEMM candidates and publishes it to a temporary registry. It
-prints the candidate and tree counts, p50/p90 of select() on unseen random problems, p50 on
-memoized ones, p50 of Booster.predict on the same feature matrices (the peer), the ratio, and
-how many choices differ from the booster's own argmax (must be 0). Figures, not a test.
+synthetic target over 216 GEMM candidates and publishes the same forest twice to a temporary
+registry, with 200 and with 16 of the candidates. Every path scores the same unseen random
+problems, each problem once (Dispatcher.select memoizes a shape: each is new to it); the C
+selector's per-problem time is the mean of --repeat calls (it memoizes nothing). It prints
+p50 / p90 per path in microseconds (and of Dispatcher.select asked each problem again, when
+it answers from its memo), and how many choices differ from the dispatcher's (must be 0).
+Needs g++. Figures, not a test.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,9 +32,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilecast.registry import api as registry  # noqa: E402
-from tilecast.runtime.dispatch import INVERSE_TRANSFORMS, Dispatcher  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
+from tilecast.registry import api as registry  # noqa: E402
+from tilecast.runtime import export  # noqa: E402
+from tilecast.runtime.dispatch import Dispatcher  # noqa: E402
+from tilecast.runtime.export import c_source  # noqa: E402
+from tilecast.runtime.export.gemm import DTYPE_CODES, LAYOUT_CODES  # noqa: E402
 
 GEMM = get_family("gemm")
 HARDWARE = {"threads": 8, "simd_bits": 512, "l1d_bytes": 48 << 10, "l2_bytes": 2 << 20,
@@ -39,6 +51,38 @@ PARAMS = {"objective": "regression", "num_leaves": 31, "learning_rate": 0.05,
           "bagging_freq": 1, "verbose": -1, "num_threads": 1, "seed": 0}
 METRICS = {"mean_efficiency": 0.9, "median_efficiency": 0.9, "p10_efficiency": 0.8,
            "min_efficiency": 0.5, "static_best": {"kernel": "?", "mean_efficiency": 0.7}}
+CANDIDATE_COUNTS = (16, 200)
+C_FLAGS = ("-O3", "-march=native")
+
+TIMER = r"""
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include "HEADER"
+
+// problems "m n k dtype layout_a layout_b" on stdin; per problem: "choice ns-per-call"
+int main(int argc, char** argv) {
+  const int repeat = argc > 1 ? std::atoi(argv[1]) : 10;
+  std::vector<long long> p;
+  long long value;
+  while (std::scanf("%lld", &value) == 1) p.push_back(value);
+  volatile int sink = 0;
+  for (size_t i = 0; i + 6 <= p.size(); i += 6)  // warm-up pass
+    sink = sink + SELECT(p[i], p[i + 1], p[i + 2], (int)p[i + 3], (int)p[i + 4], (int)p[i + 5]);
+  for (size_t i = 0; i + 6 <= p.size(); i += 6) {
+    int choice = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < repeat; ++r) {
+      choice = SELECT(p[i], p[i + 1], p[i + 2], (int)p[i + 3], (int)p[i + 4], (int)p[i + 5]);
+      sink = sink + choice;
+    }
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+    std::printf("%d %.1f\n", choice, took.count() / repeat);
+  }
+  return 0;
+}
+"""
 
 
 def random_problems(rng, count: int, dtypes) -> list[dict]:
@@ -62,9 +106,9 @@ def synthetic_tflops(names, features, rng) -> np.ndarray:
     return tflops * np.exp(rng.normal(0, 0.03, size=len(tflops)))
 
 
-def synthetic_registry(root: Path, trees: int, seed: int) -> tuple[str, float]:
-    """Train and publish model 'gemm' on a synthetic target; (model name, seconds)."""
-    start = time.perf_counter()
+def synthetic_registry(root: Path, trees: int, seed: int) -> list[str]:
+    """Train one model on a synthetic target over 216 candidates; publish it once per
+    CANDIDATE_COUNTS (the same forest, that many of the candidates). Returns the models."""
     rng = np.random.default_rng(seed)
     engine = GEMM.feature_engine(HARDWARE)
     configs = GEMM.candidate_space(OPTIONS, HARDWARE)
@@ -83,43 +127,142 @@ def synthetic_registry(root: Path, trees: int, seed: int) -> tuple[str, float]:
     spec = {"family": "gemm", "feature_names": engine.feature_names(), "engine": engine.name,
             "engine_version": engine.version, "target_transform": "log1p_tflops",
             "hardware": HARDWARE}
-    candidates = {"family": "gemm", "kernels": kernels, "static_best": kernels[0]}
-    files = {"model.txt": booster.model_to_string(), "feature_spec.json": json.dumps(spec),
-             "candidates.json": json.dumps(candidates), "train_manifest.json": "{}"}
-    registry.publish(root, "gemm", files, metrics=METRICS)
-    return "gemm", time.perf_counter() - start
+    models = []
+    for count in CANDIDATE_COUNTS:
+        chosen = [kernels[i] for i in np.linspace(0, len(kernels) - 1, count).astype(int)]
+        candidates = {"family": "gemm", "kernels": chosen, "static_best": chosen[0]}
+        files = {"model.txt": booster.model_to_string(), "feature_spec.json": json.dumps(spec),
+                 "candidates.json": json.dumps(candidates), "train_manifest.json": "{}"}
+        models.append(f"gemm-{count}")
+        registry.publish(root, models[-1], files, metrics=METRICS)
+    return models
 
 
-class BoosterReference:
-    """The booster's own choice for a problem, from the registry artifacts and the numpy
-    engine only (none of the dispatcher's fast-path state)."""
-
-    def __init__(self, dispatcher: Dispatcher):
-        self.dispatcher = dispatcher
-        self.configs = [dispatcher.family.parse_name(k) for k in dispatcher.kernels]
-        self.kernel_matrix = dispatcher.engine.kernel_features(self.configs)
-        engine_names = dispatcher.engine.feature_names()
-        self.columns = [engine_names.index(n) for n in dispatcher.feature_spec["feature_names"]]
-        self.inverse = INVERSE_TRANSFORMS[dispatcher.feature_spec["target_transform"]]
-
-    def choice(self, values) -> tuple[str, np.ndarray]:
-        """The argmax of Booster.predict (ties by name) and the matrix it scored."""
-        dispatcher = self.dispatcher
-        problem = dispatcher.problem(values)
-        rows = [i for i, cfg in enumerate(self.configs)
-                if dispatcher.family.applicable(cfg, problem)]
-        engine = dispatcher.engine
-        features = engine.combine(problem, engine.problem_features(problem),
-                                  self.kernel_matrix[rows], [self.configs[i] for i in rows])
-        features = np.ascontiguousarray(features[:, self.columns])
-        tflops = self.inverse(dispatcher.booster.predict(features, num_threads=1))
-        names = [dispatcher.kernels[i] for i in rows]
-        best = min(range(len(rows)), key=lambda j: (-tflops[j], names[j]))
-        return names[best], features
+def percentiles(samples_ns) -> str:
+    p50, p90 = (float(np.percentile(samples_ns, q)) / 1e3 for q in (50, 90))
+    return f"p50 {p50:9.2f} us   p90 {p90:9.2f} us"
 
 
-def percentile_us(samples_ns, q: float) -> float:
-    return float(np.percentile(samples_ns, q)) / 1e3
+def feature_rows(dispatcher: Dispatcher, values) -> np.ndarray:
+    """The model's feature rows of the problem's applicable candidates (numpy engine)."""
+    problem = dispatcher.problem(values)
+    configs = [c for c in (dispatcher.family.parse_name(k) for k in dispatcher.kernels)
+               if dispatcher.family.applicable(c, problem)]
+    engine = dispatcher.engine
+    features = engine.matrix(problem, configs)
+    columns = [engine.feature_names().index(n) for n in dispatcher.feature_spec["feature_names"]]
+    return np.ascontiguousarray(features[:, columns])
+
+
+def time_exported(selector, problems, scratch: Path, repeat: int) -> tuple[list, list, float]:
+    """(choices, ns per call, compile seconds) of the exported C selector."""
+    directory = scratch / c_source.file_stem(selector)
+    export.write(selector, directory, "c")
+    stem = c_source.file_stem(selector)
+    (directory / "timer.cpp").write_text(TIMER.replace("HEADER", f"{stem}.h").replace(
+        "SELECT", f"tilecast_{c_source.identifier(selector.model)}_select"))
+    start = time.perf_counter()
+    subprocess.run(["g++", *C_FLAGS, "-I", str(directory), str(directory / "timer.cpp"),
+                    str(directory / f"{stem}.c"), "-o", str(directory / "timer")],
+                   check=True, capture_output=True, text=True)
+    compile_s = time.perf_counter() - start
+    rows = "".join(f"{p['m']} {p['n']} {p['k']} {DTYPE_CODES[p['dtype']]} "
+                   f"{LAYOUT_CODES[p['layout_a']]} {LAYOUT_CODES[p['layout_b']]}\n"
+                   for p in problems)
+    out = subprocess.run([str(directory / "timer"), str(repeat)], input=rows, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return [int(v) for v in out[::2]], [float(v) for v in out[1::2]], compile_s
+
+
+def compiled_forest(booster_file: Path, scratch: Path):
+    """(library name, predict(rows)) of an importable compiled-forest library, else None."""
+    if importlib.util.find_spec("lleaves") is not None:
+        import lleaves
+
+        model = lleaves.Model(model_file=str(booster_file))
+        model.compile(cache=str(scratch / "lleaves.o"))
+        return "lleaves", lambda rows: model.predict(rows, n_jobs=1)
+    if importlib.util.find_spec("treelite") is not None and \
+            importlib.util.find_spec("tl2cgen") is not None:
+        import tl2cgen
+        import treelite
+
+        model = treelite.frontend.load_lightgbm_model(str(booster_file))
+        library = scratch / "forest.so"
+        tl2cgen.export_lib(model, toolchain="gcc", libpath=str(library),
+                           params={"parallel_comp": 8}, nthread=1)
+        predictor = tl2cgen.Predictor(str(library), nthread=1)
+        return "treelite/tl2cgen", lambda rows: predictor.predict(tl2cgen.DMatrix(rows))
+    return None
+
+
+def measure(root, model: str, alias, problems_count: int, repeat: int, seed: int,
+            scratch: Path) -> int:
+    """Print one model's figures; returns how many exported choices differ."""
+    dispatcher = Dispatcher.from_registry(root, model, alias)
+    start = time.perf_counter()
+    selector = export.load(root, model, alias)
+    export_s = time.perf_counter() - start
+    dtypes = sorted({GEMM.parse_name(k).dtype for k in dispatcher.kernels})
+    rng = np.random.default_rng(seed)
+    unique = {json.dumps(p, sort_keys=True): p
+              for p in random_problems(rng, 2 * problems_count, dtypes)}
+    problems = list(unique.values())[:problems_count]
+    print(f"\nmodel {model!r} version {dispatcher.version}: {len(dispatcher.kernels)} candidates, "
+          f"{dispatcher.booster.num_trees()} trees; exported in {export_s:.1f} s "
+          f"({len(selector.forest.slot)} splits, {len(selector.slots)} slots)")
+
+    choices, c_ns, compile_s = time_exported(selector, problems, scratch, repeat)
+    select_ns, expected = [], []
+    for values in problems:
+        begin = time.perf_counter_ns()
+        name = dispatcher.select(values)
+        select_ns.append(time.perf_counter_ns() - begin)
+        expected.append(selector.kernels.index(name))
+    memo_ns = []
+    for values in problems:   # each problem again: a dictionary lookup now
+        begin = time.perf_counter_ns()
+        dispatcher.select(values)
+        memo_ns.append(time.perf_counter_ns() - begin)
+    rows = [feature_rows(dispatcher, values) for values in problems]
+    predict_ns = []
+    for features in rows:
+        begin = time.perf_counter_ns()
+        dispatcher.booster.predict(features, num_threads=1)
+        predict_ns.append(time.perf_counter_ns() - begin)
+
+    mismatches = sum(c != e for c, e in zip(choices, expected))
+    print(f"  (C built with g++ {' '.join(C_FLAGS)} in {compile_s:.1f} s; mean of {repeat} "
+          "calls per problem)")
+    print(f"  {'exported C selector':<46}{percentiles(c_ns)}")
+    print(f"  {'Dispatcher.select, unseen problems':<46}{percentiles(select_ns)}")
+    print(f"  {'Dispatcher.select, the same again (memoized)':<46}{percentiles(memo_ns)}")
+    print(f"  {'Booster.predict on the feature rows':<46}{percentiles(predict_ns)}")
+    booster_file = scratch / f"{model}.txt"
+    dispatcher.booster.save_model(str(booster_file))
+    library = compiled_forest(booster_file, scratch)
+    if library is None:
+        print("  compiled forest (lleaves, treelite/tl2cgen) not installed")
+    else:
+        name, predict = library
+        library_ns = []
+        for features in rows:
+            begin = time.perf_counter_ns()
+            predict(features)
+            library_ns.append(time.perf_counter_ns() - begin)
+        print(f"  {name + ' on the feature rows':<46}{percentiles(library_ns)}")
+    print(f"  exported choices != Dispatcher.select: {mismatches} of {len(problems)}")
+    return mismatches
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:
@@ -128,81 +271,22 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="gemm")
     parser.add_argument("--alias", default="production")
     parser.add_argument("--problems", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=10, help="C calls per problem timed")
     parser.add_argument("--trees", type=int, default=130, help="synthetic model's trees")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
 
+    print(f"{cpu_name()}, python {platform.python_version()}, lightgbm {lightgbm.__version__}")
     with tempfile.TemporaryDirectory() as scratch:
-        root, model = args.registry, args.model
+        scratch = Path(scratch)
+        root, models = args.registry, [args.model]
         if root is None:
-            root = Path(scratch) / "registry"
-            model, seconds = synthetic_registry(root, args.trees, args.seed)
-            print(f"synthetic registry model trained and published in {seconds:.1f} s")
-        start = time.perf_counter()
-        dispatcher = Dispatcher.from_registry(root, model, args.alias)
-        print(f"dispatcher built in {(time.perf_counter() - start) * 1e3:.0f} ms")
-
-    scorer = dispatcher._scorer
-    dtypes = sorted({cfg.dtype for cfg in dispatcher._configs})
-    print(f"model {model!r} version {dispatcher.version}: {len(dispatcher.kernels)} candidates "
-          f"({', '.join(dtypes)}), {dispatcher.booster.num_trees()} trees")
-    print(f"native forest: {'yes' if scorer.forest else 'no'}; native features: "
-          f"{'yes' if scorer.filler else 'no'}" + "".join(f"\n  {n}" for n in scorer.notes))
-
-    rng = np.random.default_rng(args.seed + 1)
-    unique = {json.dumps(p, sort_keys=True): p
-              for p in random_problems(rng, 2 * args.problems, dtypes)}
-    problems = list(unique.values())[:args.problems]
-    others = list(unique.values())[args.problems:]
-
-    # back to back, as a dispatcher sees a stream of new shapes
-    fresh_ns = []
-    for values in problems:
-        start = time.perf_counter_ns()
-        dispatcher.select(values)
-        fresh_ns.append(time.perf_counter_ns() - start)
-
-    # other new shapes, each right after numpy and Booster.predict ran (colder caches)
-    reference = BoosterReference(dispatcher)
-    cold_ns, expected = [], []
-    for values in others:
-        expected.append(reference.choice(values)[0])
-        start = time.perf_counter_ns()
-        dispatcher.select(values)
-        cold_ns.append(time.perf_counter_ns() - start)
-
-    # every choice (memoized by now) against the booster's own argmax
-    mismatches = sum(dispatcher.select(v) != choice for v, choice in zip(others, expected))
-    matrices = []
-    for values in problems:
-        choice, features = reference.choice(values)
-        mismatches += dispatcher.select(values) != choice
-        matrices.append(features)
-
-    memo_ns = []
-    for values in problems[:200]:
-        for _ in range(5):
-            start = time.perf_counter_ns()
-            dispatcher.select(values)
-            memo_ns.append(time.perf_counter_ns() - start)
-
-    peer_ns = []
-    for features in matrices:
-        start = time.perf_counter_ns()
-        dispatcher.booster.predict(features, num_threads=1)
-        peer_ns.append(time.perf_counter_ns() - start)
-
-    rows = np.median([len(f) for f in matrices])
-    select_p50, peer_p50 = percentile_us(fresh_ns, 50), percentile_us(peer_ns, 50)
-    print(f"unseen problems: {len(problems)} (median {rows:.0f} applicable candidates each)")
-    print(f"select() unseen      p50 {select_p50:8.1f} us   p90 "
-          f"{percentile_us(fresh_ns, 90):8.1f} us")
-    print(f"select() unseen, right after Booster.predict (colder caches) p50 "
-          f"{percentile_us(cold_ns, 50):.1f} us")
-    print(f"select() memoized    p50 {percentile_us(memo_ns, 50):8.2f} us")
-    print(f"Booster.predict      p50 {peer_p50:8.1f} us   (same matrices, num_threads=1)")
-    print(f"speed-up vs Booster.predict alone: {peer_p50 / select_p50:.1f}x")
-    print(f"choices != booster argmax: {mismatches} of {len(problems) + len(others)}")
+            root = scratch / "registry"
+            start = time.perf_counter()
+            models = synthetic_registry(root, args.trees, args.seed)
+            print(f"synthetic model trained and published in {time.perf_counter() - start:.1f} s")
+        mismatches = sum(measure(root, model, args.alias, args.problems, args.repeat,
+                                 args.seed + 1, scratch) for model in models)
     return 1 if mismatches else 0
 
 

@@ -1,0 +1,84 @@
+"""`tilecast export`: a published model version as a selector in C (or JSON) that picks what
+tilecast.runtime.dispatch.Dispatcher.select picks, with no Python and no LightGBM.
+
+    selector = export.load(root, "gemm", "production")   # checksums verified first
+    paths = export.write(selector, out_dir, "c")         # tilecast_gemm.h, tilecast_gemm.c
+
+The C form holds the kernel table, the feature formulas (tilecast.runtime.export.program,
+written per family in EXPORTERS' modules), the forest as flat arrays
+(tilecast.runtime.export.forest) and the selection rules (tilecast.runtime.export.selector);
+the JSON form holds the same tables, the formulas as statements over an operation table.
+"""
+from __future__ import annotations
+
+import json
+from importlib import import_module
+from pathlib import Path
+
+from tilecast.core.atomic import atomic_write_text
+from tilecast.runtime.export import c_source
+from tilecast.runtime.export.selector import ExportError, Selector, build
+
+__all__ = ["EXPORTERS", "FORMATS", "ExportError", "Selector", "load", "write"]
+
+#: family -> the module holding its formulas and problem fields: the families export handles
+EXPORTERS = {"gemm": "tilecast.runtime.export.gemm"}
+#: --format -> what it writes
+FORMATS = {"c": "tilecast_<model>.h and tilecast_<model>.c",
+           "json": "tilecast_<model>.json"}
+
+
+def exporter(family: str):
+    """The exporter module of `family`; ExportError naming the families there are."""
+    if family not in EXPORTERS:
+        raise ExportError(f"family {family!r} cannot be exported; tilecast export supports "
+                          f"the {', '.join(EXPORTERS)} family (a table model or another "
+                          "family needs its feature formulas in tilecast.runtime.export)")
+    return import_module(EXPORTERS[family])
+
+
+def load(root, model: str, alias_or_version: str | int = "production") -> Selector:
+    """The Selector of a registry version. The version's files are verified against its
+    checksums before anything is read (RegistryError naming a damaged file); ExportError
+    for a family or a model the exported selector cannot reproduce."""
+    from tilecast.registry import api as registry
+    from tilecast.runtime.dispatch import Dispatcher
+
+    version = registry.resolve_version(root, model, alias_or_version)
+    path = registry.local_copy(root, model, version)
+    family = _family(path)
+    if family is not None:
+        exporter(family)  # a family export does not handle fails here, before loading it
+    dispatcher = Dispatcher.from_directory(path, model=model, version=version)
+    return build(dispatcher, exporter(dispatcher.family.name))
+
+
+def _family(path: Path) -> str | None:
+    """feature_spec.json's family, or None when it cannot be read (the Dispatcher then
+    names what is wrong with it)."""
+    try:
+        family = json.loads((path / "feature_spec.json").read_text()).get("family")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return family if isinstance(family, str) else None
+
+
+def render(selector: Selector, fmt: str) -> dict[str, str]:
+    """{file name: text} of a format of FORMATS."""
+    stem = c_source.file_stem(selector)
+    if fmt == "c":
+        validation = exporter(selector.family).c_validation()
+        return {f"{stem}.h": c_source.render_header(selector),
+                f"{stem}.c": c_source.render_source(selector, validation)}
+    if fmt == "json":
+        return {f"{stem}.json": json.dumps(selector.to_json(), allow_nan=False,
+                                           separators=(",", ":")) + "\n"}
+    raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
+
+
+def write(selector: Selector, out_dir, fmt: str = "c") -> list[Path]:
+    """Write a format of FORMATS into `out_dir` (made if missing), each file atomically."""
+    files = render(selector, fmt)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [atomic_write_text(out_dir / name, text) for name, text in files.items()]
