@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run(mode: str, config: str, workdir: Path, build_cache: str | None = None) -> float:
     """Wall seconds of one `tilecast run` (mode "prefect" or "plain") in `workdir`."""
-    command = [sys.executable, "-m", "flows.cli", "run", "--config", config,
+    command = [sys.executable, "-m", "tilecast.flows.cli", "run", "--config", config,
                "--workdir", str(workdir), "--registry", str(workdir / "registry")]
     if mode == "plain":
         command.append("--plain")

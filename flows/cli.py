@@ -12,10 +12,10 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from flows.embedded_server import EmbeddedServer
 from tilecast import cli
 from tilecast.core.atomic import atomic_write_bytes
 from tilecast.core.settings import EMBEDDED_SERVER_ENV, settings
+from tilecast.flows.embedded_server import EmbeddedServer
 from tilecast.stages import layout
 
 
@@ -126,8 +126,8 @@ def _cmd_run(args) -> int:
             os.environ["PREFECT_API_URL"] = server.api_url
             os.environ[EMBEDDED_SERVER_ENV] = "1"
         # Prefect reads its settings when first imported: only after prefect_env set them
-        from flows.nightly import nightly
-        from tasks import orchestration
+        from tilecast.flows.nightly import nightly
+        from tilecast.tasks import orchestration
 
         _quiet_user_error_tracebacks()
         runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     run = sub.add_parser("run", help="run the whole DAG (build .. publish) as a Prefect flow")
-    run.add_argument("--config", default="quick", help="a YAML path or a name in configs/")
+    run.add_argument("--config", default="quick",
+                     help="a YAML file, or the name of a shipped config (quick, tiny, ...)")
     run.add_argument("--workdir", default="work/quick")
     run.add_argument("--registry", default="registry")
     run.add_argument("--run-id", default=None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks import orchestration, stages
+from tilecast.tasks import orchestration, stages
 from tilecast.workflows import pipeline
 from tilecast.core.device import default_device
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import Completed, Failed
 
-from tasks import orchestration, stages
+from tilecast.tasks import orchestration, stages
 from tilecast.workflows import pipeline, rebench, regression
 from tilecast.core.device import default_device
 

@@ -40,7 +40,7 @@ def ensure_device_limit(device: str, limit: int = 1) -> None:
     missing; a limit someone set by hand on a shared server (e.g. 0 to pause benchmarks) is
     left as it is. On the embedded server the limit is made anew."""
     tag = device_tag(device)
-    # the command's own server (flows/embedded_server.py; $TILECAST_EMBEDDED_SERVER) is as
+    # the command's own server (tilecast.flows.embedded_server; $TILECAST_EMBEDDED_SERVER) is as
     # private as Prefect's ephemeral one
     own_server = settings().embedded_server
     with get_client(sync_client=True) as client:

@@ -2,7 +2,7 @@
 `tilecast.workflows.pipeline`, which is tested without Prefect; the task adds retries, caching on
 inputs + source, tags and logging. The benchmark tasks get their device's tag (its
 concurrency limit keeps benchmarks on one device apart) from the flow that runs them
-(tasks.orchestration.on_device), since the device is a flow parameter."""
+(tilecast.tasks.orchestration.on_device), since the device is a flow parameter."""
 from __future__ import annotations
 
 import contextvars

@@ -32,7 +32,7 @@ def _env(extra: dict | None = None) -> dict:
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
             stdin: bytes | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`tilecast ARGS` in a subprocess (the console script's entry point), text output."""
-    code = "import sys; from flows.cli import main; sys.exit(main())"
+    code = "import sys; from tilecast.flows.cli import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=cwd,
                           env=_env(env), input=stdin, capture_output=True, timeout=timeout)
 

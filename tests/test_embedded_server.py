@@ -1,4 +1,4 @@
-"""The embedded Prefect server of `tilecast run` (flows/embedded_server.py): it answers on
+"""The embedded Prefect server of `tilecast run` (tilecast.flows.embedded_server): it answers on
 loopback once ready, and it never outlives the command that started it, even a killed one."""
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, os, signal, sys, urllib.request
 from pathlib import Path
-from flows.cli import prefect_env
-from flows.embedded_server import EmbeddedServer
+from tilecast.flows.cli import prefect_env
+from tilecast.flows.embedded_server import EmbeddedServer
 workdir = Path(sys.argv[1])
 prefect_env(workdir)
 server = EmbeddedServer(workdir / "server.log")
@@ -58,7 +58,7 @@ def test_server_answers_then_dies_with_a_killed_command(tmp_path):
 
 
 def test_a_server_that_cannot_start_is_a_message_with_its_log(tmp_path, monkeypatch):
-    from flows import embedded_server
+    from tilecast.flows import embedded_server
 
     monkeypatch.setattr(embedded_server.sys, "executable", "/bin/false")
     server = embedded_server.EmbeddedServer(tmp_path / "server.log")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 TINY = Path(__file__).parent / "configs" / "tiny.yaml"
-TILECAST = [sys.executable, "-m", "flows.cli"]
+TILECAST = [sys.executable, "-m", "tilecast.flows.cli"]
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -58,7 +58,7 @@ def _records(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_killed_run_resumes_without_measuring_anything_twice(tmp_path):
     work, registry = tmp_path / "work", tmp_path / "registry"
-    command = [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG), "--workdir",
+    command = [sys.executable, "-m", "tilecast.flows.cli", "run", "--config", str(CONFIG), "--workdir",
                str(work), "--registry", str(registry), "--run-id", "night-1"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     raw = work / "bench" / "gemm.jsonl"

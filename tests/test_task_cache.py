@@ -1,7 +1,7 @@
 """The Prefect tasks' cache key follows the config file's contents, not only its path."""
 from __future__ import annotations
 
-from tasks.stages import _config_digest
+from tilecast.tasks.stages import _config_digest
 
 
 def test_config_digest_changes_with_the_file_contents(tmp_path):

@@ -18,10 +18,14 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import yaml
 
+from tilecast.core import resources
 from tilecast.core.measure import Protocol, ProtocolError
 from tilecast.families import FAMILIES
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+#: the shipped configs, in a checkout or an installed package (tilecast.core.resources)
+CONFIGS_DIR = resources.configs_dir()
+#: suffixes that make a --config value a file path rather than a shipped config's name
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 PROBLEM_SETS = ("train", "holdout")
 SHOWN_ERRORS = 20          # lines of a ConfigError; the rest are counted
 UNLIMITED_BUDGET = 10**9   # no `budget`: every candidate of the space
@@ -193,16 +197,27 @@ def _read_yaml(path: Path, what: str) -> Any:
         raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
 
 
+def shipped_configs() -> list[str]:
+    """The names `--config NAME` accepts: the shipped configs (configs/ of a checkout, the
+    package's copy when installed)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+
+
 def resolve_path(path: str | Path) -> Path:
-    """A config path as given, or a bare name (`quick`) looked up in configs/."""
+    """A config file as given, or a bare name (`quick`: no directory, no suffix) looked up
+    among the shipped configs; a file of that name in the working directory comes first."""
     candidate = Path(path)
     if candidate.exists():
         return candidate
+    available = f"available: {', '.join(shipped_configs()) or 'none'}"
+    if len(candidate.parts) != 1 or candidate.suffix in CONFIG_SUFFIXES:
+        raise ConfigError(f"config file {candidate} not found; a config is a YAML file or the "
+                          f"name of a shipped config ({available})")
     named = CONFIGS_DIR / f"{path}.yaml"
     if named.exists():
         return named
-    raise ConfigError(f"config {str(path)!r} not found (looked at {candidate} and {named}); "
-                      f"available: {', '.join(sorted(p.stem for p in CONFIGS_DIR.glob('*.yaml')))}")
+    raise ConfigError(f"config {str(path)!r} not found: no file {candidate} here and no "
+                      f"shipped config {named.name} in {CONFIGS_DIR}; {available}")
 
 
 def _family_config(where: str, name: str, body: Mapping,

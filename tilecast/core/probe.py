@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "cpu" / "fma_peak.cpp"
+from tilecast.core import resources
+
+SOURCE = resources.kernels_dir() / "cpu" / "fma_peak.cpp"
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None

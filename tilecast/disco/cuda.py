@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
+from tilecast.core import resources
 from tilecast.stages import build
 from tilecast.disco import native
 from tilecast.disco.native import DiscoBuildError
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels" / "cuda"
+KERNELS = resources.kernels_dir() / "cuda"
 SOURCE = KERNELS / "disco_csr.cu"
 #: the same entry points over host memory, CTAs run thread by thread on the CPU (tests)
 EMULATOR = KERNELS / "disco_csr_emulate.cu"

@@ -10,7 +10,10 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Protocol, Sequenc
 
 import numpy as np
 
-KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+from tilecast.core import resources
+
+#: the kernel sources, in a checkout or an installed package (tilecast.core.resources)
+KERNELS_DIR = resources.kernels_dir()
 
 
 class FamilyError(ValueError):

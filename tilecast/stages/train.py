@@ -16,7 +16,6 @@ import importlib.metadata
 import json
 import platform
 import subprocess
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,11 +24,10 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from tilecast.core import stats
+import tilecast
+from tilecast.core import resources, stats
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
 from tilecast.stages.layout import FEATURE_SPEC_FILE, MANIFEST_FILE, MODEL_FILE, TARGET_TRANSFORMS
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Target transforms: name -> (forward applied to TFLOP/s, inverse applied to predictions).
 TARGETS = TARGET_TRANSFORMS
@@ -288,14 +286,9 @@ def library_versions() -> dict:
     import lightgbm  # ~2 s to import, with sklearn: only a training run records versions
     import sklearn   # sklearn: only training needs it
 
-    tilecast_version = _version("tilecast")
-    if tilecast_version is None:  # running from a source checkout
-        try:
-            with open(REPO_ROOT / "pyproject.toml", "rb") as handle:
-                tilecast_version = tomllib.load(handle)["project"]["version"]
-        except (OSError, KeyError, tomllib.TOMLDecodeError):
-            tilecast_version = "unknown"
-    versions = {"tilecast": tilecast_version, "python": platform.python_version(),
+    # the running code's own version (pyproject.toml's version is read from it): an editable
+    # install's metadata keeps the version it was installed at
+    versions = {"tilecast": tilecast.__version__, "python": platform.python_version(),
                 "lightgbm": lightgbm.__version__, "numpy": np.__version__,
                 "pandas": pd.__version__, "sklearn": sklearn.__version__}
     torch_version = _version("torch")  # metadata only: importing torch costs seconds
@@ -305,9 +298,13 @@ def library_versions() -> dict:
 
 
 def git_sha() -> str:
-    """HEAD of the repository holding this code, or "unknown" when git cannot tell."""
+    """HEAD of the checkout holding this code, or "unknown" when git cannot tell or tilecast
+    is an installed package (whatever repository its directory happens to lie in)."""
+    checkout = resources.checkout()
+    if checkout is None:
+        return "unknown"
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True,
                                 text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from tilecast.core import hardware
+from tilecast.core import hardware, resources
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
 from tilecast.core.config import ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
@@ -54,7 +54,6 @@ from tilecast.workflows.pipeline import RunContext, select_candidates
 
 log = logging.getLogger("tilecast.workflows.rebench")
 
-REPO_ROOT = KERNELS_DIR.parent
 HISTORY_POINTER = "latest.json"
 PROBLEM_SET = "sentinel"
 MIN_ROUNDS = 4
@@ -69,7 +68,7 @@ class RebenchError(ValueError):
 @dataclass(frozen=True)
 class KernelSource:
     """Where the kernels are compiled from: the working tree, or one commit's kernels/ tree."""
-    kind: str                 # "worktree" or "git"
+    kind: str                 # "worktree", "installed" (a package's kernels) or "git"
     kernels_dir: Path
     sha: str                  # the commit (the working tree's HEAD, "unknown" outside git)
     repo: str
@@ -83,6 +82,8 @@ class KernelSource:
     def label(self) -> str:
         if self.kind == "git":
             return f"git {self.ref} = {self.sha[:12]}"
+        if self.kind == "installed":
+            return f"installed package at {self.kernels_dir}"
         return f"working tree at {self.sha[:12]}{' (kernels/ modified)' if self.dirty else ''}"
 
 
@@ -99,18 +100,27 @@ def _git(repo: Path, *args: str, binary: bool = False) -> subprocess.CompletedPr
 
 def resolve_source(workdir: str | Path, git_ref: str | None = None,
                    repo: str | Path | None = None) -> KernelSource:
-    """The working tree's kernels, or those of `git_ref` in `repo` (default: this project's
-    repository) unpacked with `git archive` into W/rebench/src/<sha>/."""
+    """The working tree's kernels (an installed package's own, without a checkout), or those
+    of `git_ref` in `repo` (default: this project's checkout) unpacked with `git archive` into
+    W/rebench/src/<sha>/."""
+    checkout = resources.checkout()
     if git_ref is None:
         if repo is not None:
             raise RebenchError(f"repo {str(repo)!r} given without a git ref: name the commit to "
                                "build with --git-ref (the working tree is always this project's)")
-        head = _git(REPO_ROOT, "rev-parse", "HEAD")
-        status = _git(REPO_ROOT, "status", "--porcelain", "--", str(KERNELS_DIR))
+        if checkout is None:
+            return KernelSource("installed", KERNELS_DIR, "unknown", str(KERNELS_DIR.parent))
+        head = _git(checkout, "rev-parse", "HEAD")
+        status = _git(checkout, "status", "--porcelain", "--", str(KERNELS_DIR))
         return KernelSource("worktree", KERNELS_DIR, head.stdout.strip() if head.returncode == 0
-                            else "unknown", str(REPO_ROOT), None,
+                            else "unknown", str(checkout), None,
                             bool(status.returncode == 0 and status.stdout.strip()))
-    repo_path = Path(repo).resolve() if repo is not None else REPO_ROOT
+    if repo is None and checkout is None:
+        raise RebenchError(f"git ref {git_ref!r} needs a git repository of tilecast, and this "
+                           f"tilecast is an installed package ({KERNELS_DIR.parent}), not a "
+                           "checkout: name a clone with --repo, or leave out --git-ref to "
+                           "measure the installed kernels")
+    repo_path = Path(repo).resolve() if repo is not None else checkout
     if not git_ref.strip() or git_ref.startswith("-"):
         raise RebenchError(f"git ref {git_ref!r} is not a ref; give a commit, branch or tag")
     if not repo_path.is_dir() or _git(repo_path, "rev-parse", "--git-dir").returncode != 0:
@@ -121,7 +131,7 @@ def resolve_source(workdir: str | Path, git_ref: str | None = None,
         raise RebenchError(f"git ref {git_ref!r} does not name a commit in {repo_path}; "
                            "give a commit sha, branch or tag that exists there")
     sha = resolved.stdout.strip()
-    subdir = KERNELS_DIR.relative_to(REPO_ROOT).as_posix()
+    subdir = resources.KERNELS_SUBDIR
     root = layout.Workdir(workdir).rebench_sources
     target = root / sha
     if not (target / subdir).is_dir():
