@@ -75,7 +75,7 @@ def _file(path: Path, data: bytes) -> Path:
 def _unprivileged(*args: str) -> subprocess.CompletedProcess:
     """`tilecast ARGS` as a process that file permissions apply to: as root, without the
     capabilities that override them (capsh); the results read as run_cli's."""
-    code = "import sys; from flows.cli import main; sys.exit(main())"
+    code = "import sys; from tilecast.flows.cli import main; sys.exit(main())"
     command = [sys.executable, "-c", code, *map(str, args)]
     if os.geteuid() == 0:
         if shutil.which("capsh") is None:
@@ -273,7 +273,7 @@ def test_a_user_error_inside_the_prefect_flow_is_one_line(tmp_path):
 
 
 def test_run_plain_holds_the_device_it_is_given(tmp_path, monkeypatch):
-    from flows import cli as flows_cli
+    from tilecast.flows import cli as flows_cli
     from tilecast.workflows import pipeline
 
     held = []
@@ -329,3 +329,14 @@ def test_rebench_help_names_the_tests_rebench_runs():
     assert "Welch t-test on the logs of the two runs' per-round medians" in text
     assert "Wilcoxon signed-rank" in text and "Benjamini-Hochberg" in text
     assert "fall back to a Mann-Whitney U test" in text
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    # `tilecast config schema | head -0`: the reader is gone before the first line (the
+    # command takes far longer to import than this takes to close the pipe)
+    process = subprocess.Popen([sys.executable, "-m", "tilecast.cli", "config", "schema"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT)
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr

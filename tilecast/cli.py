@@ -1,4 +1,4 @@
-"""The `tilecast` command line: library subcommands (no Prefect). `flows.cli` adds `run`.
+"""The `tilecast` command line: library subcommands (no Prefect). `tilecast.flows.cli` adds `run`.
 
 Every error a user can cause ends the command with one line on stderr, `tilecast <command>:
 error: <message>`, and exit status 2; any other exception is a bug and keeps its traceback.
@@ -15,6 +15,7 @@ import codecs
 import json
 import logging
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ USER_ERRORS = (
     ("tilecast.families.base", "FamilyError"),          # kernel names, problems (ProblemError)
     ("tilecast.registry.base", "RegistryError"),        # registries, versions, aliases
     ("tilecast.runtime.dispatch", "NoKernelError"),     # a problem no kernel of a model runs
+    ("tilecast.runtime.export", "ExportError"),         # a model version export cannot carry
     ("tilecast.stages.train", "ModelArtifactError"),    # a model directory a run left
     ("tilecast.workflows.rebench", "RebenchError"),     # rebench inputs and history
     ("tilecast.workflows.user_eval", "EvaluationError"),  # problems with nothing to score
@@ -139,7 +141,7 @@ def _check_writable(path: Path, what: str) -> None:
         raise CliError(f"{what} {path}: {existing} is not writable (permission denied)")
 
 
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # core.config.CONFIG_SUFFIXES
 
 
 def config_arg(value: str | Path) -> str:
@@ -185,6 +187,19 @@ def _cmd_select(args) -> int:
         print(json.dumps(dispatcher.select_json(args.problem, **options)))
     else:
         print(dispatcher.select(args.problem, **options))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from tilecast.runtime import export
+
+    out = user_dir(args.out, "--out", writable=True)
+    alias = args.version if args.version is not None else args.alias
+    selector = export.load(registry_root(args.registry), args.model, alias)
+    paths = export.write(selector, out, args.format)
+    print(f"{args.model} version {selector.version}: {selector.candidates} candidates, "
+          f"{len(selector.forest.roots)} trees, {len(selector.forest.slot)} splits -> "
+          + ", ".join(str(path) for path in paths))
     return 0
 
 
@@ -455,7 +470,7 @@ The effect: a time ratio of at least 1 + MIN_EFFECT, or at most 1 / (1 + MIN_EFF
 
 REGISTRY_HELP = ("a directory (default ./registry) or an fsspec URL such as s3://bucket/prefix; "
                  "S3 credentials and endpoint come from the environment (AWS_*)")
-CONFIG_HELP = "a YAML path or a name in configs/"
+CONFIG_HELP = "a YAML path, or the name of a shipped config (tiny, quick, nightly, ...)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -475,6 +490,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="table models: the device to choose for (a name or label of the "
                              "hardware table; default: the model's only training device)")
     select.set_defaults(func=_cmd_select)
+
+    export = sub.add_parser(
+        "export", help="write a published model as a C selector (or JSON) that picks what "
+                       "`tilecast select` picks, without Python",
+        description="Write version V (or the version --alias names) of model M as "
+                    "tilecast_<model>.h + tilecast_<model>.c (--format c: a function "
+                    "tilecast_<model>_select(problem fields) returning a kernel index, and a "
+                    "name lookup) or tilecast_<model>.json (--format json: the same tables "
+                    "for other runtimes). The version's checksums are verified first. "
+                    "Families: gemm.")
+    export.add_argument("--registry", default="registry", help=REGISTRY_HELP)
+    export.add_argument("--model", required=True)
+    which = export.add_mutually_exclusive_group()
+    which.add_argument("--version", type=int, default=None, help="a version number")
+    which.add_argument("--alias", default="production", help="an alias (default production)")
+    export.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
+    export.add_argument("--format", choices=("c", "json"), default="c")
+    export.set_defaults(func=_cmd_export)
 
     train = sub.add_parser(
         "train", help="train a table model on an imported dataset (tilecast import)",
@@ -644,6 +677,11 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
                   exc_info=True)
         print(f"tilecast {args.command}: error: {one_line(str(err))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader of stdout left (`tilecast config schema | head`): no traceback, and no
+        # second one when Python flushes stdout at exit; the status a shell gives SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
