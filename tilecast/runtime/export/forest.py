@@ -21,7 +21,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tilecast.runtime.native.forest import RAW_OBJECTIVES
+from tilecast.runtime.native import forest as native_forest
+from tilecast.runtime.native.forest import ForestUnsupported
 
 # LightGBM's kZeroThreshold: the float 1e-35f widened to double
 ZERO_THRESHOLD = float(np.float32(1e-35))
@@ -91,16 +92,10 @@ def goes_left(value: float, zero: float, threshold: float, missing: int,
 
 def check_model(dump: Mapping) -> None:
     """ForestError unless the model's prediction is the sum of numerical trees' leaves."""
-    objective = str(dump.get("objective", "")).split()
-    if not objective or objective[0] not in RAW_OBJECTIVES or "sqrt" in objective:
-        raise ForestError(f"objective {dump.get('objective')!r} transforms the raw score; "
-                          f"exportable objectives: {', '.join(RAW_OBJECTIVES)}")
-    if dump.get("num_tree_per_iteration", 1) != 1:
-        raise ForestError(f"{dump['num_tree_per_iteration']} trees per iteration "
-                          "(multiclass); a selector model has one")
-    if dump.get("average_output"):
-        raise ForestError("the model averages its trees (random-forest mode); a selector "
-                          "model sums them")
+    try:
+        native_forest.check_model(dump)
+    except ForestUnsupported as err:
+        raise ForestError(f"{err}: not exportable") from None
     if not dump.get("tree_info"):
         raise ForestError("the model has no trees")
 

@@ -53,14 +53,17 @@ class FlatForest:
     general: bool               # some node has missing type Zero or NaN
 
 
-def _check_model(model: Mapping) -> None:
+def check_model(model: Mapping) -> None:
+    """ForestUnsupported unless the model's prediction is the plain sum of its trees'
+    leaves (one tree per iteration, an objective whose raw score is the prediction, no
+    averaging): what the native forest and `tilecast export` both compute."""
     objective = str(model.get("objective", "")).split()
     if not objective or objective[0] not in RAW_OBJECTIVES or "sqrt" in objective:
         raise ForestUnsupported(f"objective {model.get('objective')!r} transforms the raw "
-                                f"score; the native forest handles {', '.join(RAW_OBJECTIVES)}")
+                                f"score; supported: {', '.join(RAW_OBJECTIVES)}")
     if model.get("num_tree_per_iteration", 1) != 1:
         raise ForestUnsupported(f"{model['num_tree_per_iteration']} trees per iteration "
-                                "(multiclass); the native forest handles one")
+                                "(multiclass); a selector model has one")
     if model.get("average_output"):
         raise ForestUnsupported("averaged output (random-forest mode)")
 
@@ -106,7 +109,7 @@ def _flatten_tree(root: Mapping, columns: Sequence[int] | None, tree_index: int)
 def flatten(model: Mapping[str, Any], columns: Sequence[int] | None = None) -> FlatForest:
     """A FlatForest from `Booster.dump_model()`. `columns[f]` is the column of the rows that
     holds model feature f (None: the same index); the nodes read those columns."""
-    _check_model(model)
+    check_model(model)
     trees = model.get("tree_info", [])
     if not trees:
         raise ForestUnsupported("the model has no trees")
