@@ -118,6 +118,11 @@ def test_choice_is_unsure_with_a_shortlist_below_the_threshold(setup):
     assert 0.2 <= sure.confidence <= 0.8
     uncalibrated = TableDispatcher(model, None).choice(BIG, device="T4")
     assert uncalibrated.unsure and uncalibrated.confidence == 0.0
+    # a device beyond every training device's hardware is unsure at any threshold
+    assert sure.beyond == ()
+    beyond = always.choice(BIG, device="NVIDIA H200")
+    assert beyond.unsure and len(beyond.shortlist) == 20
+    assert "log2_bandwidth_gbs" in beyond.beyond
     published = setup["dispatcher"].choice(BIG, device="T4")
     assert 0.0 <= published.confidence <= 1.0
     assert published.unsure == (published.confidence < setup["dispatcher"].calibration.threshold)
@@ -127,7 +132,7 @@ def test_select_json_carries_the_choice(setup):
     answer = setup["dispatcher"].select_json(BIG, device="RTX 3090")
     assert answer["kernel"] == setup["dispatcher"].select(BIG, device="RTX 3090")
     assert set(answer) == {"kernel", "predicted_efficiency", "confidence", "unsure",
-                           "shortlist", "device", "model", "version"}
+                           "shortlist", "device", "beyond", "model", "version"}
     json.dumps(answer)
 
 

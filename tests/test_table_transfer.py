@@ -135,6 +135,27 @@ def test_no_threshold_when_every_pick_misses():
     assert calibration.threshold == math.inf and "every pick answers unsure" in calibration.note
 
 
+def test_with_devices_as_groups_the_worst_device_sets_the_threshold():
+    scores, efficiency, margins = _outcomes(600)
+    # a fourth "device" whose wide-margin picks all miss: pooled, its misses hide among the
+    # other devices' hits; by device, no level may let them through
+    groups = np.array(["a", "b", "c"] * 200)
+    bad = margins > 0.6
+    efficiency = np.where(bad & (np.arange(600) % 7 == 0), 0.5, efficiency)
+    groups = np.where(bad & (np.arange(600) % 7 == 0), "d", groups)
+    grouped = fit_calibration(scores, efficiency, target=0.9, max_wrong=0.02, groups=groups)
+    pooled = fit_calibration(scores, efficiency, target=0.9, max_wrong=0.02)
+    wrong = np.asarray(efficiency) < 0.9
+    for label in "abcd":
+        members = groups == label
+        sure = np.array([grouped.sure(s) for s in np.array(scores, dtype=object)[members]])
+        assert np.sum(sure & wrong[members]) <= 0.02 * members.sum() + 1e-9, label
+    coverage = lambda c: np.mean([c.sure(s) for s in scores])   # noqa: E731
+    assert coverage(grouped) < coverage(pooled)
+    two = fit_calibration(scores, efficiency, groups=np.where(groups == "a", "a", "b"))
+    assert two.threshold == math.inf and "need 3" in two.note
+
+
 def test_slack_reads_one_problem_and_refuses_nonsense():
     assert slack(np.array([0.5, 1.0])) == pytest.approx(2 * math.log(1.0) - math.log(0.5))
     assert slack(np.array([0.8])) == pytest.approx(math.log(0.8) + 1.0)
@@ -232,6 +253,9 @@ class RuleModel:
 
     def failed_on(self, device):
         return set()
+
+    def beyond(self, device):
+        return []          # the rule knows every device: nothing is an extrapolation
 
     def predict_many(self, frame):
         times = np.array([_time(self._table.entry(r.device), r.m, r.n, r.block, r.unroll,

@@ -13,8 +13,12 @@ slack and reads as a probability on the calibration data. The threshold is then 
 confidence at which the confident-wrong share (sure answers below target, over ALL problems)
 stays within `max_wrong`: the largest coverage the budget allows.
 
-With fewer than MIN_PROBLEMS calibration problems, or when no threshold keeps within the
-budget, the calibration answers "unsure" for every problem (`threshold` = inf, written as null
+Held-out outcomes come in groups, one per held-out device: a new device is one more draw of a
+device, not of a problem, so with `groups` the threshold must keep the budget on every group
+alone (the worst device decides), and fewer than MIN_GROUPS groups calibrate nothing.
+
+With fewer than MIN_PROBLEMS calibration problems (or MIN_GROUPS groups), or when no threshold
+keeps within the budget, the calibration answers "unsure" for every problem (`threshold` = inf, written as null
 in JSON) and says why in `note`: a threshold fitted to a handful of outcomes would promise a
 confident-wrong rate nobody measured.
 """
@@ -31,12 +35,22 @@ from sklearn.isotonic import IsotonicRegression
 #: problems allow only one confident-wrong pick, and 20 is where an isotonic fit stops being
 #: a few steps drawn through single outcomes.
 MIN_PROBLEMS = 20
+#: Fewer held-out devices than this and no threshold is fitted: two devices say nothing of
+#: how a third will go.
+MIN_GROUPS = 3
 #: Predictions at or below this are treated as this (log of a non-positive efficiency).
 FLOOR = 1e-6
 #: The margin of a problem with a single allowed candidate (nothing to confuse it with):
 #: log(e), a runner-up predicted at 37 % of the pick.
 SOLE_CANDIDATE_MARGIN = 1.0
 NEVER = math.inf
+
+
+def group_codes(groups: Sequence[str], count: int) -> np.ndarray:
+    """Integer codes 0.. of `groups` (one label per problem); ValueError when the count is off."""
+    if len(groups) != count:
+        raise ValueError(f"{len(groups)} group labels for {count} problems; one each")
+    return np.unique(np.asarray(list(map(str, groups))), return_inverse=True)[1]
 
 
 def slack(predicted_scores: np.ndarray) -> float:
@@ -107,13 +121,15 @@ class Calibration:
 
 
 def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequence[float], *,
-                    target: float = 0.9, max_wrong: float = 0.02) -> Calibration:
+                    target: float = 0.9, max_wrong: float = 0.02,
+                    groups: Sequence[str] | None = None) -> Calibration:
     """The calibration of held-out outcomes: per problem, the predicted scores over its
     allowed candidates and the measured efficiency of the pick (0 for a pick that failed).
 
     The threshold is the lowest fitted confidence at which the picks answered sure fall below
-    `target` on at most `max_wrong` of all problems (see the module docstring for when it is
-    inf instead)."""
+    `target` on at most `max_wrong` of all problems, and of each group's problems when
+    `groups` (one label per problem: its held-out device) are given (see the module docstring
+    for when it is inf instead)."""
     if len(predicted) != len(efficiency_of_pick):
         raise ValueError(f"{len(predicted)} problems' scores but {len(efficiency_of_pick)} "
                          "efficiencies; one each")
@@ -128,6 +144,11 @@ def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequenc
         return Calibration(slacks=(0.0,), probabilities=(0.0,), threshold=NEVER, **settings,
                            note=f"too little calibration data: {count} held-out problems, "
                                 f"need {MIN_PROBLEMS}; every pick answers unsure")
+    labels = np.zeros(count, dtype=int) if groups is None else group_codes(groups, count)
+    if groups is not None and labels.max() + 1 < MIN_GROUPS:
+        return Calibration(slacks=(0.0,), probabilities=(0.0,), threshold=NEVER, **settings,
+                           note=f"too little calibration data: {labels.max() + 1} held-out "
+                                f"device(s), need {MIN_GROUPS}; every pick answers unsure")
     slacks = np.array([slack(scores) for scores in predicted])
     reached = (efficiency >= target).astype(np.float64)
     isotonic = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True,
@@ -136,9 +157,11 @@ def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequenc
     confidence = np.interp(slacks, *knots)
     wrong = reached == 0.0
     threshold, covered = NEVER, 0.0
+    sizes = np.bincount(labels)
     for level in np.unique(confidence):   # ascending: the first that fits covers the most
         sure = confidence >= level
-        if np.sum(sure & wrong) <= max_wrong * count + 1e-9:
+        wrong_per_group = np.bincount(labels, weights=sure & wrong, minlength=len(sizes))
+        if np.all(wrong_per_group <= max_wrong * sizes + 1e-9):
             threshold, covered = float(level), float(sure.mean())
             break
     note = (f"sure on {covered:.0%} of {count} calibration problems" if threshold != NEVER else

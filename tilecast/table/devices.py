@@ -234,7 +234,6 @@ class DeviceTable:
         self._scale = np.array([float(np.std(column[np.isfinite(column)]))
                                 if np.isfinite(column).sum() > 1 else 0.0
                                 for column in np.array(list(self._rows.values())).T])
-        self._categorical = np.array([f.categorical for f in FEATURES])
 
     @classmethod
     def load(cls, extra: Sequence[str | Path] = ()) -> "DeviceTable":
@@ -304,23 +303,18 @@ class DeviceTable:
         return self._rows[self.resolve(name)].copy()
 
     def distance(self, a: str, b: str) -> float:
-        """How unlike devices `a` and `b` are: the Euclidean distance of their features, each
-        numeric one divided by its standard deviation over this table (a dimension that does
-        not vary is left out), a differing category counting CATEGORY_GAP. A dimension missing
-        on either side is left out and the sum scaled up by the share it had, so that a
-        missing figure does not make a device look closer. 0 for the same device."""
+        """How unlike devices `a` and `b` are (feature_distance over this table's scale);
+        0 for the same device."""
         a, b = self.resolve(a), self.resolve(b)
         if a == b:
             return 0.0
-        first, second = self._rows[a], self._rows[b]
-        usable = self._categorical | (self._scale > 0)
-        present = usable & np.isfinite(first) & np.isfinite(second)
-        if not present.any():
-            return 0.0
-        gaps = np.where(self._categorical, (first != second) * CATEGORY_GAP,
-                        (first - second) / np.where(self._scale > 0, self._scale, 1.0))
-        squares = np.sum(gaps[present] ** 2) * usable.sum() / present.sum()
-        return float(math.sqrt(squares))
+        return feature_distance(self._rows[a], self._rows[b], self._scale)
+
+    @property
+    def scale(self) -> np.ndarray:
+        """Each feature's standard deviation over this table's finite values (0: fewer than
+        two), the units `distance` measures in."""
+        return self._scale.copy()
 
     def to_json(self, names: Iterable[str]) -> dict:
         """A JSON-able document of the entries of `names` (labels resolved), which
@@ -338,6 +332,26 @@ class DeviceTable:
             raise TableDataError(f"{source}: not a version {VERSION} {FORMAT} document "
                                  "(written by DeviceTable.to_json)")
         return cls.from_mapping(document.get("devices"), source)
+
+
+#: which of FEATURE_NAMES are categories
+CATEGORICAL = np.array([feature.categorical for feature in FEATURES])
+
+
+def feature_distance(first: np.ndarray, second: np.ndarray, scale: np.ndarray) -> float:
+    """How unlike two device feature vectors are: the Euclidean distance of their features,
+    each numeric one divided by its `scale` (a dimension of scale 0 is left out), a differing
+    category counting CATEGORY_GAP. A dimension missing on either side is left out and the
+    sum scaled up by the share it had, so that a missing figure does not make a device look
+    closer."""
+    usable = CATEGORICAL | (scale > 0)
+    present = usable & np.isfinite(first) & np.isfinite(second)
+    if not present.any():
+        return 0.0
+    gaps = np.where(CATEGORICAL, (first != second) * CATEGORY_GAP,
+                    (first - second) / np.where(scale > 0, scale, 1.0))
+    squares = np.sum(gaps[present] ** 2) * usable.sum() / present.sum()
+    return float(math.sqrt(squares))
 
 
 def load_devices(extra: Sequence[str | Path] = ()) -> DeviceTable:

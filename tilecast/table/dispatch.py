@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -35,21 +35,26 @@ DEFAULT_SHORTLIST = 20
 class Choice:
     """One answer: the configuration, how sure the model is, and what to measure when unsure.
     `confidence` is the calibrated P(the pick reaches `target` of the best) (0.0 when the
-    model has no calibration); `shortlist` is empty when sure."""
+    model has no calibration); `shortlist` is empty when sure. `beyond`: the hardware figures
+    on which the device lies beyond every training device (TableModel.beyond); any makes the
+    answer unsure whatever its confidence."""
     kernel: str
     confidence: float
     unsure: bool
     shortlist: tuple[str, ...]
     device: str
     predicted_efficiency: float
+    beyond: tuple[str, ...] = ()
 
 
 class TableRanking:
     """A problem's allowed candidates on one device, best predicted first."""
-    __slots__ = ("device", "kernels", "efficiencies", "_scores", "confidence")
+    __slots__ = ("device", "kernels", "efficiencies", "_scores", "confidence", "beyond")
 
-    def __init__(self, device: str, kernels, scores: np.ndarray, calibration):
+    def __init__(self, device: str, kernels, scores: np.ndarray, calibration,
+                 beyond: Sequence[str] = ()):
         self.device = device
+        self.beyond = tuple(beyond)
         order = np.argsort(-scores, kind="stable")   # equal predictions in key order
         self.kernels = tuple(np.asarray(kernels, dtype=object)[order].tolist())
         self.efficiencies = tuple(scores[order].tolist())
@@ -173,7 +178,8 @@ class TableDispatcher:
                 raise ProblemError(f"every candidate of table model {self.model!r} failed on "
                                    f"{name} in its training data: nothing to choose there")
             scores = self.table_model.scores(values, name, kernels, table)
-            found = TableRanking(name, kernels, scores, self.calibration)
+            found = TableRanking(name, kernels, scores, self.calibration,
+                                 self.table_model.beyond(name, table))
             self._remember(checked, found)
         if raw is not None:
             self._remember(key, found)
@@ -209,13 +215,15 @@ class TableDispatcher:
 
     def choice(self, problem, device: str | None = None) -> Choice:
         """The pick with its confidence; unsure (with the shortlist to measure) below the
-        calibration's threshold, or always when the model has no calibration."""
+        calibration's threshold, always when the model has no calibration or the device lies
+        beyond its training devices' hardware (Choice.beyond)."""
         ranking = self.ranking(problem, device)
         threshold = np.inf if self.calibration is None else self.calibration.threshold
-        unsure = not ranking.confidence >= threshold
+        unsure = not ranking.confidence >= threshold or bool(ranking.beyond)
         return Choice(kernel=ranking.best, confidence=ranking.confidence, unsure=unsure,
                       shortlist=ranking.kernels[:self.shortlist_size] if unsure else (),
-                      device=ranking.device, predicted_efficiency=ranking.efficiencies[0])
+                      device=ranking.device, predicted_efficiency=ranking.efficiencies[0],
+                      beyond=ranking.beyond)
 
     def select_json(self, problem, device: str | None = None) -> dict:
         """{"kernel", "predicted_efficiency", "confidence", "unsure", "shortlist", "device",
@@ -224,5 +232,6 @@ class TableDispatcher:
         return {"kernel": choice.kernel, "predicted_efficiency": choice.predicted_efficiency,
                 "confidence": choice.confidence, "unsure": choice.unsure,
                 "shortlist": list(choice.shortlist), "device": choice.device,
+                "beyond": list(choice.beyond),
                 "model": self.model, "version": self.version}
 

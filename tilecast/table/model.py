@@ -3,8 +3,10 @@
 What transfers across devices is relative performance, not absolute time, so the target is
 each configuration's efficiency within its (device, problem) group, best ok time / its time
 (1.0 for the best, in (0, 1]), learned from the problem, configuration and device features of
-tilecast.table.features. On a device absent from the training data the prediction comes from
-its hardware features alone.
+tilecast.table.features and from what the configuration reached on the other training devices
+(tilecast.table.reference: every device left out of its own, so a training row sees what a
+new device's row sees). On a device absent from the training data the prediction comes from
+its hardware features and the training devices' measurements, nearest first.
 
 Formulation (FORMULATIONS): L2 regression on efficiency itself, every row weighted alike.
 benchmarks/table_formulations.py compared it by leave-one-device-out on three generated
@@ -30,12 +32,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from tilecast.core.atomic import atomic_write_json, atomic_write_text
+from tilecast.core.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tilecast.table.dataset import TableDataError, TableDataset, TableSchema, parse_key
 from tilecast.table.features import TableFeatures
+from tilecast.table.reference import (NAMES as REFERENCE_NAMES, FILE as REFERENCE_FILE,
+                                      Reference, new_problem_mask, rows_features)
 
 FAMILY = "table"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2      # 2: other devices' measurements as features (reference.npz)
 MODEL_FILE = "model.txt"
 FEATURE_SPEC_FILE = "feature_spec.json"
 CANDIDATES_FILE = "candidates.json"
@@ -156,6 +160,7 @@ class TrainingRows:
     efficiency: np.ndarray            # aligned with ok
     all_ok: pd.DataFrame              # every ok row (before sampling)
     all_efficiency: np.ndarray        # aligned with all_ok
+    failed: pd.DataFrame              # failed or invalid rows, canonical device names
     candidates: list[str]
     failures: dict[str, list[str]]
     devices: list[str]
@@ -175,7 +180,7 @@ def training_rows(dataset: TableDataset, devices, *, exclude_devices: Sequence[s
     efficiency = efficiencies(ok)
     keep = sample_rows(ok, efficiency, budget=budget, seed=seed)
     return TrainingRows(ok=ok.iloc[keep].reset_index(drop=True), efficiency=efficiency[keep],
-                        all_ok=ok, all_efficiency=efficiency,
+                        all_ok=ok, all_efficiency=efficiency, failed=bad,
                         candidates=sorted(set(ok["kernel"])), failures=failures,
                         devices=sorted(set(frame["device"])))
 
@@ -187,9 +192,12 @@ class TableModel:
 
     def __init__(self, booster, features: TableFeatures, candidates: Sequence[str],
                  failures: Mapping[str, Sequence[str]], *, formulation: str = DEFAULT_FORMULATION,
-                 training_devices: Sequence[str] = (), info: Mapping | None = None):
+                 training_devices: Sequence[str] = (), info: Mapping | None = None,
+                 reference: Reference | None = None):
         self.booster = booster
         self.features = features
+        self.reference = reference
+        self.names = list(features.names) + list(REFERENCE_NAMES)
         self.schema: TableSchema = features.schema
         self.devices = features.device_table
         self.formulation = formulation
@@ -222,7 +230,12 @@ class TableModel:
                              seed=seed)
         how = FORMULATIONS[formulation]
         features = TableFeatures(dataset.schema, devices).fit(rows.all_ok)
-        X = features.rows(rows.ok)
+        reference = Reference.build(rows.all_ok, rows.all_efficiency, rows.failed,
+                                    dataset.schema, devices, rows.candidates, seed=seed)
+        vectors = {name: devices.features(name) for name in rows.ok["device"].unique()}
+        mask = new_problem_mask(rows.ok["device"], rows.ok["dims_key"], seed)
+        X = np.hstack([features.rows(rows.ok),
+                       rows_features(reference, rows.ok, dataset.schema, vectors, mask)])
         train_set = lgb.Dataset(X, how.target(rows.efficiency), weight=how.weight(rows.efficiency),
                                 categorical_feature=features.categorical_indices or "auto",
                                 free_raw_data=True)
@@ -234,7 +247,7 @@ class TableModel:
                                            - set(rows.devices)),
                 "kept_devices": kept}
         return cls(booster, features, rows.candidates, rows.failures, formulation=formulation,
-                   training_devices=rows.devices, info=info)
+                   training_devices=rows.devices, info=info, reference=reference)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -273,7 +286,18 @@ class TableModel:
         configs = self.candidate_configs().loc[list(kernels)]
         problems = pd.DataFrame([problem], columns=list(self.schema.problem_names))
         X = self.features.grid(problems, configs, device, device_table)
-        return self._predict(X)
+        vector = (device_table or self.devices).features(device)
+        measured = self.reference.grid(device, vector, problems, list(kernels), self.schema)
+        return self._predict(np.hstack([X, measured.reshape(len(X), len(REFERENCE_NAMES))]))
+
+    def beyond(self, device: str, device_table=None) -> list[str]:
+        """The hardware figures on which canonical `device` (features from `device_table`,
+        default the model's) lies beyond every training device (Reference.beyond): its picks
+        there are extrapolations no calibration has measured. Empty for a training device."""
+        if device in self.training_devices:
+            return []
+        vector = (device_table or self.devices).features(device)
+        return self.reference.beyond(device, vector)
 
     def predict(self, problem: Mapping[str, Any], device: str) -> dict[str, float]:
         """kernel -> predicted efficiency (best time / its time; about 1.0 for a
@@ -296,7 +320,10 @@ class TableModel:
             for start in range(0, len(positions), PREDICT_CHUNK):
                 chunk = positions[start:start + PREDICT_CHUNK]
                 rows = frame.iloc[chunk].assign(device=name)
-                out[chunk] = self._predict(self.features.rows(rows, table))
+                measured = rows_features(self.reference, rows, self.schema,
+                                         {name: table.features(name)})
+                out[chunk] = self._predict(np.hstack([self.features.rows(rows, table),
+                                                      measured]))
         return out
 
     def _predict(self, X: np.ndarray) -> np.ndarray:
@@ -315,18 +342,22 @@ class TableModel:
         return {"family": FAMILY, "format_version": FORMAT_VERSION,
                 "formulation": self.formulation, **self.features.to_json(),
                 "device_features": list(self.devices.FEATURE_NAMES),
+                "reference_features": list(REFERENCE_NAMES),
                 "devices": self.devices.to_json(kept),
                 "training_devices": self.training_devices,
                 "training": dict(self.info)}
 
     def save(self, directory, *, extra_devices: Sequence[str] = ()) -> dict[str, Path]:
-        """Write model.txt, feature_spec.json, candidates.json and failures.json into
-        `directory` (each atomically); name -> path, as registry.publish takes them."""
+        """Write model.txt, feature_spec.json, candidates.json, failures.json and
+        reference.npz into `directory` (each atomically); name -> path, as registry.publish
+        takes them."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         files = {MODEL_FILE: directory / MODEL_FILE, FEATURE_SPEC_FILE: directory / FEATURE_SPEC_FILE,
                  CANDIDATES_FILE: directory / CANDIDATES_FILE,
-                 FAILURES_FILE: directory / FAILURES_FILE}
+                 FAILURES_FILE: directory / FAILURES_FILE,
+                 REFERENCE_FILE: directory / REFERENCE_FILE}
+        atomic_write_bytes(files[REFERENCE_FILE], self.reference.to_bytes())
         atomic_write_text(files[MODEL_FILE], self.booster.model_to_string())
         atomic_write_json(files[FEATURE_SPEC_FILE], self.feature_spec(extra_devices))
         atomic_write_json(files[CANDIDATES_FILE], {"family": FAMILY, "kernels": self._candidates})
@@ -369,6 +400,18 @@ class TableModel:
         except (KeyError, TypeError, ValueError) as err:
             raise ModelArtifactError(f"{directory / FEATURE_SPEC_FILE} or {CANDIDATES_FILE} "
                                      f"is damaged: {err!r}") from None
+        try:
+            reference = Reference.from_bytes((directory / REFERENCE_FILE).read_bytes(),
+                                             str(directory / REFERENCE_FILE))
+        except FileNotFoundError:
+            raise ModelArtifactError(f"table model {directory} has no {REFERENCE_FILE}; train "
+                                     "it again with `tilecast train --dataset`") from None
+        except (OSError, TableDataError) as err:
+            raise ModelArtifactError(str(err)) from None
+        if list(spec.get("reference_features", [])) != list(REFERENCE_NAMES):
+            raise ModelArtifactError(f"{directory / FEATURE_SPEC_FILE} lists reference features "
+                                     f"{spec.get('reference_features')!r}, this tilecast "
+                                     f"computes {list(REFERENCE_NAMES)}: retrain the model")
         model_path = directory / MODEL_FILE
         if not model_path.is_file():
             raise ModelArtifactError(f"table model {directory} has no {MODEL_FILE}")
@@ -378,12 +421,13 @@ class TableModel:
             booster = lgb.Booster(model_file=str(model_path))
         except Exception as err:  # LightGBMError, ValueError, RegistryError: all "damaged"
             raise ModelArtifactError(f"{model_path} is damaged: {err}") from None
-        if booster.num_feature() != len(features.names):
+        expected = len(features.names) + len(REFERENCE_NAMES)
+        if booster.num_feature() != expected:
             raise ModelArtifactError(f"{model_path} expects {booster.num_feature()} features, "
-                                     f"{FEATURE_SPEC_FILE} lists {len(features.names)}")
+                                     f"{FEATURE_SPEC_FILE} lists {expected}")
         return cls(booster, features, kernels, documents[FAILURES_FILE], formulation=formulation,
                    training_devices=spec.get("training_devices", []),
-                   info=spec.get("training", {}))
+                   info=spec.get("training", {}), reference=reference)
 
 
 # -- problems and devices -------------------------------------------------------------------

@@ -48,20 +48,21 @@ INNER_BUDGET_SHARE = 0.25
 MAX_SCORED_PROBLEMS = 100
 #: a pick within 1 % of the best counts as top-1 (as in tilecast.table.transfer)
 TIE_EFFICIENCY = 1.0 / 1.01 - 1e-12
-PICK_COLUMNS = ["device", "dims_key", "pick", "efficiency", "top1", "top5"]
+PICK_COLUMNS = ["device", "dims_key", "pick", "efficiency", "top1", "top5", "beyond"]
 
 
 @dataclass
 class Picks:
     """Per scored (device, problem): the pick, its measured efficiency (0 when it failed or
     was not measured there), top-1 / top-5 flags, and the predicted scores behind it."""
-    table: pd.DataFrame          # device, dims_key, pick, efficiency, top1, top5
+    table: pd.DataFrame          # device, dims_key, pick, efficiency, top1, top5, beyond
     scores: list[np.ndarray]     # aligned with table rows: predictions over allowed candidates
 
 
 def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0) -> Picks:
     """`model`'s picks on the (device, problem) pairs of `frame` (canonical device names) with
-    an ok measurement, at most MAX_SCORED_PROBLEMS problems per device (seeded sample)."""
+    an ok measurement, at most MAX_SCORED_PROBLEMS problems per device (seeded sample).
+    `beyond`: the device lies beyond the model's other training devices (TableModel.beyond)."""
     rows, scores = [], []
     ok = frame[frame["status"] == "ok"]
     efficiency = ok.assign(efficiency=efficiencies(ok))
@@ -69,6 +70,7 @@ def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0
         kernels = model.allowed(device)
         if not kernels:
             continue
+        beyond = bool(model.beyond(device))
         problems = sorted(measured["dims_key"].unique())
         if len(problems) > MAX_SCORED_PROBLEMS:
             picked = np.random.default_rng(seed).choice(len(problems), MAX_SCORED_PROBLEMS,
@@ -84,7 +86,7 @@ def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0
             rows.append({"device": device, "dims_key": dims_key, "pick": kernels[order[0]],
                          "efficiency": float(ranked[0]),
                          "top1": bool(ranked[0] >= TIE_EFFICIENCY),
-                         "top5": bool(ranked.max() >= TIE_EFFICIENCY)})
+                         "top5": bool(ranked.max() >= TIE_EFFICIENCY), "beyond": beyond})
             scores.append(predicted)
     return Picks(table=pd.DataFrame(rows, columns=PICK_COLUMNS), scores=scores)
 
@@ -188,7 +190,13 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
     fit_seconds = time.monotonic() - fit_started
     method, held = out_of_fold(dataset, devices, exclude_devices=exclude_devices, rounds=rounds,
                                threads=threads, seed=seed, budget=budget)
-    calibration = fit_calibration(held.scores, held.table["efficiency"].tolist())
+    # calibrated on the picks a dispatcher can answer sure: never beyond the training devices
+    inside = ~held.table["beyond"].astype(bool).to_numpy() if len(held.table) else []
+    calibration = fit_calibration(
+        [s for s, keep in zip(held.scores, inside) if keep],
+        held.table["efficiency"][inside].tolist(),
+        groups=(held.table["device"][inside].tolist() if method == "leave-one-device-out"
+                else None))
     frame = dataset.frame.assign(device=canonical_devices(dataset.frame, devices))
     in_sample = score_picks(model, frame[frame["device"].isin(model.training_devices)],
                             dataset.schema, seed=seed)
@@ -231,10 +239,11 @@ def published_files(directory: Path) -> dict[str, Path]:
     """The files of a trained table model directory that a registry version holds;
     ModelArtifactError naming one that is missing."""
     from tilecast.stages.train import ModelArtifactError
-    from tilecast.table.model import CANDIDATES_FILE, FAILURES_FILE, FEATURE_SPEC_FILE, MODEL_FILE
+    from tilecast.table.model import (CANDIDATES_FILE, FAILURES_FILE, FEATURE_SPEC_FILE,
+                                      MODEL_FILE, REFERENCE_FILE)
 
-    names = (MODEL_FILE, FEATURE_SPEC_FILE, CANDIDATES_FILE, FAILURES_FILE, CALIBRATION_FILE,
-             MANIFEST_FILE, OUT_OF_FOLD_FILE)
+    names = (MODEL_FILE, FEATURE_SPEC_FILE, CANDIDATES_FILE, FAILURES_FILE, REFERENCE_FILE,
+             CALIBRATION_FILE, MANIFEST_FILE, OUT_OF_FOLD_FILE)
     missing = [n for n in names if not (directory / n).is_file()]
     if missing:
         raise ModelArtifactError(f"{directory} is not a trained table model (missing "

@@ -20,7 +20,9 @@ on the training rows only, by an inner split of the same kind (leave-one-device-
 training devices when there are two or more, problem folds otherwise), so a held-out device's
 confidences never saw it; `coverage` is the share of problems answered sure, `precision` the
 share of sure answers reaching `target`, `confident_wrong` the share of ALL problems answered
-sure below `target`. Baselines (tilecast.table.transfer_baselines) are scored on the same
+sure below `target`. A held-out device whose hardware lies beyond every training device's on
+some figure (TableModel.beyond; column `beyond`) is answered unsure throughout, as the
+dispatcher does: no calibration measured a pick that far out. Baselines (tilecast.table.transfer_baselines) are scored on the same
 problems. Figures pool every (device, problem) for `overall` and each device's for `devices`
 (tilecast.table.transfer_summary); the per-(device, problem) table behind them (picks, their
 efficiencies, confidences, the baselines' picks) comes back beside the report.
@@ -223,16 +225,25 @@ def _calibrate(run: _Run, fold: Fold, target: float, max_wrong: float) -> tuple[
     """A calibration from the fold's training rows alone (module docstring): the inner
     split's held-out picks, fitted by fit_calibration."""
     method = ("leave-one-device-out" if fold.train["device"].nunique() >= 2 else "problems")
-    scores, efficiency = [], []
+    scores, efficiency, groups = [], [], []
     try:
         inner_folds = folds(fold.fit_rows, method, run.seed, exclude=fold.exclude_devices)
     except TransferError:   # one training problem: nothing to hold out, too little data
         inner_folds = []
     for inner in inner_folds:
-        _, tables, rows = _outcomes(run, inner, (1,))
-        scores.extend(rows)
-        efficiency.extend(value for table in tables for value in table["efficiency"])
-    return fit_calibration(scores, efficiency, target=target, max_wrong=max_wrong), method
+        model, tables, rows = _outcomes(run, inner, (1,))
+        if not tables:
+            continue
+        # only picks a dispatcher could answer sure: never beyond the training devices
+        picks = pd.concat(tables, ignore_index=True)
+        inside = ~picks["device"].map(lambda device: bool(model.beyond(device))).to_numpy()
+        scores.extend(row for row, keep in zip(rows, inside) if keep)
+        efficiency.extend(picks["efficiency"].to_numpy()[inside])
+        groups.extend(picks["device"].to_numpy()[inside])
+    # a device is the unit a new device resembles; problem folds share their devices
+    by_device = groups if method == "leave-one-device-out" else None
+    return fit_calibration(scores, efficiency, target=target, max_wrong=max_wrong,
+                           groups=by_device), method
 
 
 def _baseline_columns(run: _Run, fold: Fold, table: pd.DataFrame, pool: Sequence[str],
@@ -295,7 +306,9 @@ def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-devi
         calibration, method = _calibrate(run, fold, target, max_wrong)
         table = pd.concat(parts, ignore_index=True)
         table["confidence"] = [calibration.confidence(r) for r in rows]
-        table["sure"] = table["confidence"] >= calibration.threshold
+        beyond = {device: model.beyond(device) for device in fold.test_devices}
+        table["beyond"] = table["device"].map(lambda d: ",".join(beyond[d]))
+        table["sure"] = (table["confidence"] >= calibration.threshold) & (table["beyond"] == "")
         table = _baseline_columns(run, fold, table, model.candidates(), ks, default)
         seconds = time.monotonic() - fold_started
         table["fold"] = number
