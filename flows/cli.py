@@ -51,10 +51,13 @@ def _template_database() -> Path | None:
 
 #: server services an embedded server (one run, one process, gone after it) never needs:
 #: schedules, late and paused runs, worker health, cancellations, automations, the debug event
-#: logger. Left running they wake every few seconds on the cores the benchmarks measure on.
-#: The event persister and the task-run recorder stay: task runs and states need them.
+#: logger, and the expired-lease and worker-cleanup loops (Prefect's ephemeral mode leaves
+#: those two out; `prefect server start` would run them). Left running they wake every few
+#: seconds on the cores the benchmarks measure on. The event persister and the task-run
+#: recorder stay: task runs and states need them.
 EPHEMERAL_IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "CANCELLATION_CLEANUP",
-                           "PAUSE_EXPIRATIONS", "TRIGGERS", "EVENT_LOGGER")
+                           "PAUSE_EXPIRATIONS", "TRIGGERS", "EVENT_LOGGER", "REPOSSESSOR",
+                           "CLEANUP_RECONCILER")
 
 
 def prefect_env(workdir: Path) -> None:

@@ -3,15 +3,17 @@
 Prefect starts its ephemeral server at a flow's first API call, after the command has
 imported Prefect and the flows, and the server's own boot (a second Python process importing
 Prefect and opening the database, about 4 s on 2 cores) then holds the run up. Started here
-first, the server boots while the command imports. It is the server Prefect would start (the
-launch of prefect.server.api.server.SubprocessASGIServer: uvicorn serving `create_app` in
-ephemeral mode on 127.0.0.1, no UI), reached through PREFECT_API_URL; it ends with the
-command: `stop()`, and the kernel's parent-death signal when the command is killed.
+first, the server boots while the command imports. It is Prefect's own command line,
+`prefect server start` (SERVER_COMMAND) on a free loopback port, without the UI, the
+scheduler, late-run marking and analytics; the other services a single run never needs are
+off through their public settings (tilecast.flows.cli.prefect_env). Only that public command
+is used, so a Prefect release within the range pyproject.toml pins cannot break the launch.
+The command reaches it through PREFECT_API_URL; it ends with the command: `stop()`, and the
+kernel's parent-death signal when the command is killed.
 """
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import signal
 import socket
@@ -22,8 +24,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-#: uvicorn's exit status when the port is taken (another process bound it first)
-PORT_IN_USE = 3
+#: the server's command line after `--port N` (Prefect's CLI, see `prefect server start --help`)
+SERVER_COMMAND = ("-m", "prefect", "server", "start", "--host", "127.0.0.1")
+SERVER_FLAGS = ("--no-ui", "--no-scheduler", "--no-late-runs", "--analytics-off",
+                "--log-level", "WARNING")
+
+#: what Prefect's pre-start check and uvicorn both say when the port is taken (another
+#: process bound it between _free_port and the server's bind)
+PORT_TAKEN = b"already in use"
 
 
 def _free_port() -> int:
@@ -40,8 +48,10 @@ except (OSError, AttributeError):  # not Linux
 
 
 def _die_with_parent() -> None:
-    """Runs in the server's process before uvicorn: SIGTERM when its parent dies (Linux's
-    PR_SET_PDEATHSIG), so a killed run leaves no server behind. Elsewhere a no-op."""
+    """Runs in the server's process before Prefect: SIGTERM when its parent dies (Linux's
+    PR_SET_PDEATHSIG), so a killed run leaves no server behind. Elsewhere a no-op.
+    `prefect server start` serves in its own process (one worker), so the signal reaches
+    the server itself."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -52,30 +62,37 @@ class EmbeddedServer:
     def __init__(self, log_path: Path):
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        spec = importlib.util.find_spec("prefect")
-        if spec is None or spec.origin is None:
-            raise RuntimeError("prefect is not installed; run the README's set-up command")
-        self._app_dir = str(Path(spec.origin).parent.parent)
         self.process: subprocess.Popen | None = None
         self.port = 0
+        self._log_start = 0   # where this launch's output begins in the log
         self._launch()
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
+    @property
+    def command(self) -> list[str]:
+        """The server's command line."""
+        return [sys.executable, *SERVER_COMMAND, "--port", str(self.port), *SERVER_FLAGS]
+
     def _launch(self) -> None:
         self.port = _free_port()
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-               "PREFECT__SERVER_FINAL": "1"}
-        env.pop("PREFECT_API_URL", None)
+        env = dict(os.environ)
+        env.pop("PREFECT_API_URL", None)   # the server's own URL is this launch's port
         with open(self.log_path, "ab") as log:
+            self._log_start = log.tell()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--app-dir", self._app_dir, "--factory",
-                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port",
-                 str(self.port), "--log-level", "error", "--lifespan", "on"],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent)
+                self.command, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+    def _port_was_taken(self) -> bool:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_start)
+                return PORT_TAKEN in log.read().lower()
+        except OSError:
+            return False
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Return once the server answers /health; RuntimeError with its log's tail when it
@@ -84,7 +101,7 @@ class EmbeddedServer:
         retries = 3
         while time.monotonic() < deadline:
             status = self.process.poll()
-            if status == PORT_IN_USE and retries:
+            if status is not None and retries and self._port_was_taken():
                 retries -= 1
                 self._launch()
                 continue

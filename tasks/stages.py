@@ -1,6 +1,7 @@
 """One Prefect task per pipeline stage. Each wraps the plain-Python stage in
 `tilecast.workflows.pipeline`, which is tested without Prefect; the task adds retries, caching on
-inputs + source, tags and logging. The benchmark tasks get their device's tag (its
+inputs + source, tags, logging and, for build and benchmark, their progress (an artifact and a
+terminal bar, tilecast.tasks.progress). The benchmark tasks get their device's tag (its
 concurrency limit keeps benchmarks on one device apart) from the flow that runs them
 (tilecast.tasks.orchestration.on_device), since the device is a flow parameter."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
 
 from tilecast.core.config import ConfigError, resolve_path
+from tilecast.tasks.progress import StageProgress
 from tilecast.workflows import pipeline, rebench
 
 
@@ -49,7 +51,8 @@ def _ctx(config: str, workdir: str, registry: str, run_id: str) -> pipeline.RunC
 @task(name="build-kernels", cache_policy=CACHE, tags=["build"], retries=0)
 def build_kernels(config: str, workdir: str, registry: str, run_id: str, family: str) -> dict:
     """Compile the family's candidates into the content-hash cache."""
-    return pipeline.build_stage(_ctx(config, workdir, registry, run_id), family)
+    with StageProgress("build", family) as progress:
+        return pipeline.build_stage(_ctx(config, workdir, registry, run_id), family, progress)
 
 
 @task(name="benchmark-candidates", cache_policy=CACHE, tags=["bench"],
@@ -58,7 +61,9 @@ def benchmark_candidates(config: str, workdir: str, registry: str, run_id: str, 
                          build: dict, device: str | None = None) -> dict:
     """Measure every built candidate on the problem sets (resumes from the raw file), holding
     the device (its tag's concurrency limit here, the host's device lock in the stage)."""
-    return _compute(pipeline.bench_stage, _ctx(config, workdir, registry, run_id), family, device)
+    with StageProgress("bench", family) as progress:
+        return _compute(pipeline.bench_stage, _ctx(config, workdir, registry, run_id), family,
+                        device, progress)
 
 
 @task(name="convert-to-parquet", cache_policy=CACHE, tags=["convert"])

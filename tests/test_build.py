@@ -32,10 +32,18 @@ CFG = GemmConfig("fp32", "avx2", 6, 16, 96, 512, 128, "m", True, True)
 
 
 def test_second_build_reuses_the_cache(tmp_path):
-    first = build_candidates(GEMM, [CFG], tmp_path, jobs=1)
-    second = build_candidates(GEMM, [CFG], tmp_path, jobs=1)
+    steps = []
+
+    def progress(done, total, message):
+        steps.append((done, total, message))
+
+    first = build_candidates(GEMM, [CFG], tmp_path, jobs=1, progress=progress)
+    second = build_candidates(GEMM, [CFG], tmp_path, jobs=1, progress=progress)
     assert first[0].event.status == "ok" and not first[0].cached
     assert second[0].cached and second[0].binary == first[0].binary
+    kernel = GEMM.kernel_name(CFG)
+    assert steps == [(1, 1, f"build 1/1 {kernel} {first[0].event.seconds:.1f}s"),
+                     (1, 1, f"build 1/1 {kernel} cached")]
     assert first[0].event.binary_bytes == first[0].binary.stat().st_size > 0
     assert not list(tmp_path.glob(".*.tmp")), "a temp file was left behind"
 

@@ -110,11 +110,11 @@ def test_grouped_conv_candidates_are_timed_in_process_and_match_torch(tmp_path, 
         assert values["max_error"] < 1e-4 and len(values["samples_s"]) >= 1
 
 
-def _bench(tmp_path, builts, settings):
+def _bench(tmp_path, builts, settings, progress=None):
     raw = tmp_path / "gemm.jsonl"
     problems = [("train", GEMM.problem({"m": m, "n": n, "k": k})) for m, n, k in SHAPES]
     benchmark(GEMM, builts, problems, raw, tmp_path / "scratch",
-              {"run_id": "t", "git_sha": "0", "hardware": "h"}, settings)
+              {"run_id": "t", "git_sha": "0", "hardware": "h"}, settings, progress)
     return [r for r in read_records(raw) if r["role"] == "candidate"]
 
 
@@ -122,9 +122,18 @@ def test_bench_labels_come_from_the_interleaved_samples(tmp_path, gemm_builds):
     builts, libraries = gemm_builds
     settings = BenchSettings(protocol=PROTOCOL, finalists=2, confirm_samples=2,
                              problems_per_batch=3, libraries=libraries, race_cycles=2)
-    records = _bench(tmp_path, builts, settings)
+    steps = []
+
+    def progress(done, total, message):
+        steps.append((done, total, message.split(",")[0]))
+
+    records = _bench(tmp_path, builts, settings, progress)
     screen = [r for r in records if r["phase"] == "screen"]
     assert len(screen) == 6 and {r["timing"] for r in records} == {"interleaved"}
+    # progress counts the batch and the race's rounds (2 cycles in 3 rounds: 2) as one series
+    assert steps == [(1, 3, "bench gemm: batch 1/1 done"),
+                     (2, 3, "bench gemm: race round 1/2 done"),
+                     (3, 3, "bench gemm: race round 2/2 done")]
     assert all(r["status"] == "ok" and r["tflops"] > 0 for r in screen)
     # the isolated validation sample is not part of the label: exactly the protocol's count
     assert all(len(r["samples_s"]) == 3 or r["disturbed_samples_s"] for r in screen)
@@ -205,9 +214,11 @@ def test_the_race_takes_contenders_wide_and_narrows_them_round_by_round():
 
     settings = BenchSettings(protocol=PROTOCOL, rounds=3, race_cycles=6, race_margin_pct=25,
                              race_keep_pct=5, libraries={k: Path(k) for k in screen_s})
+    steps = []
     bench._race(GEMM, builts, [("train", problem)], done, Recorder(), settings, Worker(),
-                lambda message: None)
+                lambda done, total, message: steps.append((done, total, message.split(",")[0])))
     assert plans == [["a", "b", "c", "d"], ["a", "b", "d"], ["a", "b", "d"]]
+    assert steps == [(n, 3, f"bench gemm: race round {n}/3 done") for n in (1, 2, 3)]
     # 'a' is 11 % behind 'b' in the first round, but stays: the window factor needs three
     assert {k: len(o.samples_s) for k, o in written.items()} == {"a": 6, "b": 6, "c": 2, "d": 6}
 

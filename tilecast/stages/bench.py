@@ -248,16 +248,29 @@ def _reusable(family, builts, problems, existing: list[dict], settings: BenchSet
     return done
 
 
+def log_progress(done: int, total: int, message: str) -> None:
+    """Default progress: the message (batch or race round done, records, elapsed, eta) as one
+    log line."""
+    log.info(message)
+
+
 def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], raw_path: Path,
               scratch_dir: Path, run_info: dict, settings: BenchSettings,
-              progress: Callable[[str], None] | None = None) -> BenchSummary:
-    """Measure every built candidate on every (problem_set, problem); see the module docstring."""
-    progress = progress or log.info
+              progress: Callable[[int, int, str], None] | None = None) -> BenchSummary:
+    """Measure every built candidate on every (problem_set, problem); see the module docstring.
+    `progress(done, total, message)` follows the steps: each batch, then each race round
+    (default log_progress; a race that has nothing to race ends short of `total`)."""
+    progress = progress or log_progress
     summary = BenchSummary(raw_path=Path(raw_path))
     started = time.perf_counter()
     done = _reusable(family, builts, problems, read_records(raw_path), settings, summary)
     batches = [problems[i:i + settings.problems_per_batch]
                for i in range(0, len(problems), settings.problems_per_batch)]
+    steps = len(batches) + (len(_race_rounds(settings)) if settings.interleave else 0)
+
+    def race_progress(round_index: int, _rounds: int, message: str) -> None:
+        progress(len(batches) + round_index, steps, message)
+
     with RawWriter(raw_path) as writer, interleave.Worker(settings.protocol, scratch_dir) as worker:
         rec = _Recorder(family, writer, run_info, settings.protocol, summary)
         for index, batch in enumerate(batches, 1):
@@ -265,10 +278,10 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
                        summary, worker)
             elapsed = time.perf_counter() - started
             eta = elapsed / index * (len(batches) - index)
-            progress(f"bench {family.name}: batch {index}/{len(batches)} done, "
+            progress(index, steps, f"bench {family.name}: batch {index}/{len(batches)} done, "
                      f"{summary.measured} new records, {summary.skipped_existing} already measured, "
                      f"elapsed {elapsed:.0f}s, eta {eta:.0f}s")
-        _race(family, builts, problems, done, rec, settings, worker, progress)
+        _race(family, builts, problems, done, rec, settings, worker, race_progress)
     summary.seconds = time.perf_counter() - started
     if summary.usage_errors:
         log.warning("bench %s: the harness refused %d job(s) without measuring (%s); fix the "
@@ -334,6 +347,11 @@ class _Task:
 def _split(total: int, rounds: int) -> list[int]:
     """`total` samples spread over `rounds` as evenly as possible (earlier rounds first)."""
     return [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
+
+
+def _race_rounds(settings: BenchSettings) -> list[int]:
+    """The race's cycles per round (`_race`): race_cycles over `rounds`, empty rounds dropped."""
+    return [c for c in _split(settings.race_cycles, max(1, settings.rounds)) if c]
 
 
 def _round_median(round_medians: dict, key, outcome: JobOutcome) -> None:
@@ -517,7 +535,7 @@ def _confirm(family, builts, keys, prepare, rec, done, settings, worker) -> None
 
 
 def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSettings,
-          worker: interleave.Worker, progress: Callable[[str], None]) -> None:
+          worker: interleave.Worker, progress: Callable[[int, int, str], None]) -> None:
     """The interleaved protocol's confirmation. Measured on the 2-core VM (README:
     Measurement), a problem's screening cycles, all within its batch's half minute, can sit
     in one state of the machine that ranks its leaders otherwise than the next run's state
@@ -549,7 +567,7 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
     racing = {key: interleave.contenders({k: r["median_s"] for k, r in screen.items()}, margin)
              for key, screen in screens.items() if key not in raced and len(screen) > 1}
     racing = {key: kernels for key, kernels in racing.items() if kernels}
-    counts = [c for c in _split(settings.race_cycles, max(1, settings.rounds)) if c]
+    counts = _race_rounds(settings)
     if not racing or not counts:
         return
     # a run resumed with `bench.interleave: false` (or a library gone) cannot race these
@@ -593,9 +611,9 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
                       for key, kernels in racing.items()}
         finished += 1
         elapsed = time.perf_counter() - started
-        progress(f"bench {family.name}: race round {index}/{len(counts)} done, {len(pairs)} "
-                 f"contenders of {len(racing)} problems, elapsed {elapsed:.0f}s, "
-                 f"eta {elapsed / index * (len(counts) - index):.0f}s")
+        progress(index, len(counts), f"bench {family.name}: race round {index}/{len(counts)} "
+                 f"done, {len(pairs)} contenders of {len(racing)} problems, elapsed "
+                 f"{elapsed:.0f}s, eta {elapsed / index * (len(counts) - index):.0f}s")
     if not finished:
         return
     for (kernel, key), outcome in outcomes.items():

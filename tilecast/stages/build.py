@@ -144,10 +144,11 @@ def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str
 def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 2,
                      compiler: str = "g++", flags: Sequence[str] = DEFAULT_FLAGS,
                      timeout_s: float = 300.0,
-                     progress: Callable[[int, int, Built], None] | None = None,
+                     progress: Callable[[int, int, str], None] | None = None,
                      kernels_dir: Path | None = None, shared: bool = False) -> list[Built]:
     """Compile every config in parallel (`jobs` compilers at once); one Built per config,
     in the order given. Cached binaries are reused; failures are events, never exceptions.
+    `progress(done, total, message)` follows the candidates in order (e.g. log_progress);
     `kernels_dir` compiles from another copy of the kernels/ tree (see `rebase_spec`);
     `shared` builds the in-process shared libraries instead of the benchmark executables."""
     cache_dir = Path(cache_dir)
@@ -162,7 +163,7 @@ def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 
             built = future.result()
             results.append(built)
             if progress:
-                progress(index, len(futures), built)
+                progress(index, len(futures), progress_line(index, len(futures), built))
     return results
 
 
@@ -177,12 +178,18 @@ def build_library(family, config, cache_dir: Path | None = None, *, compiler: st
     return _compile(family, config, cache_dir, compiler, tuple(flags), timeout_s, shared=True)
 
 
-def log_progress(index: int, total: int, built: Built) -> None:
-    """Default progress: one log line per candidate (cached, compiled or failed)."""
+def progress_line(index: int, total: int, built: Built) -> str:
+    """A candidate's progress message: `build 3/40 <kernel> 1.2s`, `... cached` or
+    `... FAILED (<first line of the reason>)`."""
     state = "cached" if built.cached else f"{built.event.seconds:.1f}s"
     if built.event.status != "ok":
         state = f"FAILED ({built.event.reason.splitlines()[0][:120] if built.event.reason else ''})"
-    log.info("build %d/%d %s %s", index, total, built.kernel, state)
+    return f"build {index}/{total} {built.kernel} {state}"
+
+
+def log_progress(done: int, total: int, message: str) -> None:
+    """Default progress: one log line per candidate (cached, compiled or failed)."""
+    log.info(message)
 
 
 def first_error_line(reason: str) -> str:

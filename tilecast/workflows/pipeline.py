@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -91,14 +92,16 @@ def select_candidates(ctx: RunContext, name: str) -> list:
     return [space[n] for n in tune.seeded_order(list(space), fc.seed)[:fc.budget]]
 
 
-def build_stage(ctx: RunContext, name: str) -> dict:
+def build_stage(ctx: RunContext, name: str,
+                progress: Callable[[int, int, str], None] = build.log_progress) -> dict:
     """Compile the selected candidates; writes W/build/<family>/events.json. When none
-    built, a build.BuildError names the failures (after the events are written)."""
+    built, a build.BuildError names the failures (after the events are written).
+    `progress(done, total, message)` follows the candidates (build.build_candidates)."""
     family, _ = _family(ctx, name)
     configs = select_candidates(ctx, name)
     log.info("build %s: %d candidates, %d parallel compiles", name, len(configs), ctx.config.build_jobs)
     builts = build.build_candidates(family, configs, ctx.build_cache, jobs=ctx.config.build_jobs,
-                                    progress=build.log_progress)
+                                    progress=progress)
     events = ctx.layout.build_events(name)
     build.write_events(events, builts)
     build.require_some_built(name, builts, events)
@@ -135,9 +138,11 @@ def problems(ctx: RunContext, name: str) -> list[tuple[str, object]]:
     return unique
 
 
-def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
+def bench_stage(ctx: RunContext, name: str, device: str | None = None,
+                progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Measure every built candidate on every problem; appends to W/bench/<family>.jsonl.
-    Holds `device` (default: this host's CPU) exclusively while it measures."""
+    Holds `device` (default: this host's CPU) exclusively while it measures.
+    `progress(done, total, message)` follows its batches and race rounds (bench.benchmark)."""
     family, fc = _family(ctx, name)
     builts = load_builds(ctx, name)
     cfg = ctx.config
@@ -150,7 +155,7 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None) -> dict:
     log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
     with exclusive(device or default_device()):
         summary = benchmark(family, builts, pairs, ctx.layout.raw_log(name),
-                            ctx.layout.scratch(name), run_info, settings)
+                            ctx.layout.scratch(name), run_info, settings, progress)
     return {"family": name, "new_records": summary.measured,
             "already_measured": summary.skipped_existing, "statuses": dict(summary.statuses),
             "seconds": round(summary.seconds, 1)}
