@@ -18,9 +18,9 @@ device, not of a problem, so with `groups` the threshold must keep the budget on
 alone (the worst device decides), and fewer than MIN_GROUPS groups calibrate nothing.
 
 With fewer than MIN_PROBLEMS calibration problems (or MIN_GROUPS groups), or when no threshold
-keeps within the budget, the calibration answers "unsure" for every problem (`threshold` = inf, written as null
-in JSON) and says why in `note`: a threshold fitted to a handful of outcomes would promise a
-confident-wrong rate nobody measured.
+keeps within the budget, the calibration answers "unsure" for every problem (`threshold` =
+inf, written as null in JSON) and says why in `note`: a threshold fitted to a handful of
+outcomes would promise a confident-wrong rate nobody measured.
 """
 from __future__ import annotations
 

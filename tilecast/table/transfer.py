@@ -23,8 +23,9 @@ share of sure answers reaching `target`, `confident_wrong` the share of ALL prob
 sure below `target`. A held-out device whose hardware lies beyond every training device's on
 some figure (TableModel.beyond; column `beyond`) is answered unsure throughout, as the
 dispatcher does: no calibration measured a pick that far out; the calibration itself learns
-from the inner picks a dispatcher could answer sure, grouped by held-out device.
-Baselines (tilecast.table.transfer_baselines) are scored on the same problems. Figures pool every (device, problem) for `overall` and each device's for `devices`
+from the inner picks a dispatcher could answer sure, grouped by held-out device. Baselines
+(tilecast.table.transfer_baselines) are scored on the same problems. Figures pool every
+(device, problem) for `overall` and each device's for `devices`
 (tilecast.table.transfer_summary); the per-(device, problem) table behind them (picks, their
 efficiencies, confidences, the baselines' picks) comes back beside the report.
 """
