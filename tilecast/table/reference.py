@@ -194,10 +194,9 @@ class Reference:
         exact, gap = self._nearest_problems(values, labels, usable)
         exact_hit = np.isfinite(gap) & (gap == 0)
         if new_problem is not None and new_problem.any():
-            own = np.where(exact_hit & new_problem, exact, -1)
-            moved, moved_gap = self._nearest_problems(values, labels, usable, exclude=own)
-            exact = np.where(own >= 0, moved, exact)
-            gap = np.where(own >= 0, moved_gap, gap)
+            rows = np.flatnonzero(exact_hit & new_problem)      # moved to their neighbour
+            exact[rows], gap[rows] = self._nearest_problems(values[rows], labels[rows], usable,
+                                                            exclude=exact[rows])
         out[:, :, NAMES.index("ref:problem_distance")] = gap[:, None]
 
         columns = np.array([self._kernel_index.get(k, -1) for k in kernels])
