@@ -1,19 +1,22 @@
 """Latency of one kernel choice, per path, for 16 and 200 candidates: the exported C selector
-(`tilecast export`, timed in C++), Dispatcher.select, Booster.predict on the candidates'
-feature rows, and a compiled-forest library (lleaves, else treelite + tl2cgen) when one is
-importable.
+(`tilecast export`, timed in C++) scoring every candidate and through the model's shortlist
+(`--shortlist K`), Dispatcher.select (both ways), Booster.predict on the candidates' feature
+rows, and the compiled-forest libraries lleaves and treelite + tl2cgen when importable
+(installed for this benchmark only, e.g. `pip install --target DIR lleaves treelite tl2cgen`
+and PYTHONPATH=DIR).
 
     python benchmarks/dispatch_latency.py                       # a synthetic nightly-shaped model
     python benchmarks/dispatch_latency.py --registry R --model gemm [--alias production]
 
 Without --registry it trains a model shaped like the nightly's (31 leaves, ~130 trees) on a
-synthetic target over 216 GEMM candidates and publishes the same forest twice to a temporary
-registry, with 200 and with 16 of the candidates. Every path scores the same unseen random
-problems, each problem once (Dispatcher.select memoizes a shape: each is new to it); the C
-selector's per-problem time is the mean of --repeat calls (it memoizes nothing). It prints
-p50 / p90 per path in microseconds (and of Dispatcher.select asked each problem again, when
-it answers from its memo), and how many choices differ from the dispatcher's (must be 0).
-Needs g++. Figures, not a test.
+synthetic target over 216 GEMM candidates, learns its shortlist (tilecast.runtime.shortlist)
+and publishes the same forest twice to a temporary registry, with 200 and with 16 of the
+candidates. Every path scores the same unseen random problems, each problem once
+(Dispatcher.select memoizes a shape: each is new to it); the C selector's per-problem time
+is the mean of --repeat calls (it memoizes nothing). It prints p50 / p90 per path in
+microseconds (and of Dispatcher.select asked each problem again, when it answers from its
+memo), and how many exported choices differ from the dispatcher's (must be 0). Needs g++.
+Figures, not a test.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from tilecast.registry import api as registry  # noqa: E402
 from tilecast.runtime import export  # noqa: E402
 from tilecast.runtime.dispatch import Dispatcher  # noqa: E402
 from tilecast.runtime.export import c_source  # noqa: E402
+from tilecast.runtime import shortlist as shortlists  # noqa: E402
 from tilecast.runtime.export.gemm import DTYPE_CODES, LAYOUT_CODES  # noqa: E402
 
 GEMM = get_family("gemm")
@@ -52,6 +56,7 @@ PARAMS = {"objective": "regression", "num_leaves": 31, "learning_rate": 0.05,
 METRICS = {"mean_efficiency": 0.9, "median_efficiency": 0.9, "p10_efficiency": 0.8,
            "min_efficiency": 0.5, "static_best": {"kernel": "?", "mean_efficiency": 0.7}}
 CANDIDATE_COUNTS = (16, 200)
+SHORTLISTS = (1, 4, 8)   # shortlist sizes timed (the synthetic models' shortlists keep 8)
 C_FLAGS = ("-O3", "-march=native")
 
 TIMER = r"""
@@ -114,9 +119,10 @@ def synthetic_registry(root: Path, trees: int, seed: int) -> list[str]:
     configs = GEMM.candidate_space(OPTIONS, HARDWARE)
     kernels = [GEMM.kernel_name(c) for c in configs]
     kernel_matrix = engine.kernel_features(configs)
-    blocks = []
+    blocks, problems = [], []
     for values in random_problems(rng, 250, ["fp32"]):
         problem = GEMM.problem(values)
+        problems.append(problem)
         blocks.append(engine.combine(problem, engine.problem_features(problem), kernel_matrix,
                                      configs))
     features = np.vstack(blocks)
@@ -133,6 +139,9 @@ def synthetic_registry(root: Path, trees: int, seed: int) -> list[str]:
         candidates = {"family": "gemm", "kernels": chosen, "static_best": chosen[0]}
         files = {"model.txt": booster.model_to_string(), "feature_spec.json": json.dumps(spec),
                  "candidates.json": json.dumps(candidates), "train_manifest.json": "{}"}
+        dispatcher = Dispatcher(booster, spec, candidates)
+        shortlist = shortlists.learn(dispatcher, problems, max(SHORTLISTS), seed=seed)
+        files[shortlists.FILE] = json.dumps(shortlist.to_json())
         models.append(f"gemm-{count}")
         registry.publish(root, models[-1], files, metrics=METRICS)
     return models
@@ -174,26 +183,52 @@ def time_exported(selector, problems, scratch: Path, repeat: int) -> tuple[list,
     return [int(v) for v in out[::2]], [float(v) for v in out[1::2]], compile_s
 
 
-def compiled_forest(booster_file: Path, scratch: Path):
-    """(library name, predict(rows)) of an importable compiled-forest library, else None."""
+def compiled_forests(booster_file: Path, scratch: Path) -> list:
+    """(library name, predict(rows)) of each importable compiled-forest library."""
+    found = []
     if importlib.util.find_spec("lleaves") is not None:
-        import lleaves
+        try:
+            import lleaves
 
-        model = lleaves.Model(model_file=str(booster_file))
-        model.compile(cache=str(scratch / "lleaves.o"))
-        return "lleaves", lambda rows: model.predict(rows, n_jobs=1)
+            compiled = lleaves.Model(model_file=str(booster_file))
+            compiled.compile(cache=str(scratch / f"{booster_file.stem}.lleaves.o"))
+            found.append(("lleaves", lambda rows: compiled.predict(rows, n_jobs=1)))
+        except Exception as err:  # noqa: BLE001 - a peer that fails is reported, not fatal
+            print(f"  lleaves failed: {type(err).__name__}: {err}")
     if importlib.util.find_spec("treelite") is not None and \
             importlib.util.find_spec("tl2cgen") is not None:
-        import tl2cgen
-        import treelite
+        try:
+            import tl2cgen
+            import treelite
 
-        model = treelite.frontend.load_lightgbm_model(str(booster_file))
-        library = scratch / "forest.so"
-        tl2cgen.export_lib(model, toolchain="gcc", libpath=str(library),
-                           params={"parallel_comp": 8}, nthread=1)
-        predictor = tl2cgen.Predictor(str(library), nthread=1)
-        return "treelite/tl2cgen", lambda rows: predictor.predict(tl2cgen.DMatrix(rows))
-    return None
+            model = treelite.frontend.load_lightgbm_model(str(booster_file))
+            library = scratch / f"{booster_file.stem}.so"
+            tl2cgen.export_lib(model, toolchain="gcc", libpath=str(library),
+                               params={"parallel_comp": 8}, nthread=1)
+            predictor = tl2cgen.Predictor(str(library), nthread=1)
+            found.append(("treelite/tl2cgen", lambda rows: predictor.predict(
+                tl2cgen.DMatrix(rows, dtype="float64"))))
+        except Exception as err:  # noqa: BLE001
+            print(f"  treelite/tl2cgen failed: {type(err).__name__}: {err}")
+    return found
+
+
+def timed(call, items) -> list[int]:
+    """ns per call(item), one call each."""
+    took = []
+    for item in items:
+        begin = time.perf_counter_ns()
+        call(item)
+        took.append(time.perf_counter_ns() - begin)
+    return took
+
+
+def exported_choices(selector, problems, scratch: Path, repeat: int, label: str,
+                     dispatcher) -> tuple[list, int]:
+    """(ns per call, choices differing from `dispatcher`'s) of one exported selector."""
+    choices, c_ns, _ = time_exported(selector, problems, scratch / label, repeat)
+    expected = [selector.kernels.index(dispatcher.select(values)) for values in problems]
+    return c_ns, sum(c != e for c, e in zip(choices, expected))
 
 
 def measure(root, model: str, alias, problems_count: int, repeat: int, seed: int,
@@ -211,47 +246,48 @@ def measure(root, model: str, alias, problems_count: int, repeat: int, seed: int
     print(f"\nmodel {model!r} version {dispatcher.version}: {len(dispatcher.kernels)} candidates, "
           f"{dispatcher.booster.num_trees()} trees; exported in {export_s:.1f} s "
           f"({len(selector.forest.slot)} splits, {len(selector.slots)} slots)")
+    print(f"  (C built with g++ {' '.join(C_FLAGS)}; mean of {repeat} calls per problem)")
+    rows_out, mismatches = [], 0
 
-    choices, c_ns, compile_s = time_exported(selector, problems, scratch, repeat)
-    select_ns, expected = [], []
-    for values in problems:
-        begin = time.perf_counter_ns()
-        name = dispatcher.select(values)
-        select_ns.append(time.perf_counter_ns() - begin)
-        expected.append(selector.kernels.index(name))
-    memo_ns = []
-    for values in problems:   # each problem again: a dictionary lookup now
-        begin = time.perf_counter_ns()
-        dispatcher.select(values)
-        memo_ns.append(time.perf_counter_ns() - begin)
-    rows = [feature_rows(dispatcher, values) for values in problems]
-    predict_ns = []
-    for features in rows:
-        begin = time.perf_counter_ns()
-        dispatcher.booster.predict(features, num_threads=1)
-        predict_ns.append(time.perf_counter_ns() - begin)
+    unseen = timed(dispatcher.select, problems)     # first: each problem is new to it
+    memoized = timed(dispatcher.select, problems)
+    c_ns, differ = exported_choices(selector, problems, scratch, repeat, f"{model}-all",
+                                    dispatcher)
+    mismatches += differ
+    rows_out += [("exported C selector, every candidate", c_ns),
+                 ("Dispatcher.select, unseen problems", unseen),
+                 ("Dispatcher.select, the same again (memoized)", memoized)]
+    for size in SHORTLISTS:
+        try:
+            listed = Dispatcher.from_registry(root, model, alias, shortlist=size)
+        except registry.RegistryError as err:
+            print(f"  shortlist {size}: {err}")
+            break
+        listed_ns = timed(listed.select, problems)
+        short = export.load(root, model, alias, shortlist=size)
+        c_ns, differ = exported_choices(short, problems, scratch, repeat,
+                                        f"{model}-short{size}", listed)
+        mismatches += differ
+        same = sum(listed.select(p) == dispatcher.select(p) for p in problems)
+        rows_out += [(f"exported C selector, shortlist {size}", c_ns),
+                     (f"Dispatcher.select, shortlist {size}", listed_ns)]
+        print(f"  shortlist {size}: the forest's own choice on {same} of {len(problems)} "
+              "problems")
 
-    mismatches = sum(c != e for c, e in zip(choices, expected))
-    print(f"  (C built with g++ {' '.join(C_FLAGS)} in {compile_s:.1f} s; mean of {repeat} "
-          "calls per problem)")
-    print(f"  {'exported C selector':<46}{percentiles(c_ns)}")
-    print(f"  {'Dispatcher.select, unseen problems':<46}{percentiles(select_ns)}")
-    print(f"  {'Dispatcher.select, the same again (memoized)':<46}{percentiles(memo_ns)}")
-    print(f"  {'Booster.predict on the feature rows':<46}{percentiles(predict_ns)}")
+    features = [feature_rows(dispatcher, values) for values in problems]
+    rows_out.append(("Booster.predict on the feature rows",
+                     timed(lambda rows: dispatcher.booster.predict(rows, num_threads=1),
+                           features)))
     booster_file = scratch / f"{model}.txt"
     dispatcher.booster.save_model(str(booster_file))
-    library = compiled_forest(booster_file, scratch)
-    if library is None:
-        print("  compiled forest (lleaves, treelite/tl2cgen) not installed")
-    else:
-        name, predict = library
-        library_ns = []
-        for features in rows:
-            begin = time.perf_counter_ns()
-            predict(features)
-            library_ns.append(time.perf_counter_ns() - begin)
-        print(f"  {name + ' on the feature rows':<46}{percentiles(library_ns)}")
-    print(f"  exported choices != Dispatcher.select: {mismatches} of {len(problems)}")
+    libraries = compiled_forests(booster_file, scratch)
+    if not libraries:
+        print("  compiled forests (lleaves, treelite/tl2cgen) not installed")
+    for name, predict in libraries:
+        rows_out.append((f"{name} on the feature rows", timed(predict, features)))
+    for label, samples in rows_out:
+        print(f"  {label:<50}{percentiles(samples)}")
+    print(f"  exported choices != Dispatcher.select: {mismatches}")
     return mismatches
 
 

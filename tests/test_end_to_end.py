@@ -63,6 +63,17 @@ def test_run_then_select_then_rerun(tmp_path):
                               "--problem", "m=40,n=70,k=90", "--json").stdout)
     assert as_json["kernel"] == chosen and as_json["version"] == 1 and as_json["predicted_tflops"] > 0
 
+    # the version carries its shortlist (checksummed with the rest); evaluate scored it
+    version = registry / "gemm" / "versions" / "1"
+    shortlist = json.loads((version / "shortlist.json").read_text())
+    assert shortlist["format"] == "tilecast-shortlist" and shortlist["leaves"]
+    assert "shortlist.json" in json.loads((version / "checksums.json").read_text())["files"]
+    sizes = json.loads((work / "eval" / "gemm" / "metrics.json").read_text())["shortlist"]["sizes"]
+    assert "1" in sizes and all(0 <= v["mean_efficiency"] <= 1 for v in sizes.values())
+    listed = _run("select", "--registry", str(registry), "--model", "gemm", "--problem",
+                  "m=40,n=70,k=90", "--shortlist", "1").stdout.strip()
+    assert listed in candidates["kernels"]
+
     bad = _run("select", "--registry", str(registry), "--model", "gemm", "--problem", "m=4,n=x,k=1",
                check=False)
     assert bad.returncode == 2 and "n='x'" in bad.stderr

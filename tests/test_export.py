@@ -18,7 +18,7 @@ from tilecast.families import get_family
 from tilecast.families.base import FamilyError
 from tilecast.registry import api as registry
 from tilecast.registry.api import RegistryError
-from tilecast.runtime import export
+from tilecast.runtime import export, shortlist as shortlists
 from tilecast.runtime.dispatch import Dispatcher, NoKernelError
 from tilecast.runtime.export import c_source, forest as forests
 from tilecast.runtime.export.gemm import DTYPE_CODES, LAYOUT_CODES
@@ -129,6 +129,20 @@ def setup(tmp_path_factory):
         with_nan[rng.random(len(features)) < 0.2, feature_names.index(column)] = np.nan
     nan = train(with_nan, tflops)
     publish_model(root, "nan-missing", nan, feature_names, names, "log1p_tflops")
+
+    # 'gemm' again with a shortlist of 4 learned on its training problems
+    version = registry.local_copy(root, "gemm", 1)
+    dispatcher = Dispatcher.from_directory(version)
+    problems = [GEMM.problem({"m": m, "n": n, "k": k, "dtype": dtype, "layout_a": a,
+                              "layout_b": b})
+                for (m, n, k), dtype, a, b in itertools.product(
+                    itertools.product(TRAIN_SIZES, repeat=3), DTYPE_CODES, LAYOUT_CODES,
+                    LAYOUT_CODES)]
+    shortlist = shortlists.learn(dispatcher, problems, 4, drawn=1500)
+    files = {name: (version / name).read_text() for name in
+             ("model.txt", "feature_spec.json", "candidates.json", "train_manifest.json")}
+    registry.publish(root, "gemm-short", {**files, shortlists.FILE:
+                                          json.dumps(shortlist.to_json())}, metrics=METRICS)
     return {"root": root, "names": names, "fp32": fp32, "engine": engine,
             "features": features, "tflops": tflops, "boosters": {
                 "gemm": booster, "zero-missing": zero, "nan-missing": nan}}
@@ -139,11 +153,11 @@ def compiled(setup, tmp_path_factory):
     """model -> (selector, driver binary), exported and compiled on first use."""
     built = {}
 
-    def get(model, flags=("-O2",)):
-        key = (model, tuple(flags))
+    def get(model, flags=("-O2",), shortlist=None):
+        key = (model, tuple(flags), shortlist)
         if key not in built:
             out = tmp_path_factory.mktemp(f"export-{model}")
-            selector = export.load(setup["root"], model)
+            selector = export.load(setup["root"], model, shortlist=shortlist)
             export.write(selector, out, "c")
             built[key] = (selector, compile_driver(selector, out, flags))
         return built[key]
@@ -228,6 +242,36 @@ def test_compiled_selector_picks_what_the_dispatcher_picks_on_10000_problems(set
     assert min(fp32) < 64 <= max(fp32)   # fp32 problems score candidates of both words
 
 
+@pytest.mark.parametrize("size", [1, 3])
+def test_a_shortlisted_selector_picks_what_the_shortlisted_dispatcher_picks(setup, compiled,
+                                                                           size):
+    selector, binary = compiled("gemm-short", shortlist=size)
+    assert selector.shortlist is not None and len(selector.shortlist_rows) >= 4
+    assert max(len(row) for row in selector.shortlist_rows) == size
+    listed = Dispatcher.from_registry(setup["root"], "gemm-short", shortlist=size)
+    full = Dispatcher.from_registry(setup["root"], "gemm-short")
+    problems = random_problems(seed=12, count=10_000)
+    expected = [dispatcher_choice(listed, selector.kernels, p) for p in problems]
+    got = [int(line) for line in run_driver(binary, [as_codes(p) for p in problems])]
+    mismatches = [(p, e, g) for p, e, g in zip(problems, expected, got) if e != g]
+    assert not mismatches, f"{len(mismatches)} of {len(problems)} differ, e.g. {mismatches[:3]}"
+    valid = [(p, e) for p, e in zip(problems, expected) if e >= 0]
+    assert len({e for _, e in valid}) >= 5
+    # the shortlist changes some choices (so the test would see a selector ignoring it)
+    forest = [dispatcher_choice(full, selector.kernels, p) for p, _ in valid[:2000]]
+    assert any(f != e for f, (_, e) in zip(forest, valid[:2000]))
+
+
+def test_a_version_without_a_shortlist_cannot_be_exported_with_one(setup, tmp_path, capsys):
+    assert main(["export", "--registry", str(setup["root"]), "--model", "gemm",
+                 "--shortlist", "2", "--out", str(tmp_path)]) == 2
+    assert "trained without a shortlist" in capsys.readouterr().err
+    assert main(["export", "--registry", str(setup["root"]), "--model", "gemm-short",
+                 "--shortlist", "0", "--out", str(tmp_path)]) == 2
+    assert "--shortlist 0 must be a number of kernels >= 1" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("model", ["zero-missing", "nan-missing"])
 def test_missing_value_splits_decide_as_lightgbm_does(setup, compiled, model):
     missing = {"zero-missing": "Zero", "nan-missing": "NaN"}[model]
@@ -258,10 +302,12 @@ def test_contraction_is_off_even_where_the_compiler_would_fuse(setup, compiled, 
     assert run_driver(native, rows) == run_driver(portable, rows)
 
 
-def test_the_source_is_c99_and_warning_free_as_c_and_cpp(setup, compiled, tmp_path):
+@pytest.mark.parametrize("model, shortlist", [("gemm", None), ("gemm-short", 2)])
+def test_the_source_is_c99_and_warning_free_as_c_and_cpp(setup, compiled, tmp_path, model,
+                                                        shortlist):
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc for the C build")
-    selector, _ = compiled("gemm")
+    selector, _ = compiled(model, shortlist=shortlist)
     paths = export.write(selector, tmp_path, "c")
     source = [str(p) for p in paths if p.suffix == ".c"][0]
     for compiler, std in (("gcc", "-std=c99"), ("g++", "-std=c++11")):
@@ -343,8 +389,8 @@ def json_select(doc: dict, row: tuple) -> int:
 
     inputs = {name: float(value) for name, value in values.items()}
     kernel_slots = [i for i, s in enumerate(doc["slots"]) if s["level"] == "kernel"]
-    best, best_score = None, None
-    for c in rows:
+
+    def slot_values_of(c):
         temps = {}
 
         def operand(ref):
@@ -364,44 +410,64 @@ def json_select(doc: dict, row: tuple) -> int:
                 if not slot["log2"] and abs(value) <= ZERO_THRESHOLD:
                     value = 0.0
             slot_values.append(value)
-        nodes, score = doc["forest"]["nodes"], 0.0
-        for node in doc["forest"]["roots"]:
-            while node >= 0:
-                slot = nodes["slot"][node]
-                value, zero = slot_values[slot], 1.0 if doc["slots"][slot]["log2"] else 0.0
-                missing, go_default = nodes["missing"][node], nodes["default_left"][node]
-                if value != value and missing == 2:      # NaN, a NaN split: its default
-                    left = go_default
-                else:
-                    value = zero if value != value else value
-                    left = go_default if missing == 1 and value == zero else \
-                        value <= nodes["threshold"][node]
-                node = nodes["left"][node] if left else nodes["right"][node]
-            score += doc["forest"]["leaves"][-1 - node]
+        return slot_values
+
+    def walk(tree, node, slot_values):
+        nodes = tree["nodes"]
+        while node >= 0:
+            slot = nodes["slot"][node]
+            value, zero = slot_values[slot], 1.0 if doc["slots"][slot]["log2"] else 0.0
+            missing, go_default = nodes["missing"][node], nodes["default_left"][node]
+            if value != value and missing == 2:      # NaN, a NaN split: its default
+                left = go_default
+            else:
+                value = zero if value != value else value
+                left = go_default if missing == 1 and value == zero else \
+                    value <= nodes["threshold"][node]
+            node = nodes["left"][node] if left else nodes["right"][node]
+        return -1 - node
+
+    if doc["shortlist"] is not None:   # problem slots read the same for every candidate
+        tree = doc["shortlist"]["tree"]
+        leaf = walk(tree, tree["roots"][0], slot_values_of(rows[0]))
+        listed = [c for c in rows if c in doc["shortlist"]["rows"][leaf]]
+        if len(listed) == 1:
+            return listed[0]
+        rows = listed or rows
+    best, best_score = None, None
+    for c in rows:
+        slot_values = slot_values_of(c)
+        score = sum(doc["forest"]["leaves"][walk(doc["forest"], root, slot_values)]
+                    for root in doc["forest"]["roots"])
         if score <= doc["raw_score_max"] and (best is None or score > best_score):
             best, best_score = c, score
     return rows[0] if best is None else best
 
 
-def test_a_python_evaluator_of_the_json_form_picks_what_the_dispatcher_picks(setup, tmp_path):
-    assert main(["export", "--registry", str(setup["root"]), "--model", "gemm", "--version",
-                 "1", "--out", str(tmp_path), "--format", "json"]) == 0
-    doc = json.loads((tmp_path / "tilecast_gemm.json").read_text())
-    dispatcher = Dispatcher.from_registry(setup["root"], "gemm")
+@pytest.mark.parametrize("model, shortlist", [("gemm", None), ("gemm-short", 2)])
+def test_a_python_evaluator_of_the_json_form_picks_what_the_dispatcher_picks(setup, tmp_path,
+                                                                             model, shortlist):
+    assert main(["export", "--registry", str(setup["root"]), "--model", model, "--version",
+                 "1", "--out", str(tmp_path), "--format", "json"]
+                + (["--shortlist", str(shortlist)] if shortlist else [])) == 0
+    doc = json.loads((tmp_path / f"tilecast_{model.replace('-', '_')}.json").read_text())
+    dispatcher = Dispatcher.from_registry(setup["root"], model, shortlist=shortlist)
     problems = random_problems(seed=14, count=300)
     got = [json_select(doc, as_codes(p)) for p in problems]
     assert got == [dispatcher_choice(dispatcher, doc["kernels"], p) for p in problems]
     assert len({g for g in got if g >= 0}) >= 5
 
 
-def test_the_json_form_round_trips_to_the_same_c(setup):
-    selector = export.load(setup["root"], "gemm")
-    document = json.loads(export.render(selector, "json")["tilecast_gemm.json"])
+@pytest.mark.parametrize("model, shortlist", [("gemm", None), ("gemm-short", 3)])
+def test_the_json_form_round_trips_to_the_same_c(setup, model, shortlist):
+    selector = export.load(setup["root"], model, shortlist=shortlist)
+    document = json.loads(export.render(selector, "json")[f"{c_source.file_stem(selector)}.json"])
+    assert (document["shortlist"] is None) == (shortlist is None)
     again = export.Selector.from_json(document)
     assert export.render(again, "c") == export.render(selector, "c")
     assert again.to_json() == document
     document["format_version"] = 99
-    with pytest.raises(export.ExportError, match="not a tilecast-selector version 1"):
+    with pytest.raises(export.ExportError, match="not a tilecast-selector version 2"):
         export.Selector.from_json(document)
 
 

@@ -175,7 +175,9 @@ def _cmd_select(args) -> int:
     from tilecast.runtime.dispatch import Dispatcher, parse_problem_string
 
     parse_problem_string(args.problem)  # a malformed string fails before the model is loaded
-    dispatcher = Dispatcher.from_registry(registry_root(args.registry), args.model, args.alias)
+    shortlist = _shortlist_size(args.shortlist)
+    dispatcher = Dispatcher.from_registry(registry_root(args.registry), args.model, args.alias,
+                                          **({"shortlist": shortlist} if shortlist else {}))
     # only a table model answers per device (tilecast.table.dispatch.TableDispatcher)
     table = getattr(dispatcher, "family", None) == "table"
     if args.device is not None and not table:
@@ -190,15 +192,24 @@ def _cmd_select(args) -> int:
     return 0
 
 
+def _shortlist_size(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise CliError(f"--shortlist {value} must be a number of kernels >= 1")
+    return value
+
+
 def _cmd_export(args) -> int:
     from tilecast.runtime import export
 
     out = user_dir(args.out, "--out", writable=True)
     alias = args.version if args.version is not None else args.alias
-    selector = export.load(registry_root(args.registry), args.model, alias)
+    selector = export.load(registry_root(args.registry), args.model, alias,
+                           shortlist=_shortlist_size(args.shortlist))
     paths = export.write(selector, out, args.format)
+    shortlist = "" if selector.shortlist is None else \
+        f", a shortlist of {args.shortlist} ({len(selector.shortlist_rows)} leaves)"
     print(f"{args.model} version {selector.version}: {selector.candidates} candidates, "
-          f"{len(selector.forest.roots)} trees, {len(selector.forest.slot)} splits -> "
+          f"{len(selector.forest.roots)} trees, {len(selector.forest.slot)} splits{shortlist} -> "
           + ", ".join(str(path) for path in paths))
     return 0
 
@@ -486,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--alias", default="production")
     select.add_argument("--problem", required=True, help="e.g. 'm=512,n=512,k=512'")
     select.add_argument("--json", action="store_true")
+    select.add_argument("--shortlist", type=int, default=None, metavar="K",
+                        help="score only the (at most K) candidates of the version's "
+                             "shortlist leaf for the problem (see tilecast.runtime.shortlist)")
     select.add_argument("--device", default=None,
                         help="table models: the device to choose for (a name or label of the "
                              "hardware table; default: the model's only training device)")
@@ -507,6 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--alias", default="production", help="an alias (default production)")
     export.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
     export.add_argument("--format", choices=("c", "json"), default="c")
+    export.add_argument("--shortlist", type=int, default=None, metavar="K",
+                        help="score only the (at most K) candidates of the version's "
+                             "shortlist leaf, as `tilecast select --shortlist K` does: a "
+                             "query costs trees x K instead of trees x candidates (the "
+                             "version's evaluation says what each K costs in efficiency)")
     export.set_defaults(func=_cmd_export)
 
     train = sub.add_parser(

@@ -344,7 +344,7 @@ MODEL_RULES = {
     "min_data_in_leaf": whole(1), "feature_fraction": FRACTION, "bagging_fraction": FRACTION,
     "bagging_freq": whole(0), "lambda_l2": NON_NEGATIVE, "folds": whole(2),
     "early_stopping_rounds": whole(1), "seed": whole(0), "target": choice(TARGET_TRANSFORMS),
-    "top_weight": NON_NEGATIVE}
+    "top_weight": NON_NEGATIVE, "shortlist": whole(0, 64)}
 
 # one per field of tilecast.core.measure.Protocol, whose defaults the section takes
 PROTOCOL_RULES = {

@@ -57,6 +57,10 @@ class EngineBase:
         return [*self._problem_names, *self._kernel_names,
                 *self._interaction_names, *HARDWARE_FEATURES]
 
+    def problem_feature_names(self) -> list[str]:
+        """The names of problem_features' columns: what depends on the problem alone."""
+        return list(self._problem_names)
+
     def stack(self, problem_row: np.ndarray, kernel_matrix: np.ndarray,
               interactions: np.ndarray) -> np.ndarray:
         """The full matrix: the problem row and the hardware vector repeated on every kernel's

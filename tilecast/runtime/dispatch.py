@@ -24,6 +24,7 @@ from tilecast.families import get_family
 from tilecast.families.base import FamilyError
 from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
+from tilecast.runtime import shortlist as shortlists
 from tilecast.runtime.native.scoring import CandidateScorer
 from tilecast.stages.layout import CANDIDATES_FILE, FEATURE_SPEC_FILE, MODEL_FILE, TARGET_TRANSFORMS
 
@@ -190,16 +191,44 @@ def _field(document: Mapping, key: str, kind, path: Path):
     return document[key]
 
 
+def _read_shortlist(path: Path, size: int, model: str,
+                    version: int | None) -> shortlists.Shortlist:
+    """The artifact directory's shortlist, each leaf cut to `size` kernels; RegistryError
+    when it has none or cannot be read."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"shortlist={size!r} must be a whole number >= 1 (or 0/None: none)")
+    file = path / shortlists.FILE
+    if not file.is_file():
+        raise RegistryError(f"version {version} of model {model!r} has no {shortlists.FILE} "
+                            f"(no file {file}): it was trained without a shortlist (model "
+                            "setting shortlist: 0, or before tilecast learned them); select "
+                            "without one, or train again")
+    try:
+        shortlist = shortlists.Shortlist.from_json(_read_json(file, shortlists.FILE), str(file))
+    except shortlists.ShortlistError as err:
+        raise RegistryError(str(err)) from None
+    if size > shortlist.size:
+        raise RegistryError(f"{file} keeps at most {shortlist.size} kernels a leaf; "
+                            f"shortlist={size} asks for more")
+    return shortlist.truncated(size)
+
+
 class Dispatcher:
     """Picks a kernel per problem from one published model version.
 
     Attributes: `model` (registry model name), `version`, `family`, `kernels` (candidate
     names), `booster`, `static_best`, `last_fallback_reason` (None unless the last query
-    had no applicable candidate)."""
+    had no applicable candidate), `shortlist` (None: every applicable candidate is scored).
+
+    With a `shortlist` (tilecast.runtime.shortlist; the loaders take `shortlist=K` and read
+    the version's shortlist.json, each leaf cut to K kernels) a query scores only the
+    applicable kernels of its leaf, all applicable ones when none of them applies: rankings
+    then hold those kernels only."""
 
     def __init__(self, booster: lightgbm.Booster, feature_spec: Mapping, candidates: Mapping, *,
                  model: str = "", version: int | None = None, source: Path | None = None,
-                 cache_size: int = DEFAULT_CACHE_SIZE):
+                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 shortlist: shortlists.Shortlist | None = None):
         source = source or Path("<memory>")
         spec_path, cand_path = source / FEATURE_SPEC_FILE, source / CANDIDATES_FILE
         self.booster = booster
@@ -251,6 +280,30 @@ class Dispatcher:
         self._scorer = CandidateScorer(self.engine, self._kernel_matrix[by_name],
                                        self._configs_by_name, booster, self._columns,
                                        label=f"model {model!r} version {version}")
+        self.shortlist = shortlist
+        if shortlist is not None:
+            self._shortlist_setup(shortlist, source / shortlists.FILE)
+
+    def _shortlist_setup(self, shortlist: shortlists.Shortlist, path: Path) -> None:
+        """Per leaf, its kernels as a mask over the candidates in name order."""
+        names, _ = shortlists.shortlist_features(self)
+        unknown = sorted(set(shortlist.features) - set(names))
+        if unknown:
+            raise RegistryError(f"{path} splits on {unknown}, which are not problem features "
+                                f"of model {self.model!r}")
+        engine_names = list(self.engine.problem_feature_names())
+        self._shortlist_positions = np.array([engine_names.index(f) for f in shortlist.features],
+                                             dtype=np.intp)
+        column = {name: i for i, name in enumerate(self._names_by_name)}
+        strangers = sorted({k for kernels in shortlist.leaves for k in kernels} - set(column))
+        if strangers:
+            raise RegistryError(f"{path} names kernel(s) {strangers[:3]} that are not "
+                                f"candidates of model {self.model!r} version {self.version}")
+        self._shortlist_masks = []
+        for kernels in shortlist.leaves:
+            mask = np.zeros(len(column), dtype=bool)
+            mask[[column[k] for k in kernels]] = True
+            self._shortlist_masks.append(mask)
 
     # -- construction -------------------------------------------------------------------
 
@@ -278,12 +331,18 @@ class Dispatcher:
         if not model_path.is_file():
             raise RegistryError(f"model artifact {path} has no {MODEL_FILE} (no file {model_path})")
         feature_spec = _read_json(path / FEATURE_SPEC_FILE, FEATURE_SPEC_FILE)
+        size = options.pop("shortlist", None)
         if isinstance(feature_spec, Mapping) and feature_spec.get("family") == TABLE_FAMILY:
+            if size:
+                raise RegistryError(f"version {version} of model {model!r} is a table model; "
+                                    "it has no shortlist")
             # a model defined by its data: problems and devices come from its own files
             from tilecast.table.dispatch import TableDispatcher
 
             return TableDispatcher.load(path, model=model, version=version, **options)
         candidates = _read_json(path / CANDIDATES_FILE, CANDIDATES_FILE)
+        if size:
+            options["shortlist"] = _read_shortlist(path, size, model, version)
         integrity.check_model_text(model_path)
         try:
             booster = lightgbm.Booster(model_file=str(model_path))
@@ -408,6 +467,11 @@ class Dispatcher:
         if not any(applies):
             return self._fallback(problem)
         index = None if all(applies) else np.flatnonzero(applies).astype(np.int64, copy=False)
+        if self.shortlist is not None:
+            values = self.engine.problem_features(problem)[self._shortlist_positions]
+            listed = self._shortlist_masks[self.shortlist.leaf(values)] & np.asarray(applies)
+            if listed.any():
+                index = np.flatnonzero(listed).astype(np.int64, copy=False)
         tflops = self._scorer.raw_scores(problem, index)
         self._inverse(tflops, out=tflops)
         names = self._names_by_name if index is None else self._names_by_name[index]

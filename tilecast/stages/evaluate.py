@@ -176,3 +176,27 @@ def peer_ratios(records: pd.DataFrame, family) -> dict:
             "n_problems": int(len(group)), "geomean_ratio": stats.geometric_mean(group["ratio"]),
             "min_ratio": float(group["ratio"].min()), "max_ratio": float(group["ratio"].max())}
     return {"problem_sets": summary, "per_problem": table}
+
+
+def shortlist_metrics(family, dispatchers: dict, per_problem: pd.DataFrame,
+                      holdout_final: pd.DataFrame) -> dict:
+    """What choosing through a shortlist costs on the held-out measurements: per shortlist
+    size (`dispatchers`: size -> a Dispatcher with that shortlist), the mean, P10 and min
+    efficiency of its picks, the share of problems it picks what the whole forest picks
+    (`per_problem`'s chosen_kernel), and the forest's own mean for comparison."""
+    measured = _measured_table(holdout_final)
+    forest = per_problem["efficiency"].to_numpy(dtype=np.float64)
+    result = {}
+    for size, dispatcher in sorted(dispatchers.items()):
+        efficiency, same = [], []
+        for _, row in per_problem.iterrows():
+            problem = family.problem({f: row[f] for f in family.problem_fields})
+            chosen = dispatcher.select(problem)
+            efficiency.append(_tflops(measured.loc[row["dims_key"]], chosen) / row["best_tflops"])
+            same.append(chosen == row["chosen_kernel"])
+        eff = np.array(efficiency)
+        result[str(size)] = {"mean_efficiency": float(eff.mean()),
+                             "p10_efficiency": float(np.percentile(eff, 10)),
+                             "min_efficiency": float(eff.min()),
+                             "same_as_forest": float(np.mean(same))}
+    return {"forest_mean_efficiency": float(forest.mean()), "sizes": result}

@@ -8,7 +8,7 @@ theirs from here), and of the target transforms a model's feature_spec.json may 
     W/scratch/<family>/                    benchmark inputs and outputs while measuring
     W/data/<family>.parquet                the dataset
     W/models/<family>/                     model.txt, feature_spec.json, train_manifest.json,
-                                           candidates.json
+                                           candidates.json, shortlist.json
     W/eval/<family>/                       metrics.json, per_problem.parquet, peer.json,
                                            peer_per_problem.parquet
     W/report/                              evaluation.json, report.md, efficiency_<model>.png,
@@ -35,6 +35,7 @@ MODEL_FILE = "model.txt"                    # the LightGBM booster
 FEATURE_SPEC_FILE = "feature_spec.json"     # family, feature names, target transform, hardware
 MANIFEST_FILE = "train_manifest.json"       # data hash, CV figures, lineage, versions
 CANDIDATES_FILE = "candidates.json"         # the kernels to choose from, and the static best
+SHORTLIST_FILE = "shortlist.json"           # optional: the few kernels worth scoring, by region
 #: the files `train` writes and `publish` uploads (with the evaluation's per-problem table)
 MODEL_FILES = (MODEL_FILE, FEATURE_SPEC_FILE, MANIFEST_FILE, CANDIDATES_FILE)
 

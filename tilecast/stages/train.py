@@ -64,6 +64,8 @@ class ModelSpec:
     # Row weight (tflops / best tflops of the row's problem) ** top_weight: 0 weighs every row
     # alike; > 0 spends the model's capacity where selection happens, near each problem's best.
     top_weight: float = 0.0
+    # kernels a leaf of the model's shortlist keeps (tilecast.runtime.shortlist); 0: none
+    shortlist: int = 8
 
     def __post_init__(self) -> None:
         target_transform(self.target)
@@ -72,6 +74,8 @@ class ModelSpec:
                 raise ValueError(f"ModelSpec.{name}={getattr(self, name)!r} must be >= 1")
         if int(self.folds) < 2:
             raise ValueError(f"ModelSpec.folds={self.folds!r} must be >= 2 for cross-validation")
+        if int(self.shortlist) < 0:
+            raise ValueError(f"ModelSpec.shortlist={self.shortlist!r} must be >= 0")
         if not self.top_weight >= 0:
             raise ValueError(f"ModelSpec.top_weight={self.top_weight!r} must be >= 0")
 

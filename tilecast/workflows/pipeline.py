@@ -26,7 +26,8 @@ from tilecast.registry.api import normalize_root
 from tilecast.stages import build, layout
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
 from tilecast.stages.convert import convert_raw
-from tilecast.stages.evaluate import Evaluation, evaluate, peer_ratios, slice_metrics, static_best
+from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortlist_metrics,
+                                      slice_metrics, static_best)
 from tilecast.stages.report import write_report
 from tilecast.stages.train import ModelSpec, check_warm_start, git_sha, load_predictor, train_model
 from tilecast.workflows.repeatability import run_noise
@@ -208,6 +209,7 @@ def train_stage(ctx: RunContext, name: str) -> dict:
     static_kernel, static_mean = static_best(by_set["train"], kernels)
     atomic_write_json(out / layout.CANDIDATES_FILE, {"family": name, "kernels": kernels,
                                                       "static_best": static_kernel})
+    _learn_shortlist(family, spec, by_set["train"], out)
     log.info("train %s: cv mean efficiency %.3f, %d rounds%s; static best %s (%.3f on training)",
              name, result.cv["mean_efficiency"], result.num_boost_round,
              f" on top of version {warm['base']['version']}" if warm.get("base") else "",
@@ -215,6 +217,41 @@ def train_stage(ctx: RunContext, name: str) -> dict:
     return {"family": name, "model_dir": str(out), "cv_mean_efficiency": result.cv["mean_efficiency"],
             "num_boost_round": result.num_boost_round,
             "warm_start_version": (warm.get("base") or {}).get("version")}
+
+
+def _learn_shortlist(family, spec: ModelSpec, train: pd.DataFrame, model_dir: Path) -> None:
+    """Write the model's shortlist.json (spec.shortlist kernels a leaf; none when 0)."""
+    from tilecast.runtime import shortlist as shortlists
+    from tilecast.runtime.dispatch import Dispatcher
+
+    file = model_dir / shortlists.FILE
+    file.unlink(missing_ok=True)   # a model trained again in this workdir
+    if not spec.shortlist:
+        return
+    problems = [family.problem({f: row[f] for f in family.problem_fields})
+                for _, row in train.drop_duplicates("dims_key").iterrows()]
+    dispatcher = Dispatcher.from_directory(model_dir, model=family.name)
+    shortlist = shortlists.learn(dispatcher, problems, spec.shortlist, seed=spec.seed)
+    atomic_write_json(file, shortlist.to_json())
+    unseen = shortlist.summary.get("unseen", {})
+    log.info("train %s: shortlist of %d kernels a leaf, %d leaves; on drawn problems it was "
+             "not fitted on it keeps %s of the predicted efficiency", family.name,
+             shortlist.size, len(shortlist.leaves),
+             ", ".join(f"{v['mean_efficiency']:.3f} with {k}" for k, v in unseen.items()) or "?")
+
+
+def _shortlist_dispatchers(model_dir: Path, name: str) -> dict:
+    """size -> Dispatcher choosing through the model's shortlist cut to that size (1 and
+    the whole), {} for a model without one."""
+    from tilecast.runtime import shortlist as shortlists
+    from tilecast.runtime.dispatch import Dispatcher
+
+    file = model_dir / shortlists.FILE
+    if not file.is_file():
+        return {}
+    size = shortlists.Shortlist.from_json(json.loads(file.read_text()), str(file)).size
+    return {k: Dispatcher.from_directory(model_dir, model=name, shortlist=k)
+            for k in sorted({1, size})}
 
 
 def evaluate_stage(ctx: RunContext, name: str) -> dict:
@@ -227,6 +264,13 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
                           by_set["holdout"], by_set["train"], candidates, ctx.config.tie_threshold_pct)
     peer = peer_ratios(records, family)
     evaluation.metrics["slices"] = slice_metrics(family, evaluation.per_problem)
+    dispatchers = _shortlist_dispatchers(model_dir, name)
+    if dispatchers:
+        evaluation.metrics["shortlist"] = shortlist_metrics(
+            family, dispatchers, evaluation.per_problem, by_set["holdout"])
+        log.info("evaluate %s: through the shortlist, mean eff %s", name, ", ".join(
+            f"{v['mean_efficiency']:.3f} with {k}"
+            for k, v in evaluation.metrics["shortlist"]["sizes"].items()))
     out = ctx.layout.eval_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     evaluation.per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
@@ -238,7 +282,7 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
     log.info("evaluate %s: %d held-out problems, mean eff %.3f, P10 %.3f, top1 %.2f, top5 %.2f, "
              "static best %.3f", name, m["n_problems"], m["mean_efficiency"], m["p10_efficiency"],
              m["top1"], m["top5"], m["static_best"]["mean_efficiency"])
-    return {"family": name, **{k: v for k, v in m.items() if k != "slices"}}
+    return {"family": name, **{k: v for k, v in m.items() if k not in ("slices", "shortlist")}}
 
 
 def report_stage(ctx: RunContext) -> dict:
@@ -265,6 +309,8 @@ def publish_stage(ctx: RunContext, name: str) -> dict:
     family, _ = _family(ctx, name)
     model_dir, eval_dir = ctx.layout.model_dir(name), ctx.layout.eval_dir(name)
     files = {f: model_dir / f for f in layout.MODEL_FILES}
+    if (model_dir / layout.SHORTLIST_FILE).is_file():
+        files[layout.SHORTLIST_FILE] = model_dir / layout.SHORTLIST_FILE
     per_problem = eval_dir / layout.PER_PROBLEM_FILE
     files[layout.PER_PROBLEM_FILE] = per_problem
     metrics = json.loads((eval_dir / layout.METRICS_FILE).read_text())

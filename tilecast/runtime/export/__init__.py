@@ -37,10 +37,13 @@ def exporter(family: str):
     return import_module(EXPORTERS[family])
 
 
-def load(root, model: str, alias_or_version: str | int = "production") -> Selector:
+def load(root, model: str, alias_or_version: str | int = "production",
+         shortlist: int | None = None) -> Selector:
     """The Selector of a registry version. The version's files are verified against its
     checksums before anything is read (RegistryError naming a damaged file); ExportError
-    for a family or a model the exported selector cannot reproduce."""
+    for a family or a model the exported selector cannot reproduce. `shortlist=K`: the
+    selector picks what Dispatcher(shortlist=K) picks (RegistryError for a version
+    without shortlist.json)."""
     from tilecast.registry import api as registry
     from tilecast.runtime.dispatch import Dispatcher
 
@@ -49,7 +52,8 @@ def load(root, model: str, alias_or_version: str | int = "production") -> Select
     family = _family(path)
     if family is not None:
         exporter(family)  # a family export does not handle fails here, before loading it
-    dispatcher = Dispatcher.from_directory(path, model=model, version=version)
+    dispatcher = Dispatcher.from_directory(path, model=model, version=version,
+                                           shortlist=shortlist)
     return build(dispatcher, exporter(dispatcher.family.name))
 
 

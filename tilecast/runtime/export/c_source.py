@@ -114,7 +114,7 @@ def _banner(selector: Selector) -> str:
 '{selector.model}'
    (family {selector.family}, engine {selector.engine['name']} v{selector.engine['version']}, \
 target {selector.target_transform}): {selector.candidates} candidates,
-   {len(forest.roots)} trees, {len(forest.slot)} splits once the hardware splits were decided.
+   {len(forest.roots)} trees, {len(forest.slot)} splits once the hardware splits were decided.{_shortlist_note(selector)}
    Do not edit; export the model again.
 
    Picks what tilecast.runtime.dispatch.Dispatcher.select picks: the candidate of the problem's
@@ -124,6 +124,59 @@ target {selector.target_transform}): {selector.candidates} candidates,
    (the dispatcher computes them from the same record on every machine):
 {hardware}
    Compile without -ffast-math; the source turns off floating-point contraction itself. */"""
+
+
+def _shortlist_note(selector: Selector) -> str:
+    if selector.shortlist is None:
+        return ""
+    size = max((len(row) for row in selector.shortlist_rows), default=0)
+    return (f"\n   Shortlist: a tree of {len(selector.shortlist.slot)} problem splits; only the "
+            f"(at most {size}) candidates\n   of its leaf are scored, all when none of them "
+            "applies (Dispatcher(shortlist=K)).")
+
+
+def _shortlist_code(selector: Selector, problem_position: dict) -> tuple[str, str]:
+    """(tables, code narrowing `rows` after the problem slots are computed) of the
+    selector's shortlist; empty strings without one."""
+    short = selector.shortlist
+    if short is None:
+        return "", ""
+    candidates = selector.candidates
+    nodes = [f"{{{_literal(short.threshold[i])}, {short.left[i]}, {short.right[i]}, "
+             f"{problem_position[short.slot[i]]}, {NODE_KINDS['problem']}, {short.missing[i]}, "
+             f"{short.default_left[i]}}}" for i in range(len(short.slot))]
+    rows = ["{" + ", ".join(_words(row, candidates)) + "}" for row in selector.shortlist_rows]
+    tables = f"""
+/* the shortlist: a tree over problem slots; leaf j keeps the candidates tc_short_rows[j] */
+#define TC_SHORT_ROOT {short.roots[0]}
+static const tc_node tc_short_nodes[{max(1, len(nodes))}] = {{
+  {_rows(nodes or ["{0.0, 0, 0, 0, 0, 0, 0}"], per_line=2)}
+}};
+
+static const uint64_t tc_short_rows[{len(rows)}][TC_WORDS] = {{
+  {_rows(rows, per_line=1)}
+}};
+"""
+    code = """
+    {  /* the shortlist: the applicable candidates of the problem's leaf, if any */
+      int32_t at = TC_SHORT_ROOT;
+      int listed_any = 0, listed_count = 0;
+      while (at >= 0) {
+        const tc_node* node = &tc_short_nodes[at];
+        at = tc_goes_left(problem[node->index], tc_problem_zero[node->index], node)
+                 ? node->left : node->right;
+      }
+      for (w = 0; w < TC_WORDS; ++w) {
+        listed[w] = rows[w] & tc_short_rows[-1 - at][w];
+        listed_any |= listed[w] != 0;
+        listed_count += tc_popcount(listed[w]);
+      }
+      if (listed_any) rows = listed;
+      if (listed_count == 1)  /* one candidate: the choice, unscored */
+        for (w = 0; w < TC_WORDS; ++w)
+          if (rows[w]) return w * 64 + tc_ctz(rows[w]);
+    }"""
+    return tables, code
 
 
 def render_source(selector: Selector, validation: str) -> str:
@@ -200,6 +253,9 @@ def render_source(selector: Selector, validation: str) -> str:
              if slots else "{0.0}" for level, slots in (("problem", problem_slots),
                                                         ("mixed", mixed_slots))}
     lookups = "\n\n".join(_code_lookup(name, item) for item in selector.inputs if item["codes"])
+    short_declaration = "" if selector.shortlist is None else "  uint64_t listed[TC_WORDS];\n"
+    short_tables, short_code = _shortlist_code(
+        selector, {slot: i for i, slot in enumerate(problem_slots)})
     arguments = ", ".join(f"{item['ctype']} {item['name']}" for item in selector.inputs)
     names = ", ".join(item["name"] for item in selector.inputs)
     per_candidate = "" if not mixed_code else f"""
@@ -227,6 +283,8 @@ def render_source(selector: Selector, validation: str) -> str:
 #define TC_PROBLEM_SLOTS {max(1, len(problem_slots))}
 #define TC_MIXED_SLOTS {max(1, len(mixed_slots))}
 #define TC_STATIC_BEST {selector.static_best}
+/* at most this many candidates to score: each walks the trees alone (tc_forest_few) */
+#define TC_FEW 8
 /* LightGBM's kZeroThreshold: a smaller magnitude reads as 0 */
 #define TC_ZERO_THRESHOLD {_literal(forests.ZERO_THRESHOLD)}
 /* above this raw score the predicted TFLOP/s ({selector.target_transform}) is not finite */
@@ -283,7 +341,7 @@ static const double tc_leaves[{max(1, len(forest.leaves))}] = {{
 /* what reads as zero in each slot: 1.0 where the slot holds the argument of a log2 */
 static const double tc_problem_zero[TC_PROBLEM_SLOTS] = {zeros["problem"]};
 static const double tc_mixed_zero[TC_MIXED_SLOTS] = {zeros["mixed"]};
-
+{short_tables}
 static int tc_valid({arguments}) {{
 {validation}
 }}
@@ -294,7 +352,7 @@ int tilecast_{name}_select({arguments}) {{
   double problem[TC_PROBLEM_SLOTS];
   double mixed[TC_MIXED_SLOTS * TC_LANES];
   double score[TC_CANDIDATES];
-  const uint64_t* rows;
+{short_declaration}  const uint64_t* rows;
   int w, any = 0, best = -1, first = -1;
   double best_score = 0.0;
   if (!tc_valid({names})) return {INVALID_PROBLEM};
@@ -306,10 +364,19 @@ int tilecast_{name}_select({arguments}) {{
   /* a plain split may read every lane of a word: the lanes of no candidate hold zeros */
   memset(mixed, 0, sizeof mixed);
   {{
-{problem_code}{per_candidate}
+{problem_code}{short_code}{per_candidate}
   }}
   memset(score, 0, sizeof score);
-  tc_forest(problem, mixed, rows, score);
+  {{
+    int list[TC_FEW], count = 0;
+    for (w = 0; w < TC_WORDS && count <= TC_FEW; ++w) {{
+      uint64_t bits = rows[w];
+      for (; bits && count <= TC_FEW; bits &= bits - 1)
+        if (count < TC_FEW) list[count++] = w * 64 + tc_ctz(bits); else ++count;
+    }}
+    if (count <= TC_FEW) tc_forest_few(problem, mixed, list, count, score);
+    else tc_forest(problem, mixed, rows, score);
+  }}
   for (w = 0; w < TC_WORDS; ++w) {{
     uint64_t bits = rows[w];
     for (; bits; bits &= bits - 1) {{

@@ -104,9 +104,15 @@ def convert(dump: Mapping, bindings: Sequence[Binding | None]) -> Forest:
     """The forest of `dump` (Booster.dump_model()) over slots: model feature f reads
     bindings[f] (None for a feature no split reads)."""
     check_model(dump)
+    return convert_trees(dump["tree_info"], bindings)
+
+
+def convert_trees(trees: Sequence[Mapping], bindings: Sequence[Binding | None]) -> Forest:
+    """The forest of dump_model()'s "tree_info" entries, unchecked (convert checks a whole
+    model first; a shortlist's tree is written by tilecast.runtime.shortlist)."""
     forest = Forest()
     log_nodes: list[int] = []
-    for number, tree in enumerate(dump["tree_info"]):
+    for number, tree in enumerate(trees):
         _convert_tree(tree["tree_structure"], number, bindings, forest, log_nodes)
     if log_nodes:
         thresholds = np.array([forest.threshold[i] for i in log_nodes], dtype=np.float64)

@@ -13,6 +13,10 @@ Dispatcher.select:
    none is finite); with no candidate of the dtype, the static best when it applies, else
    NO_KERNEL (the dispatcher's NoKernelError).
 
+A selector exported with a shortlist (Dispatcher(shortlist=K), tilecast.runtime.shortlist)
+walks its tree on the problem features first and scores only the candidates of the leaf
+that apply (all applicable ones when none does); one such candidate is the choice unscored.
+
 The hardware features are constants: the values of the training machine's profile that
 feature_spec.json records, which is what the dispatcher computes them from on any machine.
 """
@@ -29,7 +33,7 @@ from tilecast.runtime.export import forest as forests
 from tilecast.runtime.export.program import Statement, compile_program
 
 FORMAT = "tilecast-selector"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 INVALID_PROBLEM = -1
 NO_KERNEL = -2
 SLOT_LEVELS = ("problem", "kernel", "mixed")
@@ -61,6 +65,9 @@ class Selector:
     kernel_slot_values: list[list[float]] = field(default_factory=list)  # per kernel
     forest: forests.Forest = field(default_factory=forests.Forest)
     raw_score_max: float = math.inf
+    # a shortlist: its tree over problem slots (leaf j: shortlist_rows[j]), or None
+    shortlist: forests.Forest | None = None
+    shortlist_rows: list[list[int]] = field(default_factory=list)   # candidates per leaf
 
     def slot_zero(self, slot: int) -> float:
         """What reads as zero in slot `slot` (forest.goes_left)."""
@@ -80,7 +87,11 @@ class Selector:
         `kernel_slot_values` entry), a raw one read as 0 when |x| <= 1e-35. Walk each tree of
         `forest` from its root (a child < 0 is leaf -1 - child) with forest.goes_left (zero
         is 1.0 for a log2 slot) and sum the leaves in tree order; pick as the module
-        docstring says."""
+        docstring says. With a `shortlist` (else null): walk its tree the same way on the
+        problem slots; when some candidate of its leaf's `rows` applies, only those are
+        candidates, and one of them is the choice without scoring."""
+        shortlist = None if self.shortlist is None else {
+            "tree": self.shortlist.to_json(), "rows": self.shortlist_rows}
         return {
             "format": FORMAT, "format_version": FORMAT_VERSION,
             "model": self.model, "version": self.version, "family": self.family,
@@ -95,6 +106,7 @@ class Selector:
             "kernel_table": self.kernel_table, "slots": self.slots,
             "kernel_slot_values": self.kernel_slot_values,
             "forest": self.forest.to_json(), "raw_score_max": self.raw_score_max,
+            "shortlist": shortlist,
         }
 
     @classmethod
@@ -110,7 +122,12 @@ class Selector:
                  "inputs", "limits", "applicability_field", "kernels", "candidates",
                  "kernel_codes", "static_best", "kernel_table", "slots",
                  "kernel_slot_values", "raw_score_max")
+        shortlist = document.get("shortlist")
         return cls(statements=statements, forest=forests.Forest.from_json(document["forest"]),
+                   shortlist=None if shortlist is None else
+                   forests.Forest.from_json(shortlist["tree"]),
+                   shortlist_rows=[] if shortlist is None else
+                   [list(row) for row in shortlist["rows"]],
                    **{name: document[name] for name in names})
 
 
@@ -131,17 +148,38 @@ def build(dispatcher, exporter) -> Selector:
                    for row in engine.kernel_features(configs).tolist()]
 
     dump = dispatcher.booster.dump_model()
+    model_features = list(dispatcher.feature_spec["feature_names"])
+    used = forests.split_features(dump)
+    short = None
+    if dispatcher.shortlist is not None:
+        short = dispatcher.shortlist.lightgbm_tree(
+            {name: i for i, name in enumerate(model_features)})
+        used |= forests.split_features(short)
     bindings, slots, kernel_values, program = _bind_features(
-        list(dispatcher.feature_spec["feature_names"]), forests.split_features(dump),
-        exporter, engine.hw, kernel_rows, label)
+        model_features, used, exporter, engine.hw, kernel_rows, label)
     try:
         forest = forests.convert(dump, bindings)
+        short_forest = None if short is None else \
+            forests.convert_trees(short["tree_info"], bindings)
     except forests.ForestError as err:
         raise ExportError(f"{label}: {err}") from None
-    # number the slots the pruned forest still reads: problem, kernel, then mixed
-    read = sorted(set(forest.slot), key=lambda f: (SLOT_LEVELS.index(slots[f]["level"]), f))
+    # number the slots the pruned forest (and the shortlist) still read: problem, kernel, mixed
+    read = sorted(set(forest.slot) | set(short_forest.slot if short_forest else ()),
+                  key=lambda f: (SLOT_LEVELS.index(slots[f]["level"]), f))
     number = {f: i for i, f in enumerate(read)}
     forest.slot = [number[f] for f in forest.slot]
+    shortlist_rows = []
+    if short_forest is not None:
+        off_problem = sorted({slots[f]["feature"] for f in short_forest.slot
+                              if slots[f]["level"] != "problem"})
+        if off_problem:
+            raise ExportError(f"{label}: its shortlist splits on {off_problem}, which the "
+                              "exporter does not compute from the problem alone")
+        short_forest.slot = [number[f] for f in short_forest.slot]
+        leaves = dispatcher.shortlist.leaves
+        # a converted leaf's value is the shortlist's leaf number
+        shortlist_rows = [sorted(candidates.index(k) for k in leaves[int(leaf)])
+                          for leaf in short_forest.leaves]
     kernel_slots = [f for f in read if slots[f]["level"] == "kernel"]
 
     transform = dispatcher.feature_spec["target_transform"]
@@ -163,7 +201,8 @@ def build(dispatcher, exporter) -> Selector:
         kernel_slot_values=[[kernel_values[f][i] for f in kernel_slots]
                             for i in range(len(kernels))],
         forest=forest,
-        raw_score_max=forests.raw_score_bound(INVERSE_TRANSFORMS[transform]))
+        raw_score_max=forests.raw_score_bound(INVERSE_TRANSFORMS[transform]),
+        shortlist=short_forest, shortlist_rows=shortlist_rows)
 
 
 def _check_exporter(engine, exporter, label: str) -> None:
