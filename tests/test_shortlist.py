@@ -152,6 +152,20 @@ def test_the_json_form_round_trips_and_damage_is_named(model, tmp_path):
         Shortlist.from_json([1, 2])
 
 
+def test_a_shortlist_without_a_split_is_one_leaf_for_every_problem(model):
+    # every problem with the same best kernel: nothing to split on
+    X = np.arange(40, dtype=float).reshape(20, 2)
+    E = np.tile([0.5, 1.0, 0.7], (20, 1))
+    tree = shortlists._Tree(X, E, depth=5, min_leaf=2)
+    assert tree.feature == [] and len(tree.leaves) == 1
+    one = Shortlist(features=("a", "b"), feature=(), threshold=(), left=(), right=(),
+                    leaves=(("k1", "k2"),))
+    again = Shortlist.from_json(json.loads(json.dumps(one.to_json())))
+    assert again == one and again.kernels([5.0, 1e9]) == ("k1", "k2")
+    assert one.lightgbm_tree({"a": 0, "b": 1})["tree_info"][0]["tree_structure"] == \
+        {"leaf_index": 0, "leaf_value": 0.0}
+
+
 def test_a_shortlist_naming_a_kernel_the_model_lacks_is_refused(model, tmp_path):
     document = model["shortlist"].to_json()
     document["leaves"][0] = ["gemm_no_such_kernel"]

@@ -124,7 +124,7 @@ class Shortlist:
             raise ShortlistError(f"{where}: {count} nodes need {count + 1} non-empty leaves, "
                                  f"it has {len(self.leaves)}")
         children = sorted(self.left + self.right)
-        if children != sorted([*range(1, count), *range(-count - 1, 0)]):
+        if count and children != sorted([*range(1, count), *range(-count - 1, 0)]):
             raise ShortlistError(f"{where}: the nodes do not form one tree")
 
     def lightgbm_tree(self, model_feature: Mapping[str, int]) -> dict:

@@ -5,9 +5,8 @@ The forest is walked tree by tree for all candidates at once, as tilecast/runtim
 forest.cpp does: a node holds the set of candidates (a bitset) that reach it and splits it.
 A split on a problem feature sends the whole set one way (one comparison for all); a split
 on a kernel feature splits it with a mask computed at export; only a split on an interaction
-feature compares per candidate. A set of at most TC_FEW candidates (a shortlist's) walks
-each candidate alone instead (tc_forest_few). Each candidate meets one leaf per tree and
-trees are visited in order, so every score is summed as LightGBM sums it.
+feature compares per candidate. Each candidate meets one leaf per tree and trees are visited
+in order, so every score is summed as LightGBM sums it.
 """
 
 # includes, the floating-point guards, tc_ctz
@@ -88,33 +87,6 @@ static uint64_t tc_plain_left(const double* column, uint64_t bits, double thresh
     goes |= (uint64_t)(column[bit] <= threshold) << bit;
   }
   return goes;
-}
-
-/* Raw scores of a few candidates (`list`, `count` of them) added into `score`: each walks
-   each tree alone, trees in order, as LightGBM sums them (tc_forest's per-node set work
-   costs more than it shares when the set is this small). */
-static void tc_forest_few(const double* problem, const double* mixed, const int* list,
-                          int count, double* score) {
-  int tree, i;
-  for (tree = 0; tree < TC_TREES; ++tree) {
-    for (i = 0; i < count; ++i) {
-      const int c = list[i];
-      int32_t at = tc_roots[tree];
-      while (at >= 0) {
-        const tc_node* node = &tc_nodes[at];
-        int left;
-        if (node->kind == TC_PROBLEM)
-          left = tc_goes_left(problem[node->index], tc_problem_zero[node->index], node);
-        else if (node->kind == TC_KERNEL)
-          left = (int)((tc_kernel_masks[node->index][c >> 6] >> (c & 63)) & 1u);
-        else
-          left = tc_goes_left(mixed[(size_t)node->index * TC_LANES + c],
-                              tc_mixed_zero[node->index], node);
-        at = left ? node->left : node->right;
-      }
-      score[c] += tc_leaves[-1 - at];
-    }
-  }
 }
 
 /* Raw scores of the candidates in `rows` added into `score`. */

@@ -283,8 +283,6 @@ def render_source(selector: Selector, validation: str) -> str:
 #define TC_PROBLEM_SLOTS {max(1, len(problem_slots))}
 #define TC_MIXED_SLOTS {max(1, len(mixed_slots))}
 #define TC_STATIC_BEST {selector.static_best}
-/* at most this many candidates to score: each walks the trees alone (tc_forest_few) */
-#define TC_FEW 8
 /* LightGBM's kZeroThreshold: a smaller magnitude reads as 0 */
 #define TC_ZERO_THRESHOLD {_literal(forests.ZERO_THRESHOLD)}
 /* above this raw score the predicted TFLOP/s ({selector.target_transform}) is not finite */
@@ -367,16 +365,7 @@ int tilecast_{name}_select({arguments}) {{
 {problem_code}{short_code}{per_candidate}
   }}
   memset(score, 0, sizeof score);
-  {{
-    int list[TC_FEW], count = 0;
-    for (w = 0; w < TC_WORDS && count <= TC_FEW; ++w) {{
-      uint64_t bits = rows[w];
-      for (; bits && count <= TC_FEW; bits &= bits - 1)
-        if (count < TC_FEW) list[count++] = w * 64 + tc_ctz(bits); else ++count;
-    }}
-    if (count <= TC_FEW) tc_forest_few(problem, mixed, list, count, score);
-    else tc_forest(problem, mixed, rows, score);
-  }}
+  tc_forest(problem, mixed, rows, score);
   for (w = 0; w < TC_WORDS; ++w) {{
     uint64_t bits = rows[w];
     for (; bits; bits &= bits - 1) {{
