@@ -269,10 +269,14 @@ def measure(root, model: str, alias, problems_count: int, repeat: int, seed: int
                                         f"{model}-short{size}", listed)
         mismatches += differ
         same = sum(listed.select(p) == dispatcher.select(p) for p in problems)
+        # the forest's predicted TFLOP/s of the shortlisted pick over that of its own pick
+        kept = [dispatcher.predict(p)[listed.select(p)] / dispatcher.predict(p)[
+            dispatcher.select(p)] for p in problems]
         rows_out += [(f"exported C selector, shortlist {size}", c_ns),
                      (f"Dispatcher.select, shortlist {size}", listed_ns)]
         print(f"  shortlist {size}: the forest's own choice on {same} of {len(problems)} "
-              "problems")
+              f"problems; predicted efficiency kept: mean {np.mean(kept):.3f}, "
+              f"P10 {np.percentile(kept, 10):.3f}")
 
     features = [feature_rows(dispatcher, values) for values in problems]
     rows_out.append(("Booster.predict on the feature rows",
