@@ -224,15 +224,22 @@ def dispatcher_choice(dispatcher, kernels: list[str], values: dict) -> int:
 # --- the compiled selector agrees with the dispatcher ---------------------------------------
 
 
-def test_compiled_selector_picks_what_the_dispatcher_picks_on_10000_problems(setup, compiled):
-    selector, binary = compiled("gemm")
-    assert selector.kernels == sorted(setup["names"]) and selector.candidates == 72
-    dispatcher = Dispatcher.from_registry(setup["root"], "gemm")
-    problems = random_problems(seed=11, count=10_000)
+def choices_agree(selector, binary, dispatcher, problems) -> list[int]:
+    """The dispatcher's choices of `problems` (kernel table indices or fallback codes),
+    asserted equal to the compiled selector's."""
     expected = [dispatcher_choice(dispatcher, selector.kernels, p) for p in problems]
     got = [int(line) for line in run_driver(binary, [as_codes(p) for p in problems])]
     mismatches = [(p, e, g) for p, e, g in zip(problems, expected, got) if e != g]
     assert not mismatches, f"{len(mismatches)} of {len(problems)} differ, e.g. {mismatches[:3]}"
+    return expected
+
+
+def test_compiled_selector_picks_what_the_dispatcher_picks_on_10000_problems(setup, compiled):
+    selector, binary = compiled("gemm")
+    assert selector.kernels == sorted(setup["names"]) and selector.candidates == 72
+    dispatcher = Dispatcher.from_registry(setup["root"], "gemm")
+    expected = choices_agree(selector, binary, dispatcher,
+                             random_problems(seed=11, count=10_000))
     valid = [e for e in expected if e >= 0]
     assert len(valid) > 8000 and expected.count(INVALID_PROBLEM) > 200
     # the choice depends on the shape, the dtype (both word of the candidate set) and layout
@@ -251,10 +258,7 @@ def test_a_shortlisted_selector_picks_what_the_shortlisted_dispatcher_picks(setu
     listed = Dispatcher.from_registry(setup["root"], "gemm-short", shortlist=size)
     full = Dispatcher.from_registry(setup["root"], "gemm-short")
     problems = random_problems(seed=12, count=10_000)
-    expected = [dispatcher_choice(listed, selector.kernels, p) for p in problems]
-    got = [int(line) for line in run_driver(binary, [as_codes(p) for p in problems])]
-    mismatches = [(p, e, g) for p, e, g in zip(problems, expected, got) if e != g]
-    assert not mismatches, f"{len(mismatches)} of {len(problems)} differ, e.g. {mismatches[:3]}"
+    expected = choices_agree(selector, binary, listed, problems)
     valid = [(p, e) for p, e in zip(problems, expected) if e >= 0]
     assert len({e for _, e in valid}) >= 5
     # the shortlist changes some choices (so the test would see a selector ignoring it)
