@@ -133,7 +133,7 @@ def test_asking_for_more_than_the_shortlist_keeps_is_refused(model):
             Dispatcher.from_registry(model["root"], "gemm", 1, shortlist=bad)
 
 
-def test_the_json_form_round_trips_and_damage_is_named(model, tmp_path):
+def test_the_json_form_round_trips_and_damage_is_named(model):
     shortlist = model["shortlist"]
     document = shortlist.to_json()
     assert Shortlist.from_json(json.loads(json.dumps(document))) == shortlist
