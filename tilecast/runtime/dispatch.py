@@ -286,13 +286,13 @@ class Dispatcher:
 
     def _shortlist_setup(self, shortlist: shortlists.Shortlist, path: Path) -> None:
         """Per leaf, its kernels as a mask over the candidates in name order."""
-        names, _ = shortlists.shortlist_features(self)
-        unknown = sorted(set(shortlist.features) - set(names))
+        names, positions = shortlists.shortlist_features(self)
+        position = dict(zip(names, positions))
+        unknown = sorted(set(shortlist.features) - set(position))
         if unknown:
             raise RegistryError(f"{path} splits on {unknown}, which are not problem features "
                                 f"of model {self.model!r}")
-        engine_names = list(self.engine.problem_feature_names())
-        self._shortlist_positions = np.array([engine_names.index(f) for f in shortlist.features],
+        self._shortlist_positions = np.array([position[f] for f in shortlist.features],
                                              dtype=np.intp)
         column = {name: i for i, name in enumerate(self._names_by_name)}
         strangers = sorted({k for kernels in shortlist.leaves for k in kernels} - set(column))

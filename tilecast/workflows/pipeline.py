@@ -249,9 +249,13 @@ def _shortlist_dispatchers(model_dir: Path, name: str) -> dict:
     file = model_dir / shortlists.FILE
     if not file.is_file():
         return {}
-    size = shortlists.Shortlist.from_json(json.loads(file.read_text()), str(file)).size
-    return {k: Dispatcher.from_directory(model_dir, model=name, shortlist=k)
-            for k in sorted({1, size})}
+    shortlist = shortlists.Shortlist.from_json(json.loads(file.read_text()), str(file))
+    base = Dispatcher.from_directory(model_dir, model=name)   # the forest, loaded once
+    candidates = {"family": name, "kernels": list(base.kernels),
+                  "static_best": base.static_best}
+    return {k: Dispatcher(base.booster, base.feature_spec, candidates, model=name,
+                          source=model_dir, shortlist=shortlist.truncated(k))
+            for k in sorted({1, shortlist.size})}
 
 
 def evaluate_stage(ctx: RunContext, name: str) -> dict:
