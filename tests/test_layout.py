@@ -85,14 +85,15 @@ def test_dispatch_inverts_the_training_transform(name):
 
 
 def test_bench_settings_from_config_copies_the_run_settings():
-    cfg = replace(load_config("quick"), finalists=7, rounds=5, race_cycles=9, interleave=False)
+    cfg = replace(load_config("quick"), finalists=7, rounds=5, race_cycles=9, race_rounds=4,
+                  interleave=False)
     settings = BenchSettings.from_config(cfg, seed=3, libraries={"k": Path("/k.so")})
     assert (settings.protocol, settings.tie_threshold_pct, settings.finalists,
             settings.confirm_samples, settings.problems_per_batch, settings.rounds,
             settings.retry_disturbed, settings.interleave, settings.race_cycles,
-            settings.race_margin_pct) == (
+            settings.race_rounds, settings.race_margin_pct) == (
         cfg.protocol, cfg.tie_threshold_pct, 7, cfg.confirm_samples, cfg.problems_per_batch, 5,
-        cfg.retry_disturbed, False, 9, cfg.race_margin_pct)
+        cfg.retry_disturbed, False, 9, 4, cfg.race_margin_pct)
     assert (settings.seed, dict(settings.libraries), settings.measure_peer) == (
         3, {"k": Path("/k.so")}, True)
     overridden = BenchSettings.from_config(cfg, finalists=0, measure_peer=False)

@@ -68,6 +68,7 @@ class RunConfig:
     retry_disturbed: int = 1
     interleave: bool = True    # time a batch's candidates side by side (tilecast.core.interleave)
     race_cycles: int = 16      # interleaved: more cycles for each problem's contenders
+    race_rounds: int = 3       # ... in this many rounds spread over the rest of the run
     race_margin_pct: float = 25.0
     race_keep_pct: float = 5.0  # after a race round, contenders this close to its best go on
 
@@ -283,7 +284,8 @@ def load_config(path: str | Path) -> RunConfig:
                      confirm_samples=tune.confirm_samples, build_jobs=document.build.jobs,
                      problems_per_batch=bench.problems_per_batch, rounds=bench.rounds,
                      retry_disturbed=bench.retry_disturbed, interleave=bench.interleave,
-                     race_cycles=bench.race_cycles, race_margin_pct=float(bench.race_margin_pct),
+                     race_cycles=bench.race_cycles, race_rounds=bench.race_rounds,
+                     race_margin_pct=float(bench.race_margin_pct),
                      race_keep_pct=float(bench.race_keep_pct),
                      families=families)
 

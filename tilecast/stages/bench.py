@@ -62,8 +62,9 @@ class BenchSettings:
     interleave: bool = True
     # interleaved protocol, in place of the confirm phase: once every batch is screened, each
     # problem's contenders (within race_margin_pct of its best) get race_cycles more samples,
-    # in `rounds` rounds spread over the rest of the run (`_race`)
+    # in `race_rounds` rounds spread over the rest of the run (`_race`)
     race_cycles: int = 16
+    race_rounds: int = 3
     race_margin_pct: float = 25.0
     # after each race round but the last, a contender slower than the round's best by more
     # than this leaves the race (interleave.survivors): the wide margin finds the leaders, the
@@ -350,8 +351,9 @@ def _split(total: int, rounds: int) -> list[int]:
 
 
 def _race_rounds(settings: BenchSettings) -> list[int]:
-    """The race's cycles per round (`_race`): race_cycles over `rounds`, empty rounds dropped."""
-    return [c for c in _split(settings.race_cycles, max(1, settings.rounds)) if c]
+    """The race's cycles per round (`_race`): race_cycles over `race_rounds`, empty rounds
+    dropped."""
+    return [c for c in _split(settings.race_cycles, max(1, settings.race_rounds)) if c]
 
 
 def _round_median(round_medians: dict, key, outcome: JobOutcome) -> None:
@@ -541,7 +543,7 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
     in one state of the machine that ranks its leaders otherwise than the next run's state
     does. So once every batch is screened, each problem's contenders
     (`interleave.contenders` of its in-window screen times) get `race_cycles` more samples
-    in `rounds` rounds over all problems, spread over the rest of the run, each round one
+    in `race_rounds` rounds over all problems, spread over the rest of the run, each round one
     worker plan (fresh buffers: memory layout is drawn anew too). The contenders are taken
     wide (`race_margin_pct` of the best's screen time: six screening samples put the next
     run's winner 10-25 % behind in one problem in six, docs/results.md) and narrowed after
