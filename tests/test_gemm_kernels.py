@@ -63,3 +63,27 @@ def test_describe_reports_the_compiled_parameters(built):
     params = dict(line.split()[1:] for line in out.stdout.splitlines())
     assert int(params["MR"]) == b.config.mr and int(params["NR"]) == b.config.nr
     assert int(params["KC"]) == b.config.kc and int(params["PACK_A"]) == int(b.config.pack_a)
+
+
+# GEMV-class shapes (min(m, n) <= 8) take kernels/cpu/gemm_skinny.hpp: both of its forms (rows
+# of T contiguous, columns contiguous), every small dimension 1-8 on either side, column
+# tails of every width, K tails, split-K with K below the thread count, past the serial limit
+SKINNY_SHAPES = [(1, 1, 1), (1, 300, 200), (3, 70, 131), (5, 2, 333), (8, 40, 17), (200, 8, 9),
+                 (2, 3, 1129), (1, 1, 4097), (6, 1000, 3), (7, 1003, 517), (130, 1, 70),
+                 (1000, 5, 700), (8, 8, 8), (4, 17, 2049), (1, 9000, 1), (4500, 7, 1)]
+
+
+def test_gemv_class_shapes_match_torch_in_every_layout(built, tmp_path):
+    prepared, jobs = {}, []
+    for number, ((m, n, k), (la, lb)) in enumerate(itertools.product(SKINNY_SHAPES, LAYOUTS)):
+        problem = GEMM.problem({"m": m, "n": n, "k": k, "layout_a": la, "layout_b": lb})
+        prepared[f"j{number}"] = GEMM.prepare(problem, tmp_path / f"p{number}", seed=number)
+        jobs.append((f"j{number}", prepared[f"j{number}"].job_args))
+    fp32 = [b for b in built if b.config.dtype == "fp32"]
+    assert {b.config.parallel for b in fp32} == {"m", "n", "k"}
+    for b in fp32:
+        outcomes = run_binary(b.binary, jobs, PROTOCOL)
+        for job_id, prep in prepared.items():
+            outcome, error = _validate(GEMM, prep, outcomes[job_id])
+            assert outcome.status == "ok", (b.kernel, prep.problem, outcome.reason)
+            assert error < GEMM.tolerance(prep.problem), (b.kernel, prep.problem, error)

@@ -1,4 +1,5 @@
-"""tilecast.core.probe: the FMA peak that the DISCO benchmark's mix bound divides by.
+"""tilecast.core.probe: the FMA peak that the DISCO benchmark's mix bound divides by, and the
+read bandwidth that GEMV-class kernels are judged against (benchmarks/gemm_peers.py).
 
 How the peak compares with torch's sgemm beside it is a timing against a timing, so it is a
 benchmark (benchmarks/fma_probe.py), not a test here.
@@ -28,3 +29,22 @@ def test_the_probe_reads_a_rate_a_core_can_reach():
 def test_bad_arguments_are_refused(threads, iterations, named):
     with pytest.raises(ValueError, match=named):
         probe.fma_peak_gflops(threads, iterations)
+
+
+#: two 32-byte loads per cycle per core at MAX_GHZ: no core reads its L1 faster, let alone memory
+MAX_READ_GBPS_PER_THREAD = 2 * 32 * MAX_GHZ
+
+
+def test_the_bandwidth_probe_reads_a_rate_a_core_can_reach():
+    rate = probe.read_bandwidth_gbps(1, mib=64, passes=2)
+    # a byte count overstated by a vector width (8x or 16x) passes this cap
+    assert 0 < rate <= MAX_READ_GBPS_PER_THREAD
+
+
+@pytest.mark.parametrize("threads, mib, passes, named", [(0, 64, 1, "threads.*got 0"),
+                                                         (1, 0, 1, "mib and passes.*0 and 1"),
+                                                         (1, 64, 0, "mib and passes.*64 and 0")])
+def test_bad_bandwidth_arguments_are_refused(threads, mib, passes, named):
+    with pytest.raises(ValueError, match=named):
+        probe.read_bandwidth_gbps(threads, mib, passes)
+

@@ -1,4 +1,5 @@
-// The CPU's fused multiply-add throughput, measured: each thread runs CHAINS independent
+// The machine's two ceilings, measured now: the CPU's fused multiply-add throughput, and
+// (tc_read_gbps) the rate memory streams into the cores. The FMA throughput: each thread runs CHAINS independent
 // chains of vector FMAs on registers (no memory traffic), enough chains to cover the FMA
 // latency on both FMA ports of the cores tilecast runs on (4 cycles x 2 ports = 8 chains on
 // Zen 3/4 and Skylake). No GEMM on this machine can run faster than this rate, at that
@@ -7,6 +8,7 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace {
 
@@ -16,6 +18,7 @@ constexpr int CHAINS = 10;
 using Vec = __m512;
 constexpr int LANES = 16;
 inline Vec splat(float v) { return _mm512_set1_ps(v); }
+inline Vec load(const float* p) { return _mm512_load_ps(p); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float first(Vec v) { return _mm512_cvtss_f32(v); }
 inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
@@ -23,6 +26,7 @@ inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 using Vec = __m256;
 constexpr int LANES = 8;
 inline Vec splat(float v) { return _mm256_set1_ps(v); }
+inline Vec load(const float* p) { return _mm256_load_ps(p); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline float first(Vec v) { return _mm256_cvtss_f32(v); }
 inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
@@ -64,6 +68,46 @@ double tc_fma_peak(int threads, int64_t iterations, double* seconds, float* sink
   *seconds = omp_get_wtime() - start;
   *sink = total;
   return 2.0 * LANES * CHAINS * static_cast<double>(iterations) * ran;
+}
+
+// Read bandwidth: `threads` threads each sum their own contiguous share of a `bytes` buffer
+// (first touched by the thread that reads it, so its pages sit near that core), `passes`
+// times, with several independent vector sums so loads, not adds, limit it. Writes the wall
+// seconds of the timed passes to *seconds and returns the bytes read, or -1 for bad
+// arguments or no memory. A GEMV streams its matrix exactly like this: this is its ceiling.
+double tc_read_gbps(int threads, int64_t bytes, int passes, double* seconds, float* sink) {
+  constexpr int kSums = 8;
+  const int64_t count = bytes / int64_t(sizeof(float)) / (LANES * kSums * 64) * (LANES * kSums * 64);
+  if (threads < 1 || passes < 1 || count < 1) return -1.0;
+  float* data = static_cast<float*>(std::aligned_alloc(64, count * sizeof(float)));
+  if (data == nullptr) return -1.0;
+  float total = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    const int team = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t chunk = count / (LANES * kSums) / team * (LANES * kSums);
+    const int64_t begin = chunk * tid, end = tid == team - 1 ? count : begin + chunk;
+    for (int64_t i = begin; i < end; ++i) data[i] = 1.0f + 1e-6f * float(i & 1023);
+#pragma omp barrier
+#pragma omp single
+    *seconds = omp_get_wtime();
+    for (int pass = 0; pass < passes; ++pass) {
+      Vec acc[kSums];
+      for (int j = 0; j < kSums; ++j) acc[j] = splat(0.0f);
+      for (int64_t i = begin; i < end; i += LANES * kSums) {
+#pragma GCC unroll 8
+        for (int j = 0; j < kSums; ++j) acc[j] = add(acc[j], load(data + i + j * LANES));
+      }
+      for (int j = 1; j < kSums; ++j) acc[0] = add(acc[0], acc[j]);
+      total += first(acc[0]);
+    }
+#pragma omp barrier
+#pragma omp single
+    *seconds = omp_get_wtime() - *seconds;
+  }
+  std::free(data);
+  *sink = total;
+  return double(count) * sizeof(float) * passes;
 }
 
 }  // extern "C"

@@ -13,14 +13,13 @@
 
 #include <omp.h>
 
-#include <cstdlib>
-#include <memory>
-#include <new>
 #include <tuple>
 
+#include "gemm_buffers.hpp"
 #include "gemm_config.hpp"
 #include "gemm_macrokernel.hpp"
 #include "gemm_pack.hpp"
+#include "gemm_skinny.hpp"
 
 namespace tc::gemm {
 
@@ -33,44 +32,6 @@ struct Problem {
   index_t ldc;
 };
 
-/// A 64-byte aligned float buffer, freed with the job.
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  explicit AlignedBuffer(index_t count) {
-    if (count <= 0) return;
-    const std::size_t bytes = round_up(count * index_t(sizeof(float)), 64);
-    void* memory = nullptr;
-    if (posix_memalign(&memory, 64, bytes) != 0) throw std::bad_alloc();
-    data_.reset(static_cast<float*>(memory));
-  }
-  float* get() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float[], Free> data_;
-};
-
-/// Per-thread slices are padded to whole pages so threads never share a line
-/// and slices do not alias in the cache sets.
-constexpr index_t kSliceAlignFloats = 4096 / sizeof(float);
-
-/// A buffer of `slices` equal, page-aligned slices of `count` floats.
-class SlicedBuffer {
- public:
-  SlicedBuffer() = default;
-  SlicedBuffer(index_t slices, index_t count)
-      : stride_(round_up(count, kSliceAlignFloats)), buffer_(slices * stride_) {}
-  float* slice(int index) const { return buffer_.get() + index * stride_; }
-  index_t stride() const { return stride_; }
-
- private:
-  index_t stride_ = 0;
-  AlignedBuffer buffer_;
-};
-
 /// All scratch memory of one job, allocated once before timing.
 struct Workspace {
   int threads;
@@ -78,8 +39,14 @@ struct Workspace {
   SlicedBuffer a_pack;     // round_up(mc, MR) x kc; shared for "n", else one per thread
   SlicedBuffer a_tail;     // MR x kc per thread (TC_PACK_A=0 edge rows)
   SlicedBuffer c_partial;  // m x n per thread but the first ("k" only)
+  skinny::Scratch skinny;  // GEMV-class problems (gemm_skinny.hpp) need only this
 
   Workspace(const Problem& problem, int thread_count) : threads(thread_count) {
+    skinny::Task task;
+    if (skinny::task_of(problem, task)) {
+      skinny = skinny::Scratch(task, threads);
+      return;
+    }
     const index_t kc = std::min(problem.k, kKC);
     const index_t nc = round_up(std::min(problem.n, kNC), kNR);
     const index_t mc = round_up(std::min(problem.m, kMC), kMR);
@@ -89,13 +56,6 @@ struct Workspace {
     if (kParScheme == 2 && threads > 1) c_partial = SlicedBuffer(threads - 1, problem.m * problem.n);
   }
 };
-
-/// [begin, end) of part `index` when `count` units are split into `parts`
-/// near-equal contiguous ranges.
-inline void split_range(index_t count, int parts, int index, index_t& begin, index_t& end) {
-  begin = count * index / parts;
-  end = count * (index + 1) / parts;
-}
 
 /// The A block (ic, pc) of `mc` x `kc` as the macro-kernel reads it. With
 /// packing, panels [panel_begin, panel_end) are packed by this caller.
@@ -231,7 +191,14 @@ struct ParallelK {
 using Schemes = std::tuple<ParallelM, ParallelN, ParallelK>;
 using Scheme = std::tuple_element_t<kParScheme, Schemes>;
 
-/// C = A * B for one problem with preallocated scratch.
-inline void gemm(const Problem& problem, Workspace& workspace) { Scheme::run(problem, workspace); }
+/// C = A * B for one problem with the scratch allocated for it: GEMV-class problems
+/// stream their large operand in place (gemm_skinny.hpp), the rest take the blocked path.
+inline void gemm(const Problem& problem, Workspace& workspace) {
+  skinny::Task task;
+  if (skinny::task_of(problem, task))
+    skinny::run(task, workspace.skinny, workspace.threads);
+  else
+    Scheme::run(problem, workspace);
+}
 
 }  // namespace tc::gemm

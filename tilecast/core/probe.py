@@ -1,6 +1,7 @@
-"""The CPU's float32 FMA throughput, measured now (kernels/cpu/fma_peak.cpp): register-only
-chains of vector FMAs on each thread, the rate no GEMM on this machine can pass at that
-moment. The shared machines tilecast is measured on change speed by 1.5x within minutes, so a
+"""The machine's ceilings, measured now (kernels/cpu/fma_peak.cpp): the CPU's float32 FMA
+throughput (register-only chains of vector FMAs on each thread, the rate no GEMM on this
+machine can pass at that moment) and the memory read bandwidth (each thread streaming its share
+of a buffer larger than the caches: the rate no GEMV can pass). The shared machines tilecast is measured on change speed by 1.5x within minutes, so a
 benchmark that quotes a GEMM bound reads the probe in the same rounds as what it bounds.
 
 The library is built on first use into the DISCO kernels' cache (tilecast.disco.native's
@@ -33,6 +34,10 @@ def _lib() -> ctypes.CDLL:
                                         ctypes.POINTER(ctypes.c_double),
                                         ctypes.POINTER(ctypes.c_float)]
             lib.tc_fma_peak.restype = ctypes.c_double
+            lib.tc_read_gbps.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int,
+                                         ctypes.POINTER(ctypes.c_double),
+                                         ctypes.POINTER(ctypes.c_float)]
+            lib.tc_read_gbps.restype = ctypes.c_double
             lib.tc_fma_lanes.argtypes = []
             lib.tc_fma_lanes.restype = ctypes.c_int
             _library = lib
@@ -56,3 +61,18 @@ def fma_peak_gflops(threads: int, iterations: int = 16_000_000) -> float:
     if flops < 0 or seconds.value <= 0:
         raise RuntimeError(f"the FMA probe failed (flops {flops}, {seconds.value} s)")
     return flops / seconds.value / 1e9
+
+
+def read_bandwidth_gbps(threads: int, mib: int = 256, passes: int = 4) -> float:
+    """GB/s (1e9 bytes) at which `threads` threads read a `mib` MiB buffer, each its own
+    share, `passes` times (256 MiB, well past any last-level cache here: ~0.1 s a pass)."""
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    if mib < 1 or passes < 1:
+        raise ValueError(f"mib and passes must be at least 1, got {mib} and {passes}")
+    seconds, sink = ctypes.c_double(), ctypes.c_float()
+    moved = _lib().tc_read_gbps(threads, mib << 20, passes, ctypes.byref(seconds), ctypes.byref(sink))
+    if moved < 0 or seconds.value <= 0:
+        raise RuntimeError(f"the bandwidth probe failed ({moved} bytes, {seconds.value} s): "
+                           f"out of memory for {mib} MiB?")
+    return moved / seconds.value / 1e9

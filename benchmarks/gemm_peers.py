@@ -1,0 +1,171 @@
+"""tilecast's GEMM variants against OpenBLAS, torch and the machine's ceilings, in one run.
+
+    .venv/bin/python benchmarks/gemm_peers.py                      # squares, rectangles, GEMV
+    .venv/bin/python benchmarks/gemm_peers.py --shapes 1x4096x4096 --rounds 5
+    .venv/bin/python benchmarks/gemm_peers.py --holdout             # the nightly's held-out shapes
+
+The variants are a config's GEMM candidates (default: the nightly's 64, those this CPU runs),
+built as in-process libraries like the benchmark stage builds them. Each round reads the FMA
+peak and the memory read bandwidth (tilecast.core.probe), then times every shape: every
+variant, numpy's OpenBLAS (threadpoolctl pins its threads) and torch.matmul (MKL or its own
+BLAS), in a shuffled order, each on the same operands into its own output. Medians over the
+rounds; per shape the best variant, then the ratios the issue asks for: best / OpenBLAS, best
+/ the better peer, and either best / FMA peak (compute-bound shapes) or its bytes per second
+/ read bandwidth (GEMV-class shapes: min(m, n) <= 8). Figures, not a test: a shared machine's
+timings are not a pass/fail matter.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_info, threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tilecast.core import hardware, probe, tune  # noqa: E402
+from tilecast.core.config import load_config  # noqa: E402
+from tilecast.families import get_family  # noqa: E402
+from tilecast.stages import build  # noqa: E402
+
+GEMM = get_family("gemm")
+DEFAULT_SHAPES = ("512x512x512", "1024x1024x1024", "2048x2048x2048", "512x2048x1024",
+                  "2048x512x1024", "1024x4096x512", "1x4096x4096", "4x8192x4096",
+                  "8192x1x4096", "8x1024x1024", "1x1024x1024")
+SKINNY = 8
+
+
+def parse_shape(text: str) -> dict:
+    """'MxNxK' or 'MxNxK:la:lb' (layouts row|col) -> problem fields."""
+    dims, *layouts = text.split(":")
+    m, n, k = (int(v) for v in dims.split("x"))
+    la, lb = (layouts + ["row", "row"])[:2] if layouts else ("row", "row")
+    return {"m": m, "n": n, "k": k, "layout_a": la, "layout_b": lb}
+
+
+def variants(config: str, machine: dict) -> list:
+    cfg = load_config(config)
+    fc = cfg.families["gemm"]
+    space = {GEMM.kernel_name(c): c for c in GEMM.candidate_space(fc.candidates, machine)}
+    names = tune.seeded_order(list(space), fc.seed)[:fc.budget]
+    return [space[n] for n in names if space[n].dtype == "fp32"]
+
+
+def sized(call, min_s: float) -> int:
+    """Calls per sample so that one sample lasts about min_s."""
+    start = time.perf_counter()
+    call()
+    once = max(time.perf_counter() - start, 1e-7)
+    return max(1, min(10_000, int(min_s / once)))
+
+
+def timed(call, reps: int) -> float:
+    call()
+    start = time.perf_counter()
+    for _ in range(reps):
+        call()
+    return (time.perf_counter() - start) / reps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="nightly", help="whose GEMM candidates (default nightly)")
+    parser.add_argument("--shapes", nargs="*", default=list(DEFAULT_SHAPES),
+                        help="MxNxK[:layout_a:layout_b] (default: squares, rectangles, GEMV)")
+    parser.add_argument("--holdout", action="store_true",
+                        help="the config's held-out shapes instead of --shapes")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sample-ms", type=float, default=30.0)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    machine = hardware.profile(args.threads)
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    print(f"CPU: {machine['cpu_model']}; {args.threads} threads; numpy BLAS: "
+          + ", ".join(f"{i['internal_api']} {i.get('version')} ({i.get('architecture')} kernels)"
+                      for i in blas))
+    configs = variants(args.config, machine)
+    builts = build.build_candidates(GEMM, configs, build.default_cache_dir(), jobs=2, shared=True)
+    libraries = {b.kernel: b.binary for b in builts if b.binary is not None}
+    print(f"{len(libraries)} of {len(configs)} fp32 variants of config {args.config!r} built")
+    if args.holdout:
+        problems = [GEMM.problem(p) for p in load_config(args.config).families["gemm"].problems["holdout"]]
+    else:
+        problems = [GEMM.problem(parse_shape(s)) for s in args.shapes]
+
+    rng = random.Random(0)
+    samples: dict[tuple, list[float]] = {}
+    peaks, bandwidths = [], []
+    for round_index in range(args.rounds):
+        peaks.append(probe.fma_peak_gflops(args.threads))
+        bandwidths.append(probe.read_bandwidth_gbps(args.threads))
+        for number, problem in enumerate(problems):
+            prepared = GEMM.prepare(problem, Path("/tmp") / "tilecast-gemm-peers" / f"p{number}", seed=number)
+            a, b = prepared.tensors["a"], prepared.tensors["b"]
+            an, bn = a.numpy(), b.numpy()
+            outputs = {}
+            calls = {}
+            for kernel, library in libraries.items():
+                out = GEMM.output_tensor(prepared)
+                timer = GEMM.timer(library, prepared, args.threads, out)
+                outputs[kernel] = out
+                calls[kernel] = timer
+            c_np = np.empty((problem.m, problem.n), dtype=np.float32)
+            c_torch = torch.empty(problem.m, problem.n)
+            peers = {"OpenBLAS": lambda: np.matmul(an, bn, out=c_np),
+                     "torch": lambda: torch.matmul(a, b, out=c_torch)}
+            order = list(calls) + list(peers)
+            rng.shuffle(order)
+            with threadpool_limits(limits=args.threads, user_api="blas"):
+                for name in order:
+                    if name in calls:
+                        reps = sized(lambda: calls[name](1), args.sample_ms / 1e3)
+                        seconds = min(calls[name](reps) for _ in range(2))
+                    else:
+                        reps = sized(peers[name], args.sample_ms / 1e3)
+                        seconds = min(timed(peers[name], reps) for _ in range(2))
+                    samples.setdefault((number, name), []).append(seconds)
+            reference = torch.from_numpy(c_np.copy())
+            for kernel, out in outputs.items():
+                error = float((out - reference).norm() / max(reference.norm(), 1e-30))
+                if not error <= GEMM.tolerance(problem):
+                    samples[number, kernel] = [math.inf]   # fast and wrong is never a winner
+        print(f"round {round_index + 1}/{args.rounds}: FMA peak {peaks[-1]:.0f} GFLOP/s, "
+              f"read {bandwidths[-1]:.1f} GB/s", flush=True)
+
+    peak, bandwidth = statistics.median(peaks), statistics.median(bandwidths)
+    print(f"\nmedians of {args.rounds} rounds; FMA peak {peak:.0f} GFLOP/s, read bandwidth "
+          f"{bandwidth:.1f} GB/s")
+    print(f"{'shape':>22} {'best variant':>44} {'GFLOP/s':>8} {'OpenBLAS':>8} {'torch':>8} "
+          f"{'/OpenBLAS':>9} {'/better':>8} {'ceiling':>14}")
+    ratios = []
+    for number, problem in enumerate(problems):
+        median = {name: statistics.median(v) for (n, name), v in samples.items() if n == number}
+        best = min(libraries, key=lambda k: median.get(k, math.inf))
+        flops = GEMM.flops(problem)
+        rate = {name: flops / s / 1e9 for name, s in median.items()}
+        better = max(rate["OpenBLAS"], rate["torch"])
+        if min(problem.m, problem.n) <= SKINNY:
+            gbps = GEMM.bytes_moved(problem) / median[best] / 1e9
+            ceiling = f"{gbps:5.1f} GB/s {gbps / bandwidth:4.0%}"
+        else:
+            ceiling = f"{rate[best] / peak:4.0%} of peak"
+        ratios.append(rate[best] / better)
+        shape = f"{problem.m}x{problem.n}x{problem.k}:{problem.layout_a}:{problem.layout_b}"
+        print(f"{shape:>22} {best[5:]:>44} {rate[best]:8.1f} {rate['OpenBLAS']:8.1f} "
+              f"{rate['torch']:8.1f} {rate[best] / rate['OpenBLAS']:9.2f} "
+              f"{rate[best] / better:8.2f} {ceiling:>14}")
+    print(f"\ngeometric mean, best variant / the better peer: "
+          f"{math.exp(statistics.fmean(math.log(r) for r in ratios)):.3f} over {len(ratios)} shapes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+// GEMV-class problems: C = A * B with M <= kSkinnyMax or N <= kSkinnyMax (fp32).
+//
+// Such a product does 2 flops per element of its large operand, so it runs at the rate
+// that operand streams from memory: packing it first (the blocked path) reads it twice
+// and writes it once. Here the large operand is read once, in place, and the small one
+// stays in registers or L1.
+//
+// Both cases are one task, out (R x N) = S (R x K) * T (K x N) with R <= kSkinnyMax and
+// every operand strided: small M takes S = A, T = B, out = C; small N takes the transpose,
+// S = B^T, T = A^T, out = C^T. T is read one of two ways:
+//   rows  T's rows contiguous (t_cs == 1): kRowsDepth rows of T stream side by side along a
+//         block of columns, each step one broadcast of S(r, p) per row of S (axpys), the
+//         block's sums kept in L1 between sweeps;
+//   cols  T's columns contiguous (t_rs == 1): R x CB dot products down CB columns at once,
+//         S's rows read as vectors (packed first when they are strided).
+// The variant's parallel scheme shares the work: "k" splits K (per-thread partial outputs,
+// then a reduction over columns), "m" and "n" split the N columns; TC_PREFETCH adds
+// software prefetches kPrefetchBytes ahead in the stream.
+#pragma once
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "gemm_buffers.hpp"
+#include "gemm_config.hpp"
+#include "gemm_pack.hpp"
+#include "gemm_simd.hpp"
+
+namespace tc::gemm::skinny {
+
+/// The small dimension's limit: up to 8 rows of S fit the registers with a column block.
+constexpr index_t kSkinnyMax = 8;
+/// Below this many multiply-adds a parallel region costs more than it saves (one OpenMP
+/// fork-join is ~1-2 us on the 2-core VM): the calling thread does it alone.
+constexpr index_t kSerialWork = index_t(1) << 16;
+constexpr index_t kPrefetchBytes = 512;
+/// rows form: the sums of one pass over columns (R x 4096/R floats, 16 KiB, stay in L1:
+/// one row of S sweeps 4096 columns at a time) and the rows of T read side by side in it.
+constexpr index_t kRowsSums = 4096;
+constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024)
+
+struct Task {
+  index_t rows, cols, depth;  // R, N, K
+  const float* s;
+  index_t s_rs, s_cs;
+  const float* t;
+  index_t t_rs, t_cs;
+  float* out;
+  index_t o_rs, o_cs;
+};
+
+/// Whether `problem` takes this path, and its task; false for bf16 or odd strides.
+template <class P>
+inline bool task_of(const P& p, Task& task) {
+  if constexpr (!std::is_same_v<InputT, float>) {
+    (void)p, (void)task;
+    return false;
+  } else {
+    if (p.m <= kSkinnyMax && p.m <= p.n) {
+      task = {p.m, p.n, p.k, p.a.data, p.a.row_stride, p.a.col_stride,
+              p.b.data, p.b.row_stride, p.b.col_stride, p.c, p.ldc, 1};
+    } else if (p.n <= kSkinnyMax) {
+      task = {p.n, p.m, p.k, p.b.data, p.b.col_stride, p.b.row_stride,
+              p.a.data, p.a.col_stride, p.a.row_stride, p.c, 1, p.ldc};
+    } else {
+      return false;
+    }
+    return task.t_cs == 1 || task.t_rs == 1;  // the family's layouts always give one
+  }
+}
+
+/// Lanes [0, width) of a vector mask (width < 8).
+inline __m256i lane_mask(index_t width) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(width)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline float hsum(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+inline void put(float* out, index_t o_rs, index_t o_cs, index_t r, index_t c, float value) {
+  out[r * o_rs + c * o_cs] = value;
+}
+
+/// rows form, one column block: sums[0:R, c:c+8*NV] += S[:, p0:p1] * T[p0:p1, cb+c : ...],
+/// the last vector masked to `tail` lanes when kMasked. T's kRowsDepth rows are read side by
+/// side, each contiguously along the block: sequential streams the prefetchers follow.
+template <int R, int NV, bool kMasked, index_t kChunk>
+TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, index_t c,
+                          index_t p0, index_t p1, index_t tail) {
+  __m256 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_load_ps(&sums[r][c + 8 * j]);
+  const __m256i mask = lane_mask(kMasked ? tail : 8);
+  const float* tp = t.t + p0 * t.t_rs + cb + c;
+  const float* sp = t.s + p0 * t.s_cs;
+  for (index_t p = p0; p < p1; ++p, tp += t.t_rs, sp += t.s_cs) {
+    if constexpr (kPrefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchBytes / 4), _MM_HINT_T0);
+    __m256 row[NV];
+    for (int j = 0; j < NV; ++j)
+      row[j] = kMasked && j == NV - 1 ? _mm256_maskload_ps(tp + 8 * j, mask) : _mm256_loadu_ps(tp + 8 * j);
+    for (int r = 0; r < R; ++r) {
+      const __m256 s = _mm256_broadcast_ss(sp + r * t.s_rs);
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_fmadd_ps(s, row[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) _mm256_store_ps(&sums[r][c + 8 * j], acc[r][j]);
+}
+
+/// rows form: out[0:R, c0:c1] over K steps [p0, p1), kRowsSums / R columns at a time, their
+/// sums in L1 while kRowsDepth rows of T at a time stream through.
+template <int R>
+void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
+                index_t o_rs, index_t o_cs) {
+  constexpr int NV = R <= 6 ? 2 : 1;  // R*NV accumulators + NV row vectors + 1 broadcast <= 16
+  constexpr index_t kStep = 8 * NV;
+  constexpr index_t kChunk = kRowsSums / R / 16 * 16;
+  alignas(64) float sums[R][kChunk];
+  for (index_t cb = c0; cb < c1; cb += kChunk) {
+    const index_t width = std::min(kChunk, c1 - cb);
+    const index_t whole = width / kStep * kStep;
+    for (int r = 0; r < R; ++r) std::fill(sums[r], sums[r] + round_up(width, 8), 0.0f);
+    for (index_t p = p0; p < p1; p += kRowsDepth) {
+      const index_t pe = std::min(p + kRowsDepth, p1);
+      for (index_t c = 0; c < whole; c += kStep) rows_block<R, NV, false, kChunk>(t, sums, cb, c, p, pe, 8);
+      for (index_t c = whole; c < width; c += 8)
+        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, std::min<index_t>(8, width - c));
+    }
+    for (int r = 0; r < R; ++r) {
+      float* row = out + r * o_rs + cb * o_cs;
+      if (o_cs == 1)
+        std::copy(sums[r], sums[r] + width, row);
+      else
+        for (index_t c = 0; c < width; ++c) row[c * o_cs] = sums[r][c];
+    }
+  }
+}
+
+/// cols form: out[0:R, c:c+CB] over K steps [p0, p1); S rows contiguous (s_cs == 1).
+template <int R, int CB>
+TC_INLINE void cols_block(const Task& t, const float* s, index_t s_rs, index_t c, index_t p0,
+                          index_t p1, float* out, index_t o_rs, index_t o_cs) {
+  __m256 acc[R][CB];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < CB; ++j) acc[r][j] = _mm256_setzero_ps();
+  const float* col[CB];
+  for (int j = 0; j < CB; ++j) col[j] = t.t + (c + j) * t.t_cs;
+  index_t p = p0;
+  for (; p + 8 <= p1; p += 8) {
+    if constexpr (kPrefetch)
+      for (int j = 0; j < CB; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(col[j] + p + kPrefetchBytes / 4), _MM_HINT_T0);
+    __m256 tv[CB];
+    for (int j = 0; j < CB; ++j) tv[j] = _mm256_loadu_ps(col[j] + p);
+    for (int r = 0; r < R; ++r) {
+      const __m256 sv = _mm256_loadu_ps(s + r * s_rs + p);
+      for (int j = 0; j < CB; ++j) acc[r][j] = _mm256_fmadd_ps(sv, tv[j], acc[r][j]);
+    }
+  }
+  if (p < p1) {
+    const __m256i mask = lane_mask(p1 - p);
+    __m256 tv[CB];
+    for (int j = 0; j < CB; ++j) tv[j] = _mm256_maskload_ps(col[j] + p, mask);
+    for (int r = 0; r < R; ++r) {
+      const __m256 sv = _mm256_maskload_ps(s + r * s_rs + p, mask);
+      for (int j = 0; j < CB; ++j) acc[r][j] = _mm256_fmadd_ps(sv, tv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < CB; ++j) put(out, o_rs, o_cs, r, c + j, hsum(acc[r][j]));
+}
+
+template <int R>
+void cols_range(const Task& t, const float* s, index_t s_rs, index_t c0, index_t c1, index_t p0,
+                index_t p1, float* out, index_t o_rs, index_t o_cs) {
+  constexpr int CB = R <= 2 ? 4 : R <= 4 ? 2 : 1;  // R*CB accumulators + CB columns + 1 S row
+  index_t c = c0;
+  for (; c + CB <= c1; c += CB) cols_block<R, CB>(t, s, s_rs, c, p0, p1, out, o_rs, o_cs);
+  for (; c < c1; ++c) cols_block<R, 1>(t, s, s_rs, c, p0, p1, out, o_rs, o_cs);
+}
+
+/// out[0:R, c0:c1] of the K steps [p0, p1), written at (o_rs, o_cs); `s_rows` is S with
+/// contiguous rows (s_rs apart) when the cols form needs them.
+template <int R>
+void range(const Task& t, const float* s_rows, index_t s_rs, index_t c0, index_t c1, index_t p0,
+           index_t p1, float* out, index_t o_rs, index_t o_cs) {
+  if (t.t_cs == 1)
+    rows_range<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
+  else
+    cols_range<R>(t, s_rows, s_rs, c0, c1, p0, p1, out, o_rs, o_cs);
+}
+
+using RangeFn = void (*)(const Task&, const float*, index_t, index_t, index_t, index_t, index_t,
+                         float*, index_t, index_t);
+constexpr RangeFn kRanges[kSkinnyMax] = {range<1>, range<2>, range<3>, range<4>,
+                                         range<5>, range<6>, range<7>, range<8>};
+
+/// Scratch of the skinny path, sized before timing: S's rows packed contiguous (cols form
+/// with strided S), and the split-K partial outputs of all threads but the first.
+struct Scratch {
+  AlignedBuffer s_rows;
+  SlicedBuffer partial;
+  Scratch() = default;
+  Scratch(const Task& t, int threads) {
+    if (t.t_cs != 1 && t.s_cs != 1) s_rows = AlignedBuffer(t.rows * t.depth);
+    if (kParScheme == 2 && threads > 1) partial = SlicedBuffer(threads - 1, t.rows * t.cols);
+  }
+};
+
+/// out = S * T for one task, on `threads` threads by the variant's scheme.
+inline void run(const Task& t, Scratch& scratch, int threads) {
+  const RangeFn fn = kRanges[t.rows - 1];
+  const float* s_rows = t.s;
+  index_t s_rs = t.s_rs;
+  if (t.t_cs != 1 && t.s_cs != 1) {  // cols form reads S's rows as vectors: make them contiguous
+    float* packed = scratch.s_rows.get();
+    for (index_t r = 0; r < t.rows; ++r)
+      for (index_t p = 0; p < t.depth; ++p) packed[r * t.depth + p] = t.s[r * t.s_rs + p * t.s_cs];
+    s_rows = packed, s_rs = t.depth;
+  }
+  const int nt = t.rows * t.cols * t.depth < kSerialWork ? 1 : threads;
+  if (nt == 1) {
+    fn(t, s_rows, s_rs, 0, t.cols, 0, t.depth, t.out, t.o_rs, t.o_cs);
+    return;
+  }
+  if constexpr (kParScheme == 2) {
+#pragma omp parallel num_threads(nt)
+    {
+      const int tid = omp_get_thread_num();
+      const int team = omp_get_num_threads();
+      index_t p0, p1;
+      split_range(t.depth, team, tid, p0, p1);
+      float* out = tid == 0 ? t.out : scratch.partial.slice(tid - 1);
+      const index_t o_rs = tid == 0 ? t.o_rs : t.cols, o_cs = tid == 0 ? t.o_cs : 1;
+      if (p0 < p1) {
+        fn(t, s_rows, s_rs, 0, t.cols, p0, p1, out, o_rs, o_cs);
+      } else {
+        for (index_t r = 0; r < t.rows; ++r)
+          for (index_t c = 0; c < t.cols; ++c) out[r * o_rs + c * o_cs] = 0.0f;
+      }
+#pragma omp barrier
+      index_t c0, c1;
+      split_range(t.cols, team, tid, c0, c1);
+      for (int other = 1; other < team; ++other) {
+        const float* part = scratch.partial.slice(other - 1);
+        for (index_t r = 0; r < t.rows; ++r)
+          for (index_t c = c0; c < c1; ++c) t.out[r * t.o_rs + c * t.o_cs] += part[r * t.cols + c];
+      }
+    }
+  } else {
+#pragma omp parallel num_threads(nt)
+    {
+      const int tid = omp_get_thread_num();
+      const int team = omp_get_num_threads();
+      // whole 16-column blocks per thread, so no thread gets a masked block in the middle
+      const index_t blocks = ceil_div(t.cols, 16);
+      index_t b0, b1;
+      split_range(blocks, team, tid, b0, b1);
+      const index_t c0 = std::min(b0 * 16, t.cols), c1 = std::min(b1 * 16, t.cols);
+      if (c0 < c1) fn(t, s_rows, s_rs, c0, c1, 0, t.depth, t.out, t.o_rs, t.o_cs);
+    }
+  }
+}
+
+}  // namespace tc::gemm::skinny
