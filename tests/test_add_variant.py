@@ -8,14 +8,13 @@ import itertools
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
 
 import tilecast.families.gemm as gemm
-from tilecast.core.measure import Protocol, run_binary
+from gemm_checks import expect_gemm_matches_torch
+from tilecast.core.measure import Protocol
 from tilecast.families.base import KERNELS_DIR
 from tilecast.families.gemm import MicroKernel
-from tilecast.stages.bench import _validate
 from tilecast.stages.build import DEFAULT_FLAGS, build_candidates, cache_key
 
 GEMM = gemm.FAMILY
@@ -102,15 +101,5 @@ def test_the_new_variant_builds_from_the_copy_and_matches_torch(new_row, kernels
     assert (int(params["MR"]), int(params["NR"])) == (5, 16)
 
     layouts = itertools.cycle([("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")])
-    prepared = {}
-    for number, ((m, n, k), (la, lb)) in enumerate(zip(SHAPES, layouts)):
-        problem = GEMM.problem({"m": m, "n": n, "k": k, "layout_a": la, "layout_b": lb})
-        prepared[f"j{number}"] = GEMM.prepare(problem, tmp_path / f"p{number}", seed=number)
-    jobs = [(job_id, prep.job_args) for job_id, prep in prepared.items()]
-    for b in built:
-        outcomes = run_binary(b.binary, jobs, PROTOCOL)
-        for job_id, prep in prepared.items():
-            outcome, error = _validate(GEMM, prep, outcomes[job_id])
-            assert outcome.status == "ok", (b.kernel, prep.problem, outcome.reason)
-            assert error < GEMM.tolerance(prep.problem), (b.kernel, prep.problem, error)
-            assert np.isfinite(error)
+    problems = [(*shape, *pair) for shape, pair in zip(SHAPES, layouts)]
+    expect_gemm_matches_torch(built, problems, tmp_path, PROTOCOL)

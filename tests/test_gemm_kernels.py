@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from tilecast.stages.bench import _validate
-from tilecast.stages.build import build_candidates
+from gemm_checks import expect_gemm_matches_torch
+from tilecast.core.measure import Protocol
 from tilecast.families import get_family
 from tilecast.families.gemm import ISAS, GemmConfig, micro_tiles
-from tilecast.core.measure import Protocol, run_binary
+from tilecast.stages.build import build_candidates
 
 GEMM = get_family("gemm")
 PROTOCOL = Protocol(warmup_ms=0.5, min_sample_ms=0.5, samples=2, threads=2, timeout_s=60)
@@ -42,17 +42,8 @@ def test_variant_matches_torch(index, built, tmp_path):
     if index >= len(built):
         pytest.skip("this CPU lacks AVX-512")
     b = built[index]
-    prepared, jobs = {}, []
-    for number, ((m, n, k), (la, lb)) in enumerate(zip(SHAPES, itertools.cycle(LAYOUTS))):
-        problem = GEMM.problem({"m": m, "n": n, "k": k, "dtype": b.config.dtype,
-                                "layout_a": la, "layout_b": lb})
-        prepared[f"j{number}"] = GEMM.prepare(problem, tmp_path / f"p{number}", seed=number)
-        jobs.append((f"j{number}", prepared[f"j{number}"].job_args))
-    outcomes = run_binary(b.binary, jobs, PROTOCOL)
-    for job_id, prep in prepared.items():
-        outcome, error = _validate(GEMM, prep, outcomes[job_id])
-        assert outcome.status == "ok", (b.kernel, prep.problem, outcome.reason)
-        assert error < GEMM.tolerance(prep.problem), (b.kernel, prep.problem, error)
+    problems = [(*shape, *layouts) for shape, layouts in zip(SHAPES, itertools.cycle(LAYOUTS))]
+    expect_gemm_matches_torch([b], problems, tmp_path, PROTOCOL, b.config.dtype)
 
 
 def test_describe_reports_the_compiled_parameters(built):
@@ -74,16 +65,7 @@ SKINNY_SHAPES = [(1, 1, 1), (1, 300, 200), (3, 70, 131), (5, 2, 333), (8, 40, 17
 
 
 def test_gemv_class_shapes_match_torch_in_every_layout(built, tmp_path):
-    prepared, jobs = {}, []
-    for number, ((m, n, k), (la, lb)) in enumerate(itertools.product(SKINNY_SHAPES, LAYOUTS)):
-        problem = GEMM.problem({"m": m, "n": n, "k": k, "layout_a": la, "layout_b": lb})
-        prepared[f"j{number}"] = GEMM.prepare(problem, tmp_path / f"p{number}", seed=number)
-        jobs.append((f"j{number}", prepared[f"j{number}"].job_args))
     fp32 = [b for b in built if b.config.dtype == "fp32"]
     assert {b.config.parallel for b in fp32} == {"m", "n", "k"}
-    for b in fp32:
-        outcomes = run_binary(b.binary, jobs, PROTOCOL)
-        for job_id, prep in prepared.items():
-            outcome, error = _validate(GEMM, prep, outcomes[job_id])
-            assert outcome.status == "ok", (b.kernel, prep.problem, outcome.reason)
-            assert error < GEMM.tolerance(prep.problem), (b.kernel, prep.problem, error)
+    problems = [(*shape, *layouts) for shape, layouts in itertools.product(SKINNY_SHAPES, LAYOUTS)]
+    expect_gemm_matches_torch(fp32, problems, tmp_path, PROTOCOL)
