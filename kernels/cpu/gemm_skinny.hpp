@@ -33,8 +33,9 @@ namespace tc::gemm::skinny {
 
 /// The small dimension's limit: up to 8 rows of S fit the registers with a column block.
 constexpr index_t kSkinnyMax = 8;
-/// Below this many multiply-adds a parallel region costs more than it saves (one OpenMP
-/// fork-join is ~1-2 us on the 2-core VM): the calling thread does it alone.
+/// Below this many multiply-adds (~5-10 us of work at memory speed) a parallel region costs
+/// more than it saves (a 2-thread barrier takes 0.4-0.6 us on the 2-core VM, the recorded
+/// window_probes_us / 200, and a fork-join more): the calling thread does it alone.
 constexpr index_t kSerialWork = index_t(1) << 16;
 constexpr index_t kPrefetchBytes = 512;
 /// rows form: the sums of one pass over columns (R x 4096/R floats, 16 KiB, stay in L1:
