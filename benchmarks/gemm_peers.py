@@ -102,27 +102,28 @@ def main() -> None:
     else:
         problems = [GEMM.problem(parse_shape(s)) for s in args.shapes]
 
+    # operands, outputs and timers once: every round times the same buffers
+    setups = []
+    for number, problem in enumerate(problems):
+        prepared = GEMM.prepare(problem, Path("/tmp") / "tilecast-gemm-peers" / f"p{number}", seed=number)
+        a, b = prepared.tensors["a"], prepared.tensors["b"]
+        an, bn = a.numpy(), b.numpy()
+        outputs = {kernel: GEMM.output_tensor(prepared) for kernel in libraries}
+        calls = {kernel: GEMM.timer(library, prepared, args.threads, outputs[kernel])
+                 for kernel, library in libraries.items()}
+        c_np = np.empty((problem.m, problem.n), dtype=np.float32)
+        c_torch = torch.empty(problem.m, problem.n)
+        peers = {"OpenBLAS": lambda an=an, bn=bn, c=c_np: np.matmul(an, bn, out=c),
+                 "torch": lambda a=a, b=b, c=c_torch: torch.matmul(a, b, out=c)}
+        setups.append((problem, outputs, calls, peers, c_np))
+
     rng = random.Random(0)
     samples: dict[tuple, list[float]] = {}
     peaks, bandwidths = [], []
     for round_index in range(args.rounds):
         peaks.append(probe.fma_peak_gflops(args.threads))
         bandwidths.append(probe.read_bandwidth_gbps(args.threads))
-        for number, problem in enumerate(problems):
-            prepared = GEMM.prepare(problem, Path("/tmp") / "tilecast-gemm-peers" / f"p{number}", seed=number)
-            a, b = prepared.tensors["a"], prepared.tensors["b"]
-            an, bn = a.numpy(), b.numpy()
-            outputs = {}
-            calls = {}
-            for kernel, library in libraries.items():
-                out = GEMM.output_tensor(prepared)
-                timer = GEMM.timer(library, prepared, args.threads, out)
-                outputs[kernel] = out
-                calls[kernel] = timer
-            c_np = np.empty((problem.m, problem.n), dtype=np.float32)
-            c_torch = torch.empty(problem.m, problem.n)
-            peers = {"OpenBLAS": lambda: np.matmul(an, bn, out=c_np),
-                     "torch": lambda: torch.matmul(a, b, out=c_torch)}
+        for number, (problem, outputs, calls, peers, c_np) in enumerate(setups):
             order = list(calls) + list(peers)
             rng.shuffle(order)
             with threadpool_limits(limits=args.threads, user_api="blas"):

@@ -21,15 +21,10 @@ import argparse
 
 import numpy as np
 
-from tilecast.core import dataset
+from tilecast.core import dataset, stats
 from tilecast.workflows.repeatability import dataset_path, per_problem, summarize
 
 ROBUST = 1.4826   # MAD -> standard deviation of a normal
-
-
-def robust_sd(values) -> float:
-    values = np.asarray(values, dtype=float)
-    return float(ROBUST * np.median(np.abs(values - np.median(values))))
 
 
 def raced(records) -> set[tuple[str, str]]:
@@ -72,7 +67,7 @@ def main() -> None:
     for key, kernel in pairs:
         by_problem.setdefault(key, []).append(np.log(labels[0][key, kernel] / labels[1][key, kernel]))
     centred = [x - np.median(v) for v in by_problem.values() if len(v) >= 3 for x in v]
-    between = robust_sd(centred)
+    between = stats.mad(centred, scale=ROBUST)
     print(f"2. one label, A against B (log ratio centred per problem, {len(centred)} labels): "
           f"robust sd {between:.4f} -> one run's label {between / np.sqrt(2):.4f}")
 
