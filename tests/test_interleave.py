@@ -225,6 +225,72 @@ def test_the_race_takes_contenders_wide_and_narrows_them_round_by_round():
     assert {k: len(o.samples_s) for k, o in written.items()} == {"a": 6, "b": 6, "c": 2, "d": 6}
 
 
+def test_with_fresh_processes_each_race_round_has_its_own_worker_and_placement():
+    from types import SimpleNamespace
+    problem = GEMM.problem({"m": 8, "n": 8, "k": 8})
+    key = GEMM.dims_key(problem)
+    screen_s = {"a": 1.0, "b": 1.01, "c": 1.02}
+    builts = [SimpleNamespace(kernel=k, config=None, binary=Path(k), cache_key=k,
+                              event=SimpleNamespace(binary_bytes=1)) for k in screen_s]
+    done = {(key, k, "screen"): {"timing": "interleaved", "status": "ok", "median_s": t,
+                                 "samples_s": [t] * 3} for k, t in screen_s.items()}
+    events = []
+
+    class Worker:
+        def close(self):
+            events.append("close")
+
+        def measure(self, plan):
+            events.append(plan.placement_seed)
+            return {(kernel, k): interleave.PairTiming(reps=1, samples_s=[screen_s[kernel]] * plan.cycles)
+                    for kernel, k in plan.pairs}
+
+    class Recorder:
+        def write(self, *args, **kwargs):
+            return {}
+
+    for fresh in (False, True):
+        events.clear()
+        settings = BenchSettings(protocol=PROTOCOL, race_cycles=6, race_rounds=3,
+                                 race_fresh_process=fresh, libraries={k: Path(k) for k in screen_s})
+        bench._race(GEMM, builts, [("train", problem)], dict(done), Recorder(), settings,
+                    Worker(), lambda *args: None)
+        if fresh:   # a new process before every round, and a placement of its own
+            assert events[0::2] == ["close"] * 3
+            seeds = events[1::2]
+            assert len(seeds) == 3 and None not in seeds and len(set(seeds)) == 3
+        else:       # one worker for the whole race, operands where the family put them
+            assert events == [None, None, None]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_placed_operand_holds_the_same_numbers_at_a_random_offset_in_a_page(transposed):
+    import random
+    original = torch.randn(37, 53)
+    if transposed:
+        original = original.t()   # a column-major operand: a transposed view
+    rng = random.Random(5)
+    shifts = set()
+    for _ in range(20):
+        placed = interleave._placed(original, rng)
+        assert placed.stride() == original.stride() and torch.equal(placed, original)
+        assert placed.data_ptr() != original.data_ptr()
+        offset = placed.storage_offset() * placed.element_size()
+        assert offset % interleave.PLACEMENT_STEP == 0 and 0 <= offset < interleave.PLACEMENT_SPAN
+        shifts.add(offset)
+    assert len(shifts) > 10
+
+
+def test_a_placed_plan_checks_and_times_every_pair(tmp_path, gemm_builds):
+    _, libraries = gemm_builds
+    problems = [{"m": 16, "n": 32, "k": 64, "layout_a": "col"}, {"m": 5, "n": 7, "k": 9, "layout_b": "col"}]
+    plan = interleave.Plan(**{**asdict(_plan(GEMM, libraries, problems, cycles=2)), "placement_seed": 11})
+    timings = interleave.measure(plan, tmp_path, PROTOCOL)
+    for timing in timings.values():
+        assert timing.status == "ok", timing.reason
+        assert timing.max_error < 1e-4 and len(timing.samples_s) + len(timing.disturbed_samples_s) >= 2
+
+
 def test_a_race_round_is_put_on_the_screens_scale():
     # the round ran in a state 2x slower for both contenders, and ranked them the other way
     screen = {"a": {"samples_s": [1.0, 1.0, 1.0]}, "b": {"samples_s": [1.1, 1.1, 1.1]}}

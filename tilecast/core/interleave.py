@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -63,6 +63,9 @@ class Plan:
     cycles: int
     protocol: Mapping
     seed: int = 0
+    # None: operands where the family put them; else each problem's operands and output are
+    # copied to random 64-byte offsets within a page (`_placed`), drawn from this seed
+    placement_seed: int | None = None
 
 
 @dataclass
@@ -118,6 +121,11 @@ def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: N
     prepared = {key: family.prepare(family.problem(fields), scratch / f"p{i}", seed=seed)
                 for i, (key, fields, seed) in enumerate(plan.problems)}
     outputs = {key: family.output_tensor(p) for key, p in prepared.items()}
+    if plan.placement_seed is not None:
+        placer = random.Random(plan.placement_seed)
+        prepared = {key: replace(p, tensors={name: _placed(t, placer) for name, t in p.tensors.items()})
+                    for key, p in prepared.items()}
+        outputs = {key: _placed(t, placer) for key, t in outputs.items()}
     timings = {pair: PairTiming() for pair in map(tuple, plan.pairs)}
     timers = {}
     for kernel, key in timings:
@@ -166,6 +174,26 @@ def run(plan: Plan, scratch: Path, progress: Callable[[str], None] = lambda _: N
     for pairs in by_problem.values():
         _window_factors([timings[pair] for pair in pairs])
     return {f"{kernel}|{key}": asdict(t) for (kernel, key), t in timings.items()}
+
+
+# a placed tensor starts this many bytes, a multiple of PLACEMENT_STEP, into its own buffer
+PLACEMENT_SPAN, PLACEMENT_STEP = 4096, 64
+
+
+def _placed(tensor, rng: random.Random):
+    """A copy of `tensor` (same sizes and strides) starting at a random multiple of 64 bytes
+    within a page of a fresh allocation: where a problem's operands and output sit relative
+    to each other, to page boundaries and to cache sets is drawn anew for each plan, so a
+    kernel that one placement happens to favour (4K aliasing, conflicting sets) is not
+    favoured in every sample of a run."""
+    import torch
+
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    shift = rng.randrange(PLACEMENT_SPAN // PLACEMENT_STEP) * PLACEMENT_STEP // tensor.element_size()
+    storage = torch.empty(span + shift, dtype=tensor.dtype)
+    placed = storage.as_strided(tensor.shape, tensor.stride(), shift)
+    placed.copy_(tensor)
+    return placed
 
 
 def _window_factors(pairs: Sequence[PairTiming], sweeps: int = 10) -> None:

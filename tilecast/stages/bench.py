@@ -70,6 +70,10 @@ class BenchSettings:
     # than this leaves the race (interleave.survivors): the wide margin finds the leaders, the
     # later rounds spend their cycles on the few that are still close
     race_keep_pct: float = 5.0
+    # each race round in a worker process of its own with the operands at random offsets
+    # (interleave.Plan.placement_seed): a bias one process's memory layout gives a kernel
+    # then differs from round to round, and the rounds average it away
+    race_fresh_process: bool = False
 
     @classmethod
     def from_config(cls, config, *, seed: int = 0, libraries: Mapping[str, Path] | None = None,
@@ -596,7 +600,10 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
             problems=[(key, family.problem_dict(keys[key][1]), _data_seed(settings, key))
                       for key in racing],
             pairs=pairs, cycles=count, protocol=asdict(settings.protocol),
-            seed=settings.seed + index + zlib.crc32(",".join(racing).encode()))
+            seed=settings.seed + index + zlib.crc32(",".join(racing).encode()),
+            placement_seed=(settings.seed * 1000 + index) if settings.race_fresh_process else None)
+        if settings.race_fresh_process:
+            worker.close()   # the next plan starts a new process: libraries, buffers and all
         try:
             timings = worker.measure(plan)
         except interleave.InterleaveError as err:
