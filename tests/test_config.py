@@ -78,8 +78,8 @@ def test_a_minimal_config_takes_the_documented_defaults(tmp_path):
     assert cfg.protocol == Protocol()
     assert (cfg.tie_threshold_pct, cfg.finalists, cfg.confirm_samples, cfg.build_jobs) == (1.0, 3, 5, 2)
     assert (cfg.problems_per_batch, cfg.rounds, cfg.retry_disturbed, cfg.interleave,
-            cfg.race_cycles, cfg.race_rounds, cfg.race_margin_pct, cfg.race_keep_pct) == (
-        8, 3, 1, True, 16, 3, 25.0, 5.0)
+            cfg.race_cycles, cfg.race_rounds, cfg.race_margin_pct, cfg.race_keep_pct,
+            cfg.race_fresh_process) == (8, 3, 1, True, 16, 3, 25.0, 5.0, True)
     gemm = cfg.families["gemm"]
     assert (gemm.budget, gemm.seed, gemm.model, gemm.warm_start) == (UNLIMITED_BUDGET, 0, {}, None)
     assert gemm.sentinel == gemm.problems["holdout"] == [{"m": 4, "n": 5, "k": 6}]

@@ -202,6 +202,9 @@ def test_the_race_takes_contenders_wide_and_narrows_them_round_by_round():
     plans, written = [], {}
 
     class Worker:
+        def close(self):
+            pass
+
         def measure(self, plan):
             plans.append(sorted(kernel for kernel, _ in plan.pairs))
             return {(kernel, k): interleave.PairTiming(reps=1, samples_s=[race_s[kernel]] * plan.cycles)

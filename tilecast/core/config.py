@@ -71,7 +71,7 @@ class RunConfig:
     race_rounds: int = 3       # ... in this many rounds spread over the rest of the run
     race_margin_pct: float = 25.0
     race_keep_pct: float = 5.0  # after a race round, contenders this close to its best go on
-    race_fresh_process: bool = False  # each race round in a new worker, operands placed anew
+    race_fresh_process: bool = True   # each race round in a new worker, operands placed anew
 
 
 def _raise_if(errors: list[str]) -> None:

@@ -446,7 +446,7 @@ def config_model() -> type[Section]:
         "race_margin_pct": PERCENT, "race_keep_pct": PERCENT, "race_fresh_process": FLAG},
         {"problems_per_batch": 8, "rounds": 3, "retry_disturbed": 1, "interleave": True,
          "race_cycles": 16, "race_rounds": 3, "race_margin_pct": 25.0, "race_keep_pct": 5.0,
-         "race_fresh_process": False})
+         "race_fresh_process": True})
     families = create_model("Families", __base__=FamiliesSection,
                             **_optional({name: family_model(name) for name in FAMILIES}))
     sections = {key: (model, Field(default_factory=model)) for key, model in
