@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import shutil
 import time
 import zlib
@@ -602,7 +603,8 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
                       for key in racing],
             pairs=pairs, cycles=count, protocol=asdict(settings.protocol),
             seed=settings.seed + index + zlib.crc32(",".join(racing).encode()),
-            placement_seed=(settings.seed * 1000 + index) if settings.race_fresh_process else None)
+            # drawn afresh by every run: two runs of one config must not share a placement
+            placement_seed=secrets.randbits(31) if settings.race_fresh_process else None)
         if settings.race_fresh_process:
             worker.close()   # the next plan starts a new process: libraries, buffers and all
         try:
