@@ -550,8 +550,9 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
     does. So once every batch is screened, each problem's contenders
     (`interleave.contenders` of its in-window screen times) get `race_cycles` more samples
     in `race_rounds` rounds over all problems, spread over the rest of the run, each round one
-    worker plan (fresh buffers: memory layout is drawn anew too). The contenders are taken
-    wide (`race_margin_pct` of the best's screen time: six screening samples put the next
+    worker plan; with `race_fresh_process` each in a new worker with its operands at
+    random offsets, so the bias a process gives a kernel differs from round to round. The
+    contenders are taken wide (`race_margin_pct` of the best's screen time: six screening samples put the next
     run's winner 10-25 % behind in one problem in six, docs/results.md) and narrowed after
     each round but the last to those within `race_keep_pct` of the round's best
     (`interleave.survivors`), so the later rounds' cycles go to the close ones. A round's in-window samples
