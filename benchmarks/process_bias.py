@@ -39,8 +39,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tilecast.core import hardware, interleave, stats, tune  # noqa: E402
+from gemm_peers import variants  # noqa: E402  the same candidates as the peers benchmark
+
+from tilecast.core import hardware, interleave, stats  # noqa: E402
 from tilecast.core.config import load_config  # noqa: E402
 from tilecast.core.measure import Protocol  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
@@ -49,12 +52,6 @@ from tilecast.stages import build  # noqa: E402
 GEMM = get_family("gemm")
 ROBUST = 1.4826   # MAD to sd for normal data
 ARMS = ("keep A", "keep B", "fresh")
-
-
-def candidates(config, machine: dict) -> list:
-    fc = config.families["gemm"]
-    space = {GEMM.kernel_name(c): c for c in GEMM.candidate_space(fc.candidates, machine)}
-    return [space[n] for n in tune.seeded_order(list(space), fc.seed)[:fc.budget]]
 
 
 def plan(libraries: dict, problems: list, pairs: list, cycles: int, protocol: Protocol,
@@ -116,7 +113,7 @@ def main() -> None:
     protocol = config.protocol
     machine = hardware.profile(protocol.threads)
     problems = [GEMM.problem(p) for p in config.families["gemm"].problems[args.set]]
-    builts = build.build_candidates(GEMM, candidates(config, machine), build.default_cache_dir(),
+    builts = build.build_candidates(GEMM, variants(args.config, machine), build.default_cache_dir(),
                                     jobs=2, shared=True)
     libraries = {b.kernel: b.binary for b in builts if b.binary is not None}
     print(f"CPU: {machine['cpu_model']}; {protocol.threads} threads; "
