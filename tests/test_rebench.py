@@ -414,3 +414,49 @@ def test_welch_log_p_edges():
         stats.welch_log_p([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="positive"):
         stats.welch_log_p([1.0, -1.0], [1.0, 2.0])
+
+
+def test_a_kernel_slower_everywhere_regresses_though_a_disturbed_round_hides_each_pair():
+    # every problem: four tight baseline rounds; the new run 10x slower, one round of each
+    # problem disturbed 10x more: each pair's Welch test alone stays above alpha ...
+    old_rounds = [1.00e-5, 1.02e-5, 0.99e-5, 1.01e-5]
+    new_rounds = [10.0e-5, 10.3e-5, 9.9e-5, 100e-5]
+    problems = [f"m={i}" for i in range(1, 4)]
+    old = _rounds_run("old", {("k0", p): old_rounds for p in problems}, seed=1)
+    new = _rounds_run("new", {("k0", p): new_rounds for p in problems}, seed=2)
+    result = compare(new, old, "gemm", 0.01, 0.05)
+    assert all(p["test"] == "welch-log-rounds" and p["q"] > 0.01 for p in result.pairs)
+    assert all(p["verdict"] == UNCHANGED and p["ratio"] > 9 for p in result.pairs)
+    # ... the kernel's test over all three problems' rounds does not
+    [kernel] = result.kernels
+    assert kernel["test"] == "welch-log-rounds-by-problem" and kernel["q"] < 1e-3
+    assert kernel["verdict"] == REGRESSION and "geomean" in kernel["reason"]
+    assert result.exit_status == 1
+    # the same rounds without the shift: nothing to see
+    same = _rounds_run("same", {("k0", p): old_rounds[::-1] for p in problems}, seed=3)
+    assert compare(same, old, "gemm", 0.01, 0.05).kernels[0]["verdict"] == UNCHANGED
+
+
+def test_stratified_welch_log_p_known_answers_and_calibration():
+    first, second = [1.0, 1.3, 0.9, 1.1], [1.4, 1.2, 1.6]
+    # one stratum is Welch's test itself
+    assert stats.stratified_welch_log_p([(first, second)]) == pytest.approx(
+        stats.welch_log_p(first, second), rel=1e-9)
+    # strata with fewer than 2 values a side are left out; none left: no test
+    assert stats.stratified_welch_log_p([(first, second), ([1.0], [2.0, 3.0])]) == pytest.approx(
+        stats.welch_log_p(first, second), rel=1e-9)
+    assert stats.stratified_welch_log_p([([1.0], [2.0])]) is None
+    assert stats.stratified_welch_log_p([([2.0, 2.0], [2.0, 2.0])]) == 1.0
+    assert stats.stratified_welch_log_p([([2.0, 2.0], [1.0, 1.0])]) == 0.0
+    with pytest.raises(ValueError, match="positive"):
+        stats.stratified_welch_log_p([([1.0, 0.0], [1.0, 2.0])])
+    # under the null (each problem its own level, rounds lognormal) about 5 % fall under 0.05
+    rng = np.random.default_rng(5)
+    p_values = []
+    for _ in range(2000):
+        strata = []
+        for level in rng.uniform(-3, 3, 3):
+            strata.append((np.exp(level + rng.normal(0, 0.05, 4)),
+                           np.exp(level + rng.normal(0, 0.05, 4))))
+        p_values.append(stats.stratified_welch_log_p(strata))
+    assert 0.03 < np.mean(np.asarray(p_values) < 0.05) < 0.07

@@ -5,8 +5,12 @@ t-test on the logs of the two runs' per-round medians (each round is a process o
 the replicate that carries run-to-run noise; samples within a process are not independent
 of it, and a test over them calls a 7 % difference between two runs of the same binary on
 this VM significant). Records without round medians (older ones) fall back to a Mann-Whitney
-U test on the samples. Per kernel: the geometric mean of its pairs'
-ratios and a Wilcoxon signed-rank test on their logs across problems. Every test of a run
+U test on the samples. Per kernel: the geometric mean of its pairs' ratios, tested on the
+pairs' round medians together (a Welch test stratified by problem: each problem's difference
+of mean log round medians, averaged; a rank test across the three sentinel problems of a
+rebenchmark could never reach alpha, and one disturbed round could leave a kernel ten times
+slower "unchanged"), or with a Wilcoxon signed-rank test on the pairs' log ratios across
+problems where records have no round medians. Every test of a run
 (pairs and kernels together) is corrected with Benjamini-Hochberg. A verdict needs both a
 significant test (q <= alpha) and a practical effect (a time ratio of at least 1 + min_effect,
 or at most 1 / (1 + min_effect)), so neither noise with a big median shift nor a tiny shift
@@ -177,15 +181,22 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2g}"
 
 
-def _kernel(kernel: str, pairs: list[dict]) -> dict:
+def _kernel(kernel: str, pairs: list[dict], old_table: Mapping, new_table: Mapping) -> dict:
     """A kernel's summary over its pairs; the test and verdict come after the correction."""
     ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
+    rounds = [(_rounds(new_table[kernel, p["problem"]]), _rounds(old_table[kernel, p["problem"]]))
+              for p in pairs if p["test"] == "welch-log-rounds"]
+    if rounds and len(rounds) == len(ratios):
+        test, p_value = "welch-log-rounds-by-problem", stats.stratified_welch_log_p(rounds)
+    elif len(ratios) >= 2:
+        test, p_value = "wilcoxon-problems", stats.wilcoxon_p([math.log(r) for r in ratios])
+    else:
+        test, p_value = None, None
     return {"kernel": kernel, "problems": len(ratios),
             "geomean_ratio": stats.geometric_mean(ratios) if ratios else None,
             "worst_ratio": max(ratios) if ratios else None,
             "best_ratio": min(ratios) if ratios else None,
-            "p": stats.wilcoxon_p([math.log(r) for r in ratios]) if len(ratios) >= 2 else None,
-            "q": None, "verdict": None, "reason": "",
+            "test": test, "p": p_value, "q": None, "verdict": None, "reason": "",
             "regressed_problems": [], "improved_problems": []}
 
 
@@ -247,7 +258,8 @@ def compare(new: RunRecords, baseline: RunRecords | None, family: str,
                       | {key for k, key in old_table if k == kernel})
         by_kernel[kernel] = [_pair(kernel, key, old_table.get((kernel, key)),
                                    new_table.get((kernel, key))) for key in keys]
-    entries = {kernel: _kernel(kernel, pairs) for kernel, pairs in by_kernel.items()}
+    entries = {kernel: _kernel(kernel, pairs, old_table, new_table)
+               for kernel, pairs in by_kernel.items()}
 
     tests = [p for pairs in by_kernel.values() for p in pairs] + list(entries.values())
     for test, q in zip(tests, stats.benjamini_hochberg([t["p"] for t in tests])):
@@ -311,7 +323,7 @@ def _time(seconds: float | None) -> str:
 
 def family_markdown(comparison: Comparison, header: str = "") -> str:
     """One family's section: the verdict, a table of every kernel (problems compared,
-    geometric-mean and worst time ratio new/old, Wilcoxon p, BH q, verdict and why), then
+    geometric-mean and worst time ratio new/old, the kernel test's p, BH q, verdict and why), then
     the regressed pairs. `header` (e.g. the source and samples) goes under the title."""
     c = comparison
     lines = [f"## {c.family}: {c.verdict.upper()}", ""]
