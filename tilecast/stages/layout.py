@@ -12,7 +12,8 @@ theirs from here), and of the target transforms a model's feature_spec.json may 
     W/eval/<family>/                       metrics.json, per_problem.parquet, peer.json,
                                            peer_per_problem.parquet
     W/report/                              evaluation.json, report.md, efficiency_<model>.png,
-                                           publish_<family>.json, rebench_<family>.json, rebench.md
+                                           roofline_<model>.png, publish_<family>.json,
+                                           rebench_<family>.json, rebench.md
     W/rebench/                             a rebenchmark's sources, raw logs and scratch
                                            (tilecast.workflows.rebench)
     W/.prefect/                            Prefect's state for `tilecast run`
@@ -56,6 +57,7 @@ PEER_PER_PROBLEM_FILE = "peer_per_problem.parquet"
 EVALUATION_FILE = "evaluation.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "efficiency_{model}.png"        # one per model: its sorted per-problem efficiency
+ROOFLINE_PLOT_FILE = "roofline_{model}.png"  # one per model: its held-out problems' roofline
 REBENCH_REPORT_FILE = "rebench.md"
 
 
@@ -99,6 +101,9 @@ class Workdir:
 
     def plot(self, model: str) -> Path:
         return self.report_dir / PLOT_FILE.format(model=model)
+
+    def roofline_plot(self, model: str) -> Path:
+        return self.report_dir / ROOFLINE_PLOT_FILE.format(model=model)
 
     # -- a rebenchmark (tilecast.workflows.rebench) --
 

@@ -1,5 +1,6 @@
-"""The run report: `report/evaluation.json` (DESIGN.md's contract), `report/report.md` and
-one efficiency plot per model, every file written atomically."""
+"""The run report: `report/evaluation.json` (DESIGN.md's contract), `report/report.md`, one
+efficiency plot per model and, where given, one roofline plot per model (tilecast.stages.roofline),
+every file written atomically."""
 from __future__ import annotations
 
 import io
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from tilecast.core.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
-from tilecast.stages import layout
+from tilecast.stages import layout, roofline
 from tilecast.stages.evaluate import Evaluation
 
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -23,16 +24,24 @@ WORST_COUNT = 10
 
 
 def write_report(workdir: str | Path, results: Mapping[str, tuple[Evaluation, dict]],
-                 peer: Mapping) -> Path:
+                 peer: Mapping,
+                 rooflines: Mapping[str, tuple[pd.DataFrame, Mapping]] | None = None) -> Path:
     """Write the report files under `<workdir>/report/`; returns that directory.
 
     `results` maps model name -> (Evaluation, extra); extra's JSON-able entries (e.g. "cv")
     are added to the model's evaluation.json entry. `peer` is evaluate.peer_ratios()'s result
     ({} when there were no peer rows); its summary is attached to every model entry unless
-    the model's extra carries its own "peer".
+    the model's extra carries its own "peer". `rooflines` maps a model name -> (roofline.table(),
+    the ceilings it was computed with): such a model gets a roofline section, plot and
+    "roofline" entry.
     """
     if not results:
         raise ValueError("write_report: no model results to report")
+    rooflines = dict(rooflines or {})
+    unknown = sorted(set(rooflines) - set(results))
+    if unknown:
+        raise ValueError(f"write_report: rooflines for {unknown}, which have no results; "
+                         f"models: {sorted(results)}")
     for name in results:
         if not MODEL_NAME_RE.match(str(name)):
             raise ValueError(f"model name {name!r} cannot be used in a file name; use letters, "
@@ -48,6 +57,11 @@ def write_report(workdir: str | Path, results: Mapping[str, tuple[Evaluation, di
                         "peer": dict((model_peer or {}).get("problem_sets", {}))}
         sections += _model_section(name, evaluation, extra, model_peer or {})
         atomic_write_bytes(work.plot(name), _plot(name, evaluation))
+        if name in rooflines:
+            frame, ceilings = rooflines[name]
+            models[name]["roofline"] = roofline.summary(frame, ceilings)
+            sections += _roofline_section(name, models[name]["roofline"])
+            atomic_write_bytes(work.roofline_plot(name), roofline.plot(name, frame, ceilings))
     atomic_write_json(directory / layout.EVALUATION_FILE, {"models": models})
     atomic_write_text(directory / layout.REPORT_FILE, "\n".join(sections) + "\n")
     return directory
@@ -120,6 +134,25 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
     else:
         lines += ["No peer measurements.", ""]
     return lines
+
+
+def _roofline_section(name: str, summary: dict) -> list[str]:
+    lines = ["### Roofline (held-out problems)", "",
+             f"Each problem's roof is the lower of the CPU's fp32 FMA peak and its read bandwidth "
+             f"times the problem's FLOP per compulsory byte; both ceilings were measured at "
+             f"report time on this machine's CPU with {summary['threads']} threads "
+             f"(bandwidth from a {summary['buffer_mib']} MiB buffer, so a problem "
+             f"that stays in cache can pass it).", ""]
+    lines += _table(["figure", "value"], [
+        ["FMA peak (GFLOP/s)", summary["fma_peak_gflops"]],
+        ["read bandwidth (GB/s)", summary["read_bandwidth_gbps"]],
+        ["problems (memory-bound)", f"{summary['n_problems']} ({summary['memory_bound']})"],
+        ["chosen / roof, median", summary["median_chosen_of_roof"]],
+        ["chosen / roof, P10", summary["p10_chosen_of_roof"]],
+        ["measured best / roof, median", summary["median_best_of_roof"]],
+        ["peer / roof, median", summary["median_peer_of_roof"]]])
+    plot_file = layout.ROOFLINE_PLOT_FILE.format(model=name)
+    return lines + [f"![roofline of `{name}`]({plot_file})", ""]
 
 
 def _plot(name: str, evaluation: Evaluation) -> bytes:

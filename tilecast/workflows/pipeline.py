@@ -23,7 +23,7 @@ from tilecast.families import get_family
 from tilecast.registry import api as registry
 from tilecast.registry import gate as promotion
 from tilecast.registry.api import normalize_root
-from tilecast.stages import build, layout
+from tilecast.stages import build, layout, roofline
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
 from tilecast.stages.convert import convert_raw
 from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortlist_metrics,
@@ -290,8 +290,16 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
 
 
 def report_stage(ctx: RunContext) -> dict:
-    """evaluation.json, report.md and plots for every family of the config."""
-    results = {}
+    """evaluation.json, report.md and plots for every family of the config, with each
+    family's roofline under the CPU's ceilings, measured once, now, holding the CPU (as a
+    benchmark does) so that no measurement runs beside the probe."""
+    with exclusive(default_device()):
+        ceilings = roofline.measure_ceilings(ctx.config.protocol.threads,
+                                             int(ctx.hardware.get("l3_bytes") or 0))
+    log.info("report: ceilings %.1f GFLOP/s FMA peak, %.1f GB/s read (%d threads, %d MiB)",
+             ceilings["fma_peak_gflops"], ceilings["read_bandwidth_gbps"], ceilings["threads"],
+             ceilings["buffer_mib"])
+    results, rooflines = {}, {}
     for name in ctx.config.families:
         out = ctx.layout.eval_dir(name)
         metrics = json.loads((out / layout.METRICS_FILE).read_text())
@@ -303,7 +311,9 @@ def report_stage(ctx: RunContext) -> dict:
                                 per_problem=pd.read_parquet(out / layout.PER_PROBLEM_FILE))
         noise = run_noise(dataset.load(ctx.layout.dataset(name)), ctx.config.tie_threshold_pct)
         results[name] = (evaluation, {"cv": manifest["cv"], "peer": peer, "noise": noise})
-    directory = write_report(ctx.workdir, results, peer={})
+        rooflines[name] = (roofline.table(_family(ctx, name)[0], evaluation.per_problem,
+                                          peer.get("per_problem"), ceilings), ceilings)
+    directory = write_report(ctx.workdir, results, peer={}, rooflines=rooflines)
     return {"report_dir": str(directory), "evaluation": str(directory / layout.EVALUATION_FILE)}
 
 
