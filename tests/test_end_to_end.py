@@ -54,6 +54,12 @@ def test_run_then_select_then_rerun(tmp_path):
     assert timed and all(r["timing"] == "interleaved" and len(r["window_factors"])
                          == len(r["samples_s"]) for r in timed)
     assert (work / "report" / "efficiency_gemm.png").stat().st_size > 1000
+    # the roofline: each held-out problem under ceilings measured at report time
+    roof = gemm["roofline"]
+    assert roof["n_problems"] == 3 and roof["fma_peak_gflops"] > 0 and roof["read_bandwidth_gbps"] > 0
+    assert 0 < roof["median_chosen_of_roof"] <= roof["median_best_of_roof"]
+    assert "### Roofline (held-out problems)" in report
+    assert (work / "report" / "roofline_gemm.png").stat().st_size > 1000
 
     candidates = json.loads((registry / "gemm" / "versions" / "1" / "candidates.json").read_text())
     chosen = _run("select", "--registry", str(registry), "--model", "gemm",
