@@ -190,7 +190,9 @@ def held_out_picks(kind: str, dataset: TableDataset, devices, held: str, rounds:
         model = TableModel.fit(train, devices, rounds=rounds, threads=threads, seed=seed,
                                formulation=kind, params=variant_params(dataset, devices, variant))
         kernels = model.candidates()
-        predict = lambda grid: model._predict(model.features.grid(*grid))  # noqa: E731
+        # scores: the model's own features and the training devices' measurements
+        predict = lambda grid: model.scores(grid[0].iloc[0].to_dict(), grid[2],  # noqa: E731
+                                            kernels)
         configs = model.candidate_configs().reset_index(drop=True)
     else:
         raise SystemExit(f"unknown kind {kind!r}")

@@ -81,6 +81,10 @@ def main() -> None:
     report = run_transfer(dataset, DeviceTable.load(), rounds=args.rounds,
                           threads=args.threads, default=args.default).report
     print(overall_line(report))
+    overall = report["overall"]
+    print("  measured shortlist, best of k: " + ", ".join(
+        f"k={k} {v:.3f} (random {overall['shortlist_random'][k]:.3f})"
+        for k, v in overall["shortlist"].items()))
     for name, block in report["devices"].items():
         baselines = block["baselines"]
         print(f"  {name:16s} mean {block['mean_efficiency']:.3f} P10 {block['p10_efficiency']:.3f}"

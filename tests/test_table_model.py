@@ -250,7 +250,7 @@ def test_a_device_left_out_is_answered_from_its_features(model_without_t4, datas
 def test_save_and_load_give_identical_predictions(model, tmp_path):
     files = model.save(tmp_path / "model")
     assert sorted(files) == ["candidates.json", "failures.json", "feature_spec.json",
-                             "model.txt", "reference.npz"]
+                             "model.txt", "model_relative.txt", "reference.npz"]
     loaded = TableModel.load(tmp_path / "model")
     assert loaded.candidates() == model.candidates()
     assert loaded.failed_on("T4") == model.failed_on("T4")
@@ -294,3 +294,37 @@ def test_excluding_a_device_the_dataset_lacks_is_an_error(dataset, devices):
 def test_bad_problems_are_named(model, problem, message):
     with pytest.raises(TableDataError, match=message):
         model.predict(problem, "T4")
+
+
+def test_the_prediction_is_the_mean_of_the_members_and_the_prior(model_without_t4):
+    from tilecast.table.model import MEMBERS, PRIOR
+    from tilecast.table.reference import NAMES
+
+    model = model_without_t4
+    kernels = model.allowed("T4")[:40]
+    configs = model.candidate_configs().loc[kernels]
+    problems = pd.DataFrame([PROBLEMS[2]])
+    X = np.hstack([model.features.grid(problems, configs, "T4"),
+                   model.reference.grid("T4", model.devices.features("T4"), problems, kernels,
+                                        model.schema)[0]])
+    prior = X[:, len(model.features.names) + NAMES.index(PRIOR)]
+    assert np.isfinite(prior).all()           # T4's neighbours measured every one of these
+    members = [model.boosters[m].predict(X, num_threads=1) for m in MEMBERS]
+    np.testing.assert_allclose(model.scores(PROBLEMS[2], "T4", kernels),
+                               (sum(members) + prior) / (len(members) + 1), rtol=1e-6)
+    # where the prior is not defined, the members alone (which read it as missing too)
+    X[:, len(model.features.names) + NAMES.index(PRIOR)] = np.nan
+    members = [model.boosters[m].predict(X, num_threads=1) for m in MEMBERS]
+    np.testing.assert_allclose(model._predict(X), sum(members) / len(members), rtol=1e-6)
+
+
+def test_the_relative_member_never_splits_on_a_device_feature(model):
+    from tilecast.table.features import DEVICE_PREFIX
+
+    names = model.names
+    device = [i for i, n in enumerate(names) if n.startswith(DEVICE_PREFIX)]
+    assert device
+    relative = model.boosters["relative"].feature_importance("split")
+    hardware = model.boosters["hardware"].feature_importance("split")
+    assert relative[device].sum() == 0
+    assert hardware[device].sum() > 0         # the other member does use them

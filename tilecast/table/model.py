@@ -8,6 +8,20 @@ tilecast.table.features and from what the configuration reached on the other tra
 new device's row sees). On a device absent from the training data the prediction comes from
 its hardware features and the training devices' measurements, nearest first.
 
+The prediction is an ensemble (MEMBERS): the mean of the predicted efficiencies of two
+boosters, one learning from every feature ("hardware") and one without the raw device features
+("relative": the device enters only through the other devices' measurements, its distance to
+them and the gaps to the predicted ideal parameters of tilecast.table.ideal), and of the
+prior PRIOR (the other devices' efficiencies weighted by similarity) where it is defined. With
+a handful of training devices the raw hardware figures identify each device, and a tree splits
+on them to remember a device rather than learn what carries to a new one; on other data they
+are what sets an unseen device apart; and where one configuration is near-best everywhere the
+prior alone is hard to beat. Leave-one-device-out on three generated datasets
+(docs/results.md, "An ensemble for the cross-device model") put each alone first on one and
+last or near it on another; the ensemble was the best or close to it on all three. A member
+leaves features out by blanking them (NaN) in its training matrix: LightGBM never splits on a
+feature missing throughout, so every member reads the same feature matrix.
+
 Formulation (FORMULATIONS): L2 regression on efficiency itself, every row weighted alike.
 benchmarks/table_formulations.py compared it by leave-one-device-out on three generated
 GEMM-shaped datasets (6 GPUs x 8 problems x 5,480 CLBlast configurations) with
@@ -34,13 +48,18 @@ import pandas as pd
 
 from tilecast.core.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tilecast.table.dataset import TableDataError, TableDataset, TableSchema, parse_key
-from tilecast.table.features import TableFeatures
+from tilecast.table.features import DEVICE_PREFIX, TableFeatures
 from tilecast.table.reference import (NAMES as REFERENCE_NAMES, FILE as REFERENCE_FILE,
                                       Reference, new_problem_mask, rows_features)
 
 FAMILY = "table"
-FORMAT_VERSION = 2      # 2: other devices' measurements as features (reference.npz)
+#: 2: other devices' measurements as features (reference.npz); 3: ideal gaps, an ensemble
+FORMAT_VERSION = 3
 MODEL_FILE = "model.txt"
+#: ensemble member -> its booster's file (module docstring); the first is MODEL_FILE
+MEMBERS = {"hardware": MODEL_FILE, "relative": "model_relative.txt"}
+#: the reference feature averaged with the members' predictions where it is defined
+PRIOR = "ref:wmean"
 FEATURE_SPEC_FILE = "feature_spec.json"
 CANDIDATES_FILE = "candidates.json"
 FAILURES_FILE = "failures.json"
@@ -99,6 +118,15 @@ def lgb_params(formulation: str, rows: int, threads: int | None, seed: int) -> d
 
 
 # -- training rows --------------------------------------------------------------------------
+
+def member_blanks(names: Sequence[str], member: str) -> np.ndarray:
+    """(len(names),) bool: the feature columns ensemble `member` leaves out (the raw device
+    features for "relative", none for "hardware")."""
+    if member not in MEMBERS:
+        raise ValueError(f"unknown ensemble member {member!r}; valid: {', '.join(MEMBERS)}")
+    return np.array([member == "relative" and n.startswith(DEVICE_PREFIX) for n in names],
+                    dtype=bool)
+
 
 def canonical_devices(frame: pd.DataFrame, devices) -> pd.Series:
     """The frame's `device` column in the device table's canonical names (UnknownDeviceError
@@ -190,11 +218,14 @@ def training_rows(dataset: TableDataset, devices, *, exclude_devices: Sequence[s
 class TableModel:
     """A trained table model (see the module docstring). Build with `fit` or `load`."""
 
-    def __init__(self, booster, features: TableFeatures, candidates: Sequence[str],
+    def __init__(self, boosters: Mapping[str, Any], features: TableFeatures,
+                 candidates: Sequence[str],
                  failures: Mapping[str, Sequence[str]], *, formulation: str = DEFAULT_FORMULATION,
                  training_devices: Sequence[str] = (), info: Mapping | None = None,
                  reference: Reference | None = None):
-        self.booster = booster
+        if list(boosters) != list(MEMBERS):
+            raise ValueError(f"a table model's boosters are {list(MEMBERS)}, got {list(boosters)}")
+        self.boosters = dict(boosters)
         self.features = features
         self.reference = reference
         self.names = list(features.names) + list(REFERENCE_NAMES)
@@ -207,6 +238,12 @@ class TableModel:
         self._failures = {device: frozenset(kernels) for device, kernels in failures.items()}
         self._to_efficiency = FORMULATIONS[formulation].to_efficiency
         self._configs: pd.DataFrame | None = None
+        self._prior = len(features.names) + REFERENCE_NAMES.index(PRIOR)
+
+    @property
+    def booster(self):
+        """The first member's booster (every member reads the same features)."""
+        return self.boosters[next(iter(MEMBERS))]
 
     # -- fitting ---------------------------------------------------------------------------
 
@@ -236,17 +273,22 @@ class TableModel:
         mask = new_problem_mask(rows.ok["device"], rows.ok["dims_key"], seed)
         X = np.hstack([features.rows(rows.ok),
                        rows_features(reference, rows.ok, dataset.schema, vectors, mask)])
-        train_set = lgb.Dataset(X, how.target(rows.efficiency), weight=how.weight(rows.efficiency),
-                                categorical_feature=features.categorical_indices or "auto",
-                                free_raw_data=True)
         params = {**lgb_params(formulation, len(X), threads, seed), **(params or {})}
-        booster = lgb.train(params, train_set, num_boost_round=int(rounds))
+        boosters = {}
+        for member in MEMBERS:
+            blank = member_blanks([*features.names, *REFERENCE_NAMES], member)
+            train_set = lgb.Dataset(np.where(blank[None, :], np.nan, X) if blank.any() else X,
+                                    how.target(rows.efficiency),
+                                    weight=how.weight(rows.efficiency),
+                                    categorical_feature=features.categorical_indices or "auto",
+                                    free_raw_data=True)
+            boosters[member] = lgb.train(params, train_set, num_boost_round=int(rounds))
         kept = sorted(set(rows.devices) | {devices.resolve(d) for d in keep_devices})
         info = {"rounds": int(rounds), "rows": int(len(X)), "seed": seed, "params": params,
                 "excluded_devices": sorted(set(canonical_devices(dataset.frame, devices))
                                            - set(rows.devices)),
                 "kept_devices": kept}
-        return cls(booster, features, rows.candidates, rows.failures, formulation=formulation,
+        return cls(boosters, features, rows.candidates, rows.failures, formulation=formulation,
                    training_devices=rows.devices, info=info, reference=reference)
 
     # -- queries ---------------------------------------------------------------------------
@@ -329,8 +371,13 @@ class TableModel:
     def _predict(self, X: np.ndarray) -> np.ndarray:
         if len(X) == 0:
             return np.empty(0)
-        return self._to_efficiency(self.booster.predict(X, num_threads=self.info.get(
-            "params", {}).get("num_threads", 2)))
+        threads = self.info.get("params", {}).get("num_threads", 2)
+        total = sum(self._to_efficiency(booster.predict(X, num_threads=threads))
+                    for booster in self.boosters.values())
+        prior = X[:, self._prior].astype(np.float64)
+        known = np.isfinite(prior)
+        return np.where(known, total + np.where(known, prior, 0.0), total) / (
+            len(self.boosters) + known)
 
     # -- files -----------------------------------------------------------------------------
 
@@ -348,17 +395,17 @@ class TableModel:
                 "training": dict(self.info)}
 
     def save(self, directory, *, extra_devices: Sequence[str] = ()) -> dict[str, Path]:
-        """Write model.txt, feature_spec.json, candidates.json, failures.json and
-        reference.npz into `directory` (each atomically); name -> path, as registry.publish
-        takes them."""
+        """Write the members' boosters (MEMBERS), feature_spec.json, candidates.json,
+        failures.json and reference.npz into `directory` (each atomically); name -> path, as
+        registry.publish takes them."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        files = {MODEL_FILE: directory / MODEL_FILE, FEATURE_SPEC_FILE: directory / FEATURE_SPEC_FILE,
-                 CANDIDATES_FILE: directory / CANDIDATES_FILE,
-                 FAILURES_FILE: directory / FAILURES_FILE,
-                 REFERENCE_FILE: directory / REFERENCE_FILE}
+        files = {name: directory / name for name in (*MEMBERS.values(), FEATURE_SPEC_FILE,
+                                                      CANDIDATES_FILE, FAILURES_FILE,
+                                                      REFERENCE_FILE)}
         atomic_write_bytes(files[REFERENCE_FILE], self.reference.to_bytes())
-        atomic_write_text(files[MODEL_FILE], self.booster.model_to_string())
+        for member, name in MEMBERS.items():
+            atomic_write_text(files[name], self.boosters[member].model_to_string())
         atomic_write_json(files[FEATURE_SPEC_FILE], self.feature_spec(extra_devices))
         atomic_write_json(files[CANDIDATES_FILE], {"family": FAMILY, "kernels": self._candidates})
         atomic_write_json(files[FAILURES_FILE], {d: sorted(k) for d, k in
@@ -412,20 +459,23 @@ class TableModel:
             raise ModelArtifactError(f"{directory / FEATURE_SPEC_FILE} lists reference features "
                                      f"{spec.get('reference_features')!r}, this tilecast "
                                      f"computes {list(REFERENCE_NAMES)}: retrain the model")
-        model_path = directory / MODEL_FILE
-        if not model_path.is_file():
-            raise ModelArtifactError(f"table model {directory} has no {MODEL_FILE}")
         from tilecast.registry import integrity
-        try:
-            integrity.check_model_text(model_path)
-            booster = lgb.Booster(model_file=str(model_path))
-        except Exception as err:  # LightGBMError, ValueError, RegistryError: all "damaged"
-            raise ModelArtifactError(f"{model_path} is damaged: {err}") from None
-        expected = len(features.names) + len(REFERENCE_NAMES)
-        if booster.num_feature() != expected:
-            raise ModelArtifactError(f"{model_path} expects {booster.num_feature()} features, "
-                                     f"{FEATURE_SPEC_FILE} lists {expected}")
-        return cls(booster, features, kernels, documents[FAILURES_FILE], formulation=formulation,
+        boosters = {}
+        for member, name in MEMBERS.items():
+            model_path = directory / name
+            if not model_path.is_file():
+                raise ModelArtifactError(f"table model {directory} has no {name}")
+            try:
+                integrity.check_model_text(model_path)
+                booster = lgb.Booster(model_file=str(model_path))
+            except Exception as err:  # LightGBMError, ValueError, RegistryError: "damaged"
+                raise ModelArtifactError(f"{model_path} is damaged: {err}") from None
+            expected = len(features.names) + len(REFERENCE_NAMES)
+            if booster.num_feature() != expected:
+                raise ModelArtifactError(f"{model_path} expects {booster.num_feature()} "
+                                         f"features, {FEATURE_SPEC_FILE} lists {expected}")
+            boosters[member] = booster
+        return cls(boosters, features, kernels, documents[FAILURES_FILE], formulation=formulation,
                    training_devices=spec.get("training_devices", []),
                    info=spec.get("training", {}), reference=reference)
 

@@ -20,6 +20,10 @@ time (every device is left out of its own features, trained on or not):
                         features come from the most similar measured problem and this says
                         how unlike it is (log2 problem dimensions in standard deviations, a
                         differing category counting CATEGORY_GAP)
+    ref:gap0..5         for the first numeric configuration parameters, how far c's value lies
+                        from the value predicted best on d (tilecast.table.ideal: the
+                        reference devices' best values and their trend over one hardware
+                        figure); missing for a schema with fewer parameters
 
 A problem no reference device measured (a new problem, or a fold's held-out ones) takes its
 features from the nearest measured problem. Training marks NEW_PROBLEM_SHARE of its
@@ -40,13 +44,15 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from tilecast.table.dataset import TableDataError, TableSchema, key_of
-from tilecast.table.devices import CATEGORY_GAP, feature_distance
+from tilecast.table import ideal
+from tilecast.table.dataset import TableDataError, TableSchema, key_of, parse_key
+from tilecast.table.devices import CATEGORICAL, CATEGORY_GAP, feature_distance
 
 log = logging.getLogger("tilecast.table.reference")
 
 NAMES = ("ref:near", "ref:wmean", "ref:mean", "ref:max", "ref:min", "ref:rank", "ref:devices",
-         "ref:near_distance", "ref:problem_distance")
+         "ref:near_distance", "ref:problem_distance",
+         *(f"ref:gap{j}" for j in range(ideal.MAX_PARAMETERS)))
 #: NAMES computed per cell by _summaries (the rest are per device or per problem)
 SUMMARIES = NAMES.index("ref:devices") + 1
 FILE = "reference.npz"
@@ -98,6 +104,7 @@ class Reference:
         self._ranks = _ranks(self.efficiency)
         spread = self.problem_values.std(axis=0) if len(self.problem_values) else np.zeros(0)
         self._problem_scale = np.where(spread > 0, spread, np.inf)
+        self._ideal: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- building --------------------------------------------------------------------------
 
@@ -211,7 +218,27 @@ class Reference:
             cells = self.efficiency[picked]                     # (R, Q, K)
             ranks = self._ranks[picked]
             out[np.ix_(chunk, known, np.arange(SUMMARIES))] = _summaries(cells, ranks, weights)
+        values, ideals = self._ideals(schema)
+        if values.shape[1]:
+            predicted, _ = ideal.predict(ideals[refs], self.device_vectors[refs], device_vector,
+                                         self.scale, ~CATEGORICAL)
+            predicted = np.clip(predicted, values.min(axis=0), values.max(axis=0))
+            first = NAMES.index("ref:gap0")
+            gaps = values[columns[known]][None, :, :] - predicted[exact[rows]][:, None, :]
+            out[np.ix_(rows, known, np.arange(first, first + values.shape[1]))] = gaps
         return out
+
+    def _ideals(self, schema: TableSchema) -> tuple[np.ndarray, np.ndarray]:
+        """(the candidates' log parameter values (C, J), the ideals (D, P, J)) of the first
+        ideal.MAX_PARAMETERS numeric configuration parameters, computed once."""
+        if self._ideal is None:
+            names = [c.name for c in schema.config if c.kind == "numeric"]
+            names = names[:ideal.MAX_PARAMETERS]
+            configs = [[float(parse_key(k, schema.config)[n]) for n in names]
+                       for k in self.kernels]
+            values = ideal.log_values(configs).reshape(len(self.kernels), len(names))
+            self._ideal = (values, ideal.ideals(self.efficiency, values))
+        return self._ideal
 
     def beyond(self, device: str, device_vector: np.ndarray) -> list[str]:
         """The device features (DeviceTable.FEATURE_NAMES) on which `device` lies outside

@@ -240,10 +240,10 @@ def published_files(directory: Path) -> dict[str, Path]:
     ModelArtifactError naming one that is missing."""
     from tilecast.stages.train import ModelArtifactError
     from tilecast.table.model import (CANDIDATES_FILE, FAILURES_FILE, FEATURE_SPEC_FILE,
-                                      MODEL_FILE, REFERENCE_FILE)
+                                      MEMBERS, REFERENCE_FILE)
 
-    names = (MODEL_FILE, FEATURE_SPEC_FILE, CANDIDATES_FILE, FAILURES_FILE, REFERENCE_FILE,
-             CALIBRATION_FILE, MANIFEST_FILE, OUT_OF_FOLD_FILE)
+    names = (*MEMBERS.values(), FEATURE_SPEC_FILE, CANDIDATES_FILE, FAILURES_FILE,
+             REFERENCE_FILE, CALIBRATION_FILE, MANIFEST_FILE, OUT_OF_FOLD_FILE)
     missing = [n for n in names if not (directory / n).is_file()]
     if missing:
         raise ModelArtifactError(f"{directory} is not a trained table model (missing "
