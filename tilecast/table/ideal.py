@@ -40,12 +40,15 @@ def log_values(configs: Sequence[Sequence[float]]) -> np.ndarray:
 def ideals(efficiency: np.ndarray, values: np.ndarray) -> np.ndarray:
     """(D, P, J) soft-argmax ideals from efficiencies (D, P, C; NaN not measured, 0 failed)
     and log values (C, J); NaN where a (device, problem) has no ok measurement."""
-    ok = np.isfinite(efficiency) & (efficiency > 0)
-    weight = np.where(ok, np.exp((np.where(ok, efficiency, 0.0) - 1.0) / TEMPERATURE), 0.0)
-    total = weight.sum(axis=2)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.einsum("dpc,cj->dpj", weight, values) / total[..., None]
-    return np.where(total[..., None] > 0, mean, np.nan)
+    out = np.full((*efficiency.shape[:2], values.shape[1]), np.nan)
+    for device, cells in enumerate(efficiency):      # a device at a time bounds the memory
+        ok = np.isfinite(cells) & (cells > 0)
+        weight = np.where(ok, np.exp((np.where(ok, cells, 0.0) - 1.0) / TEMPERATURE), 0.0)
+        total = weight.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (weight @ values) / total[:, None]
+        out[device] = np.where(total[:, None] > 0, mean, np.nan)
+    return out
 
 
 def _fit(ideal: np.ndarray, z: np.ndarray | None):

@@ -105,6 +105,7 @@ class Reference:
         spread = self.problem_values.std(axis=0) if len(self.problem_values) else np.zeros(0)
         self._problem_scale = np.where(spread > 0, spread, np.inf)
         self._ideal: tuple[np.ndarray, np.ndarray] | None = None
+        self._predicted: dict[tuple[str, bytes], np.ndarray] = {}
 
     # -- building --------------------------------------------------------------------------
 
@@ -220,9 +221,13 @@ class Reference:
             out[np.ix_(chunk, known, np.arange(SUMMARIES))] = _summaries(cells, ranks, weights)
         values, ideals = self._ideals(schema)
         if values.shape[1]:
-            predicted, _ = ideal.predict(ideals[refs], self.device_vectors[refs], device_vector,
-                                         self.scale, ~CATEGORICAL)
-            predicted = np.clip(predicted, values.min(axis=0), values.max(axis=0))
+            key = (device, np.asarray(device_vector, dtype=np.float64).tobytes())
+            predicted = self._predicted.get(key)
+            if predicted is None:           # once per device: a dispatcher asks again and again
+                predicted, _ = ideal.predict(ideals[refs], self.device_vectors[refs],
+                                             device_vector, self.scale, ~CATEGORICAL)
+                predicted = np.clip(predicted, values.min(axis=0), values.max(axis=0))
+                self._predicted[key] = predicted
             first = NAMES.index("ref:gap0")
             gaps = values[columns[known]][None, :, :] - predicted[exact[rows]][:, None, :]
             out[np.ix_(rows, known, np.arange(first, first + values.shape[1]))] = gaps
