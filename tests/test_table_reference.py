@@ -163,3 +163,37 @@ def test_a_model_keeps_its_reference_and_refuses_without_it(dataset, devices, tm
     files["reference.npz"].unlink()
     with pytest.raises(ModelArtifactError, match="has no reference.npz"):
         TableModel.load(tmp_path / "m")
+
+
+def test_beyond_is_further_from_the_references_than_any_of_them_lies_from_the_rest():
+    from tilecast.table.devices import DeviceTable
+
+    names = list(DeviceTable.FEATURE_NAMES)
+    bandwidth, vendor = names.index("log2_bandwidth_gbs"), names.index("vendor_code")
+    base = np.zeros(len(names))
+    vectors = np.stack([base] * 3)
+    vectors[:, bandwidth] = [9.0, 10.0, 12.0]   # c lies 2.0 from its nearest: reach 2
+
+    def reference_of(rows):
+        return Reference(devices=["a", "b", "c"][:len(rows)], device_vectors=rows,
+                         scale=np.ones(len(names)), kernels=["tile=16"],
+                         problem_values=np.zeros((1, 2)), problem_labels=np.empty((1, 0), str),
+                         efficiency=np.ones((len(rows), 1, 1), np.float32))
+
+    reference = reference_of(vectors)
+    assert reference.reach() == 2.0
+    probe = base.copy()
+    for value, beyond in ((13.9, []), (7.1, []), (11.0, []),
+                          (14.1, ["log2_bandwidth_gbs"]), (6.9, ["log2_bandwidth_gbs"])):
+        probe[bandwidth] = value
+        assert reference.beyond("new", probe) == beyond, value
+    # a reference device is judged as if held out: against a and b alone (reach 1.0), c lies
+    # 2.0 out; b lies between them, 1.0 from a
+    assert reference.beyond("c", vectors[2]) == ["log2_bandwidth_gbs"]
+    assert reference.beyond("b", vectors[1]) == []
+    probe[bandwidth], probe[vendor] = 10.0, 1.0      # a vendor none of them has
+    assert reference.beyond("new", probe) == ["vendor_code"]
+    # one other device: nothing was ever held out, every difference is beyond
+    probe[vendor], probe[bandwidth] = 0.0, 9.5
+    assert reference_of(vectors[:1]).beyond("new", probe) == ["log2_bandwidth_gbs"]
+    assert reference_of(vectors[:1]).beyond("new", vectors[0]) == []

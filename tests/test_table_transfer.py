@@ -119,6 +119,22 @@ def test_calibration_round_trips_through_json():
     assert [again.confidence(s) for s in scores] == [calibration.confidence(s) for s in scores]
 
 
+def test_calibrations_hold_both_cases_and_read_a_single_calibration_as_both():
+    from tilecast.table.confidence import Calibrations
+
+    scores, efficiency, _ = _outcomes(200, seed=2)
+    new = fit_calibration(scores, efficiency, target=0.8, max_wrong=0.05)
+    known = fit_calibration(scores, efficiency, target=0.9, max_wrong=0.02)
+    both = Calibrations(new_device=new, known_device=known)
+    again = Calibrations.from_json(json.loads(json.dumps(both.to_json())))
+    assert again == both and again.for_device(True) == known and again.for_device(False) == new
+    assert Calibrations.from_json(json.loads(json.dumps(
+        Calibrations(new_device=new, known_device=None).to_json()))).known_device is None
+    assert Calibrations.from_json(new.to_json()) == Calibrations(new, new)   # format 3 file
+    with pytest.raises(ValueError, match="need new_device and known_device"):
+        Calibrations.from_json({"new_device": None})
+
+
 def test_too_little_data_answers_unsure_always_and_says_so():
     scores, efficiency, _ = _outcomes(MIN_PROBLEMS - 1)
     calibration = fit_calibration(scores, np.ones(len(scores)))

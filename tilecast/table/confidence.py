@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from sklearn.isotonic import IsotonicRegression
 
 #: Fewer held-out problems than this and no threshold is fitted: at max_wrong = 0.02 even 50
 #: problems allow only one confident-wrong pick, and 20 is where an isotonic fit stops being
@@ -149,6 +148,8 @@ def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequenc
         return Calibration(slacks=(0.0,), probabilities=(0.0,), threshold=NEVER, **settings,
                            note=f"too little calibration data: {labels.max() + 1} held-out "
                                 f"device(s), need {MIN_GROUPS}; every pick answers unsure")
+    from sklearn.isotonic import IsotonicRegression   # at fit time: dispatchers never fit
+
     slacks = np.array([slack(scores) for scores in predicted])
     reached = (efficiency >= target).astype(np.float64)
     isotonic = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True,
@@ -169,3 +170,40 @@ def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequenc
             f"{count} calibration problems; every pick answers unsure")
     return Calibration(slacks=knots[0], probabilities=knots[1], threshold=threshold,
                        **settings, note=note)
+
+
+@dataclass(frozen=True)
+class Calibrations:
+    """A table model's two calibrations: `new_device` from leave-one-device-out picks (a
+    device the model never saw measured), `known_device` from problem folds (a new problem
+    on a training device). Either may be None: no split measured that case, every such pick
+    answers unsure. calibration.json holds {"new_device": ..., "known_device": ...}; a file
+    with one calibration (format 3 models) serves both cases, as it did."""
+    new_device: Calibration | None
+    known_device: Calibration | None
+
+    def for_device(self, trained_on: bool) -> Calibration | None:
+        return self.known_device if trained_on else self.new_device
+
+    def to_json(self) -> dict:
+        return {name: None if value is None else value.to_json()
+                for name, value in (("new_device", self.new_device),
+                                    ("known_device", self.known_device))}
+
+    @classmethod
+    def from_json(cls, doc) -> "Calibrations":
+        if isinstance(doc, dict) and "slacks" in doc:         # one calibration for both
+            single = Calibration.from_json(doc)
+            return cls(new_device=single, known_device=single)
+        if not isinstance(doc, dict) or not {"new_device", "known_device"} <= set(doc):
+            raise ValueError("not a calibration document (need new_device and known_device): "
+                             f"{str(doc)[:200]}")
+        return cls(*(None if doc[name] is None else Calibration.from_json(doc[name])
+                     for name in ("new_device", "known_device")))
+
+    @classmethod
+    def of(cls, calibration) -> "Calibrations":
+        """`calibration` as Calibrations: a single Calibration (or None) serves both cases."""
+        if isinstance(calibration, cls):
+            return calibration
+        return cls(new_device=calibration, known_device=calibration)

@@ -6,8 +6,9 @@ the model's stored device entries, or of the shipped table with the user's addit
 device the model never saw: its prediction then comes from the device's features alone).
 Configurations that failed or were invalid on that device in the training data are never
 chosen there. Each answer carries a confidence from the model's calibration (calibration.json,
-fitted on held-out predictions when the model was trained); below its threshold the answer is
-"unsure" and comes with the shortlist worth measuring. Rankings are memoized per (device,
+fitted on held-out predictions when the model was trained: leave-one-device-out for a device
+the model never saw measured, problem folds for a new problem on a training device); below its
+threshold the answer is "unsure" and comes with the shortlist worth measuring. Rankings are memoized per (device,
 problem), so a repeated query costs a dictionary lookup.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
 from tilecast.runtime.dispatch import (DEFAULT_CACHE_SIZE, ProblemError, _raw_key,
                                        parse_problem_string)
+from tilecast.table.confidence import Calibrations
 from tilecast.table.dataset import TableDataError
 from tilecast.table.model import FAMILY, TableModel, check_problem, resolve_device
 
@@ -35,9 +37,9 @@ DEFAULT_SHORTLIST = 20
 class Choice:
     """One answer: the configuration, how sure the model is, and what to measure when unsure.
     `confidence` is the calibrated P(the pick reaches `target` of the best) (0.0 when the
-    model has no calibration); `shortlist` is empty when sure. `beyond`: the hardware figures
-    on which the device lies beyond every training device (TableModel.beyond); any makes the
-    answer unsure whatever its confidence."""
+    model has no calibration for the case); `shortlist` is empty when sure. `beyond`: the
+    hardware figures on which the device lies further out than the calibration measured
+    (TableModel.beyond); any makes the answer unsure whatever its confidence."""
     kernel: str
     confidence: float
     unsure: bool
@@ -49,7 +51,7 @@ class Choice:
 
 class TableRanking:
     """A problem's allowed candidates on one device, best predicted first."""
-    __slots__ = ("device", "kernels", "efficiencies", "_scores", "confidence", "beyond")
+    __slots__ = ("device", "kernels", "efficiencies", "confidence", "threshold", "beyond")
 
     def __init__(self, device: str, kernels, scores: np.ndarray, calibration,
                  beyond: Sequence[str] = ()):
@@ -59,6 +61,7 @@ class TableRanking:
         self.kernels = tuple(np.asarray(kernels, dtype=object)[order].tolist())
         self.efficiencies = tuple(scores[order].tolist())
         self.confidence = 0.0 if calibration is None else float(calibration.confidence(scores))
+        self.threshold = np.inf if calibration is None else calibration.threshold
 
     @property
     def best(self) -> str:
@@ -69,14 +72,15 @@ class TableDispatcher:
     """Picks a configuration per (problem, device) from one table model.
 
     Attributes: `model` (registry model name), `version`, `family` ("table"), `table_model`
-    (the TableModel), `calibration` (or None), `kernels` (the candidates)."""
+    (the TableModel), `calibrations` (confidence.Calibrations: per case, or None), `kernels`
+    (the candidates). `calibration` may be one Calibration for both cases."""
     family = FAMILY
 
     def __init__(self, table_model: TableModel, calibration=None, *, model: str = "",
                  version: int | None = None, cache_size: int = DEFAULT_CACHE_SIZE,
                  shortlist_size: int = DEFAULT_SHORTLIST):
         self.table_model = table_model
-        self.calibration = calibration
+        self.calibrations = Calibrations.of(calibration)
         self.model = model
         self.version = version
         self.kernels = tuple(table_model.candidates())
@@ -110,7 +114,6 @@ class TableDispatcher:
         """Load a verified directory: the TableModel and calibration.json. RegistryError
         naming a missing or damaged file."""
         from tilecast.stages.train import ModelArtifactError
-        from tilecast.table.confidence import Calibration
 
         path = Path(path)
         try:
@@ -119,7 +122,7 @@ class TableDispatcher:
             raise RegistryError(str(err)) from None
         calibration_path = path / CALIBRATION_FILE
         try:
-            calibration = Calibration.from_json(json.loads(calibration_path.read_text()))
+            calibration = Calibrations.from_json(json.loads(calibration_path.read_text()))
         except FileNotFoundError:
             raise RegistryError(f"table model {path} has no {CALIBRATION_FILE}; train it again "
                                 "with `tilecast train --dataset`") from None
@@ -178,7 +181,8 @@ class TableDispatcher:
                 raise ProblemError(f"every candidate of table model {self.model!r} failed on "
                                    f"{name} in its training data: nothing to choose there")
             scores = self.table_model.scores(values, name, kernels, table)
-            found = TableRanking(name, kernels, scores, self.calibration,
+            trained = name in self.table_model.training_devices
+            found = TableRanking(name, kernels, scores, self.calibrations.for_device(trained),
                                  self.table_model.beyond(name, table))
             self._remember(checked, found)
         if raw is not None:
@@ -215,11 +219,10 @@ class TableDispatcher:
 
     def choice(self, problem, device: str | None = None) -> Choice:
         """The pick with its confidence; unsure (with the shortlist to measure) below the
-        calibration's threshold, always when the model has no calibration or the device lies
-        beyond its training devices' hardware (Choice.beyond)."""
+        calibration's threshold, always when the model has no calibration for the case or the
+        device lies further out than it measured (Choice.beyond)."""
         ranking = self.ranking(problem, device)
-        threshold = np.inf if self.calibration is None else self.calibration.threshold
-        unsure = not ranking.confidence >= threshold or bool(ranking.beyond)
+        unsure = not ranking.confidence >= ranking.threshold or bool(ranking.beyond)
         return Choice(kernel=ranking.best, confidence=ranking.confidence, unsure=unsure,
                       shortlist=ranking.kernels[:self.shortlist_size] if unsure else (),
                       device=ranking.device, predicted_efficiency=ranking.efficiencies[0],

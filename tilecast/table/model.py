@@ -334,8 +334,9 @@ class TableModel:
 
     def beyond(self, device: str, device_table=None) -> list[str]:
         """The hardware figures on which canonical `device` (features from `device_table`,
-        default the model's) lies beyond every training device (Reference.beyond): its picks
-        there are extrapolations no calibration has measured. Empty for a training device."""
+        default the model's) lies further out than any training device lies from the rest
+        (Reference.beyond): its picks there are extrapolations no calibration has measured.
+        Empty for a training device."""
         if device in self.training_devices:
             return []
         vector = (device_table or self.devices).features(device)

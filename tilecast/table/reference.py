@@ -246,26 +246,47 @@ class Reference:
         return self._ideal
 
     def beyond(self, device: str, device_vector: np.ndarray) -> list[str]:
-        """The device features (DeviceTable.FEATURE_NAMES) on which `device` lies outside
-        every other reference device: a numeric figure below their least or above their
-        greatest, a category (vendor, kind) none of them has. Calibration, measured on the
-        training devices, cannot vouch for a pick made beyond them."""
-        from tilecast.table.devices import CATEGORICAL, DeviceTable
+        """Why `device` lies further from the other reference devices than leave-one-device-
+        out calibration measured, or [] when it does not. Calibration held out each training
+        device in turn, so it measured picks on devices as far from their nearest training
+        device as `reach` and no farther: a device whose nearest other reference device lies
+        further off (devices.feature_distance), or with a category (vendor, kind) none of them
+        has, is beyond. The reasons are the device features (DeviceTable.FEATURE_NAMES) on
+        which it lies outside the others (outside their range, a category none has), else
+        "distance". With one other reference device every difference is beyond."""
+        from tilecast.table.devices import DeviceTable
 
-        others = self.device_vectors[[d != device for d in self.devices]]
+        mask = np.array([d != device for d in self.devices])
+        others = self.device_vectors[mask]
         if not len(others):
             return list(DeviceTable.FEATURE_NAMES)
-        names = []
+        outside, novel = [], False
         for index, name in enumerate(DeviceTable.FEATURE_NAMES):
             value, known = device_vector[index], others[:, index]
             known = known[np.isfinite(known)]
             if not np.isfinite(value) or not len(known):
                 continue
-            outside = (value not in known if CATEGORICAL[index]
-                       else value < known.min() or value > known.max())
-            if outside:
-                names.append(name)
-        return names
+            if CATEGORICAL[index] and value not in known:
+                outside.append(name)
+                novel = True
+            elif not CATEGORICAL[index] and (value < known.min() or value > known.max()):
+                outside.append(name)
+        nearest = min(feature_distance(device_vector, other, self.scale) for other in others)
+        if not novel and nearest <= self.reach(mask) + 1e-9:
+            return []
+        return outside or ["distance"]
+
+    def reach(self, mask: np.ndarray | None = None) -> float:
+        """How far from their nearest other device the reference devices selected by `mask`
+        (default all) lie, at most (devices.feature_distance; 0 with fewer than two): the
+        farthest leave-one-device-out calibration has measured a pick from its training
+        devices."""
+        vectors = self.device_vectors if mask is None else self.device_vectors[mask]
+        if len(vectors) < 2:
+            return 0.0
+        return max(min(feature_distance(vector, other, self.scale)
+                       for j, other in enumerate(vectors) if j != i)
+                   for i, vector in enumerate(vectors))
 
     # -- files -----------------------------------------------------------------------------
 

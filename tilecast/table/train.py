@@ -2,10 +2,13 @@
 
 `train_table` fits a TableModel on an imported dataset and writes W/models/table/: the model's
 files (TableModel.save), calibration.json, out_of_fold.parquet and train_manifest.json.
-The calibration and the published metrics come from out-of-fold picks: an inner
+The calibrations and the published metrics come from out-of-fold picks: an inner
 leave-one-device-out over the training devices when there are two or more (each device's
 problems answered by a model that never saw that device, from its features alone), else
-problem folds (PROBLEM_FOLDS, grouped by dims_key). The inner models train with a smaller
+problem folds (PROBLEM_FOLDS, grouped by dims_key). The first calibrates picks on a new
+device, the second picks for a new problem on a training device (confidence.Calibrations);
+with two or more devices and two or more problems both splits run, and the published metrics
+stay leave-one-device-out's. The inner models train with a smaller
 row budget and fewer rounds than the final one (INNER_*), so a 6-device dataset trains within
 minutes on two cores; their figures are therefore a little pessimistic.
 
@@ -105,20 +108,24 @@ def summary(picks: Picks) -> dict:
 
 def out_of_fold(dataset: TableDataset, devices, *, exclude_devices: Sequence[str] = (),
                 rounds: int = 300, threads: int | None = None, seed: int = 0,
-                budget: int = ROW_BUDGET) -> tuple[str, Picks]:
-    """(method, held-out picks) of inner models (module docstring); method "none" with no
-    picks when the data allows no split (one device and one problem)."""
+                budget: int = ROW_BUDGET, method: str | None = None) -> tuple[str, Picks]:
+    """(method, held-out picks) of inner models (module docstring): `method`
+    "leave-one-device-out" or "problems", by default the first when two or more devices were
+    measured; method "none" with no picks when the data allows no such split."""
     frame = dataset.frame.assign(device=canonical_devices(dataset.frame, devices))
     frame = frame[~frame["device"].isin(excluded_names(frame, devices, exclude_devices))]
     trained = sorted(frame.loc[frame["status"] == "ok", "device"].unique())
-    if len(trained) >= 2:
-        method = "leave-one-device-out"
+    none = "none", Picks(table=pd.DataFrame(columns=PICK_COLUMNS), scores=[])
+    if method is None:
+        method = "leave-one-device-out" if len(trained) >= 2 else "problems"
+    if method == "leave-one-device-out":
+        if len(trained) < 2:
+            return none
         folds = [(frame["device"] != device, frame["device"] == device) for device in trained]
     else:
         keys = np.array(sorted(frame["dims_key"].unique()))
         if len(keys) < 2:
-            return "none", Picks(table=pd.DataFrame(columns=PICK_COLUMNS), scores=[])
-        method = "problems"
+            return none
         parts = np.array_split(np.random.default_rng(seed).permutation(keys),
                                min(PROBLEM_FOLDS, len(keys)))
         folds = [(~frame["dims_key"].isin(set(part)), frame["dims_key"].isin(set(part)))
@@ -176,7 +183,7 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
     docstring). TableDataError for a bad dataset, an unknown device or an excluded device
     the dataset lacks."""
     from tilecast.stages.train import git_sha, library_versions
-    from tilecast.table.confidence import fit_calibration
+    from tilecast.table.confidence import Calibrations, fit_calibration
     from tilecast.table.devices import DeviceTable
 
     if int(rounds) < 1:
@@ -188,22 +195,25 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
     model = TableModel.fit(dataset, devices, exclude_devices=exclude_devices, rounds=rounds,
                            threads=threads, seed=seed, budget=budget)
     fit_seconds = time.monotonic() - fit_started
-    method, held = out_of_fold(dataset, devices, exclude_devices=exclude_devices, rounds=rounds,
-                               threads=threads, seed=seed, budget=budget)
-    # calibrated on the picks a dispatcher can answer sure: never beyond the training devices
-    inside = ~held.table["beyond"].astype(bool).to_numpy() if len(held.table) else []
-    calibration = fit_calibration(
-        [s for s, keep in zip(held.scores, inside) if keep],
-        held.table["efficiency"][inside].tolist(),
-        groups=(held.table["device"][inside].tolist() if method == "leave-one-device-out"
-                else None))
+    inner = {"exclude_devices": exclude_devices, "rounds": rounds, "threads": threads,
+             "seed": seed, "budget": budget}
+    method, held = out_of_fold(dataset, devices, **inner)
+    known_method, known_held = ((method, held) if method != "leave-one-device-out" else
+                                out_of_fold(dataset, devices, method="problems", **inner))
+    calibrations = Calibrations(
+        new_device=(fit_calibration(held.scores, held.table["efficiency"].tolist(),
+                                    groups=held.table["device"].tolist())
+                    if method == "leave-one-device-out" else None),
+        known_device=(fit_calibration(known_held.scores,
+                                      known_held.table["efficiency"].tolist())
+                      if known_method == "problems" else None))
     frame = dataset.frame.assign(device=canonical_devices(dataset.frame, devices))
     in_sample = score_picks(model, frame[frame["device"].isin(model.training_devices)],
                             dataset.schema, seed=seed)
 
     directory = Workdir(workdir).model_dir(MODEL_NAME)
     model.save(directory)
-    atomic_write_json(directory / CALIBRATION_FILE, calibration.to_json())
+    atomic_write_json(directory / CALIBRATION_FILE, calibrations.to_json())
     held.table.to_parquet(directory / OUT_OF_FOLD_FILE, index=False)
     seconds = time.monotonic() - started
     result = TrainSummary(directory=directory, rows=int(model.info["rows"]),
@@ -217,8 +227,11 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
         "excluded_devices": model.info["excluded_devices"], "candidates": result.candidates,
         "rounds": int(rounds), "formulation": model.formulation,
         "in_sample": result.in_sample, "out_of_fold": {"method": method, **result.out_of_fold},
-        "calibration": {"threshold": calibration.to_json()["threshold"],
-                        "note": calibration.note},
+        "calibration": {case: None if found is None else
+                        {"threshold": found.to_json()["threshold"], "note": found.note}
+                        for case, found in (("new_device", calibrations.new_device),
+                                            ("known_device", calibrations.known_device))},
+        "known_device_out_of_fold": {"method": known_method, **summary(known_held)},
         "seconds": round(seconds, 2), "fit_seconds": round(fit_seconds, 2),
         "versions": library_versions(), "git_sha": git_sha()})
     return result

@@ -16,14 +16,15 @@ pick is within TIE_PCT of the best; `top5`: one of the five highest predictions 
 `shortlist[k]`: the best efficiency among the k highest predictions (a user measures those k
 and keeps the fastest), beside `shortlist_random[k]`, the expected best of k random ok
 configurations. `unsure`: the model's confidence (tilecast.table.confidence) is calibrated
-on the training rows only, by an inner split of the same kind (leave-one-device-out over the
-training devices when there are two or more, problem folds otherwise), so a held-out device's
-confidences never saw it; `coverage` is the share of problems answered sure, `precision` the
-share of sure answers reaching `target`, `confident_wrong` the share of ALL problems answered
-sure below `target`. A held-out device whose hardware lies beyond every training device's on
-some figure (TableModel.beyond; column `beyond`) is answered unsure throughout, as the
-dispatcher does: no calibration measured a pick that far out; the calibration itself learns
-from the inner picks a dispatcher could answer sure, grouped by held-out device. Baselines
+on the training rows only, by an inner split of the same kind as the outer one, as a trained
+model's calibrations are (tilecast.table.train): leave-one-device-out over the training
+devices (grouped by held-out device) when a device is held out and two or more remain,
+problem folds otherwise, so a held-out device's confidences never saw it; `coverage` is the
+share of problems answered sure, `precision` the share of sure answers reaching `target`,
+`confident_wrong` the share of ALL problems answered sure below `target`. A held-out device
+lying further out on some hardware figure than any inner held-out device did
+(TableModel.beyond; column `beyond`) is answered unsure throughout, as the dispatcher does:
+no calibration measured a pick that far out. Baselines
 (tilecast.table.transfer_baselines) are scored on the same problems. Figures pool every
 (device, problem) for `overall` and each device's for `devices`
 (tilecast.table.transfer_summary); the per-(device, problem) table behind them (picks, their
@@ -226,7 +227,9 @@ def _outcomes(run: _Run, fold: Fold, ks: Sequence[int]):
 def _calibrate(run: _Run, fold: Fold, target: float, max_wrong: float) -> tuple[Calibration, str]:
     """A calibration from the fold's training rows alone (module docstring): the inner
     split's held-out picks, fitted by fit_calibration."""
-    method = ("leave-one-device-out" if fold.train["device"].nunique() >= 2 else "problems")
+    # the case the outer fold scores: a new problem on training devices, or a new device
+    method = ("problems" if fold.test_problems is not None or fold.train["device"].nunique() < 2
+              else "leave-one-device-out")
     scores, efficiency, groups = [], [], []
     try:
         inner_folds = folds(fold.fit_rows, method, run.seed, exclude=fold.exclude_devices)
@@ -236,12 +239,10 @@ def _calibrate(run: _Run, fold: Fold, target: float, max_wrong: float) -> tuple[
         model, tables, rows = _outcomes(run, inner, (1,))
         if not tables:
             continue
-        # only picks a dispatcher could answer sure: never beyond the training devices
         picks = pd.concat(tables, ignore_index=True)
-        inside = ~picks["device"].map(lambda device: bool(model.beyond(device))).to_numpy()
-        scores.extend(row for row, keep in zip(rows, inside) if keep)
-        efficiency.extend(picks["efficiency"].to_numpy()[inside])
-        groups.extend(picks["device"].to_numpy()[inside])
+        scores.extend(rows)
+        efficiency.extend(picks["efficiency"].to_numpy())
+        groups.extend(picks["device"].to_numpy())
     # a device is the unit a new device resembles; problem folds share their devices
     by_device = groups if method == "leave-one-device-out" else None
     return fit_calibration(scores, efficiency, target=target, max_wrong=max_wrong,
