@@ -8,8 +8,8 @@ Configurations that failed or were invalid on that device in the training data a
 chosen there. Each answer carries a confidence from the model's calibration (calibration.json,
 fitted on held-out predictions when the model was trained: leave-one-device-out for a device
 the model never saw measured, problem folds for a new problem on a training device); below its
-threshold the answer is "unsure" and comes with the shortlist worth measuring. Rankings are memoized per (device,
-problem), so a repeated query costs a dictionary lookup.
+threshold the answer is "unsure" and comes with the shortlist worth measuring. Rankings are
+memoized per (device, problem), so a repeated query costs a dictionary lookup.
 """
 from __future__ import annotations
 
