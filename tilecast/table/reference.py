@@ -106,6 +106,7 @@ class Reference:
         self._problem_scale = np.where(spread > 0, spread, np.inf)
         self._ideal: tuple[np.ndarray, np.ndarray] | None = None
         self._predicted: dict[tuple[str, bytes], np.ndarray] = {}
+        self._reach: dict[bytes, float] = {}     # per device mask: a dispatcher asks per problem
 
     # -- building --------------------------------------------------------------------------
 
@@ -281,12 +282,15 @@ class Reference:
         (default all) lie, at most (devices.feature_distance; 0 with fewer than two): the
         farthest leave-one-device-out calibration has measured a pick from its training
         devices."""
-        vectors = self.device_vectors if mask is None else self.device_vectors[mask]
-        if len(vectors) < 2:
-            return 0.0
-        return max(min(feature_distance(vector, other, self.scale)
-                       for j, other in enumerate(vectors) if j != i)
-                   for i, vector in enumerate(vectors))
+        mask = np.ones(len(self.devices), dtype=bool) if mask is None else np.asarray(mask, bool)
+        key = mask.tobytes()
+        if key not in self._reach:
+            vectors = self.device_vectors[mask]
+            self._reach[key] = 0.0 if len(vectors) < 2 else max(
+                min(feature_distance(vector, other, self.scale)
+                    for j, other in enumerate(vectors) if j != i)
+                for i, vector in enumerate(vectors))
+        return self._reach[key]
 
     # -- files -----------------------------------------------------------------------------
 

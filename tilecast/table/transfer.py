@@ -22,9 +22,9 @@ devices (grouped by held-out device) when a device is held out and two or more r
 problem folds otherwise, so a held-out device's confidences never saw it; `coverage` is the
 share of problems answered sure, `precision` the share of sure answers reaching `target`,
 `confident_wrong` the share of ALL problems answered sure below `target`. A held-out device
-lying further out on some hardware figure than any inner held-out device did
-(TableModel.beyond; column `beyond`) is answered unsure throughout, as the dispatcher does:
-no calibration measured a pick that far out. Baselines
+further from its nearest training device than any training device lies from the rest, or of
+a vendor none of them has (TableModel.beyond; column `beyond`), is answered unsure
+throughout, as the dispatcher does: no calibration measured a pick that far out. Baselines
 (tilecast.table.transfer_baselines) are scored on the same problems. Figures pool every
 (device, problem) for `overall` and each device's for `devices`
 (tilecast.table.transfer_summary); the per-(device, problem) table behind them (picks, their
