@@ -5,6 +5,16 @@ real figures (shipped hardware table).
     python benchmarks/transfer.py          # synthetic: 6 devices, 48 problems, 120 configurations
     python benchmarks/transfer.py DATASET_DIR --rounds 300 --default 'block=64,unroll=1,layout=row'
     python benchmarks/transfer.py --devices 4 --problems 24 --rounds 100
+    python benchmarks/transfer.py --vendor --devices 8 --problems 24 --rounds 100
+    python benchmarks/transfer.py --space conv --seed 2 --rounds 100   # transfer_members' spaces
+
+`--vendor` adds one configuration (layout "vendor", the other parameters 0) that is near-best
+on every device and problem, as a vendor library's GEMM is among autotuning choices: its time
+is the problem's best times exp(N(0.03, 0.02)) (about 0.97 of the best, sometimes the best),
+and the report scores it as the default. `--space clblast|conv` evaluates
+benchmarks/transfer_members.py's other generated spaces (clblast: 6 GPUs x 8 problems x 5,480
+configurations; conv: 6 GPUs x one problem x 13,824, where one configuration is near-best
+everywhere).
 
 Prints the overall line, the per-device figures and the seconds. The synthetic rule (ideal
 block from the device's shared memory, ideal unroll from its warp size, a layout penalty, the
@@ -65,6 +75,25 @@ def synthetic(devices: int, problems: int, seed: int = 0) -> TableDataset:
     return TableDataset(frame=finish_frame(rows, SCHEMA), schema=SCHEMA)
 
 
+VENDOR = "block=0,unroll=0,stages=0,layout=vendor"
+
+
+def with_vendor(dataset: TableDataset, seed: int = 0) -> TableDataset:
+    """`dataset` (the synthetic space) with the near-best vendor configuration (module
+    docstring) on every (device, problem)."""
+    rng = np.random.default_rng(seed + 1)
+    ok = dataset.frame[dataset.frame["status"] == "ok"]
+    best = ok.groupby(["device", "dims_key"], sort=True).agg(
+        time_s=("time_s", "min"), m=("m", "first"), n=("n", "first"), k=("k", "first"))
+    rows = [{"device": device, "m": r.m, "n": r.n, "k": r.k, "block": 0, "unroll": 0,
+             "stages": 0, "layout": "vendor", "status": "ok",
+             "time_s": r.time_s * math.exp(rng.normal(0.03, 0.02))}
+            for (device, _), r in best.iterrows()]
+    frame = dataset.frame[["device", *SCHEMA.problem_names, *SCHEMA.config_names, "status",
+                           "time_s"]].to_dict("records")
+    return TableDataset(frame=finish_frame(frame + rows, SCHEMA), schema=SCHEMA)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", nargs="?", help="an imported dataset (default: synthetic)")
@@ -73,15 +102,36 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--default", default=None)
+    parser.add_argument("--vendor", action="store_true",
+                        help="add a near-best vendor configuration, scored as the default")
+    parser.add_argument("--space", choices=("gemm", "clblast", "conv"), default="gemm",
+                        help="the generated space (gemm: this module's synthetic one)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of a clblast or conv space")
+    parser.add_argument("--filters", default="15", help="conv: filter sizes, comma-separated")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    dataset = (read_dataset(args.dataset) if args.dataset
-               else synthetic(min(args.devices, len(DEVICES)), args.problems))
+    if args.dataset:
+        dataset = read_dataset(args.dataset)
+    elif args.space != "gemm":
+        from transfer_members import dataset_of
+        dataset = dataset_of(args.space, args.seed,
+                             tuple(int(f) for f in args.filters.split(",")))
+    else:
+        dataset = synthetic(min(args.devices, len(DEVICES)), args.problems)
+    if args.vendor:
+        if args.dataset or args.space != "gemm":
+            parser.error("--vendor applies to the synthetic gemm space")
+        dataset, args.default = with_vendor(dataset), VENDOR
     started = time.monotonic()
     report = run_transfer(dataset, DeviceTable.load(), rounds=args.rounds,
                           threads=args.threads, default=args.default).report
     print(overall_line(report))
     overall = report["overall"]
+    guard = overall["incumbent"]
+    print(f"  incumbent guard: the incumbent on {guard['share']:.0%} of the pairs; the top "
+          f"predictions alone {guard['model_alone']:.3f}"
+          + (f"; beats the default on {overall['devices_beating_default']} of "
+             f"{len(report['devices'])} devices" if args.default else ""))
     print("  measured shortlist, best of k: " + ", ".join(
         f"k={k} {v:.3f} (random {overall['shortlist_random'][k]:.3f})"
         for k, v in overall["shortlist"].items()))
@@ -93,7 +143,10 @@ def main() -> None:
               f"{baselines['best_on_average']['mean_efficiency']:.3f} plain "
               f"{baselines['plain_lightgbm']['mean_efficiency']:.3f} random "
               f"{baselines['random']['mean_efficiency']:.3f} | sure "
-              f"{block['unsure']['coverage']:.0%} | {block['seconds']:.1f} s")
+              f"{block['unsure']['coverage']:.0%} | guard {block['incumbent']['share']:.0%}"
+              f" (alone {block['incumbent']['model_alone']:.3f})"
+              + (f" default {baselines['default']['mean_efficiency']:.3f}"
+                 if args.default else "") + f" | {block['seconds']:.1f} s")
     print(f"{len(dataset.frame)} rows, {time.monotonic() - started:.1f} s")
 
 

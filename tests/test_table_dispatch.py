@@ -144,11 +144,42 @@ def test_choice_is_unsure_with_a_shortlist_below_the_threshold(setup):
         assert published.unsure == (published.confidence < calibration.threshold)
 
 
+def test_the_incumbent_guard_answers_the_incumbent_unless_the_pair_was_measured(setup):
+    model = setup["dispatcher"].table_model
+    incumbent = model.incumbent
+    assert incumbent in model.candidates()
+    knots = {"slacks": (-5.0, 0.0), "probabilities": (0.2, 0.8), "threshold": 0.0}
+    always = TableDispatcher(model, Calibration(**knots, margin=float("inf")))
+    never = TableDispatcher(model, Calibration(**knots, margin=0.0))
+    new_problem, measured = "m=3000,n=100,k=700", PROBLEMS[2]
+    for device, problem in (("H200", BIG), ("T4", new_problem)):   # a new device, a new problem
+        guarded, plain = always.choice(problem, device=device), never.choice(problem, device=device)
+        assert guarded.kernel == incumbent and guarded.incumbent
+        assert not plain.incumbent
+        predicted = model.predict(never.problem(problem), device)
+        assert plain.kernel == max(predicted, key=predicted.get)
+        # the incumbent leads the shortlist; the rest keep their predicted order
+        ranked = always.rank(problem, k=4, device=device)
+        assert ranked[0][0] == incumbent
+        assert [k for k, _ in ranked[1:]] == [k for k in never.shortlist(problem, 4, device=device)
+                                              if k != incumbent][:3]
+    # a problem measured on a training device: the model has seen it, the guard stays out
+    assert always.choice(measured, device="T4") == never.choice(measured, device="T4")
+    # a margin between: the incumbent exactly where the top prediction's gain is below it
+    scores = model.predict(dict(m=3000, n=100, k=700), "H200")
+    gain = max(scores.values()) - scores[incumbent]
+    if gain > 0:
+        below = TableDispatcher(model, Calibration(**knots, margin=gain * 0.99))
+        above = TableDispatcher(model, Calibration(**knots, margin=gain * 1.01))
+        assert not below.choice(new_problem, device="H200").incumbent
+        assert above.choice(new_problem, device="H200").kernel == incumbent
+
+
 def test_select_json_carries_the_choice(setup):
     answer = setup["dispatcher"].select_json(BIG, device="RTX 3090")
     assert answer["kernel"] == setup["dispatcher"].select(BIG, device="RTX 3090")
     assert set(answer) == {"kernel", "predicted_efficiency", "confidence", "unsure",
-                           "shortlist", "device", "beyond", "model", "version"}
+                           "shortlist", "device", "beyond", "incumbent", "model", "version"}
     json.dumps(answer)
 
 

@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tilecast.cli import main
-from tilecast.table.confidence import MIN_PROBLEMS, Calibration, fit_calibration, slack
+from tilecast.table.confidence import (MIN_PROBLEMS, Calibration, fit_calibration, fit_margin,
+                                       guarded, slack)
 from tilecast.table.dataset import Column, TableDataset, TableSchema, finish_frame, write_dataset
 from tilecast.table.devices import DeviceTable
 from tilecast.table.transfer import TransferError, resolve_default, run_transfer
-from tilecast.table.transfer_baselines import random_expectations
+from tilecast.table.transfer_baselines import best_on_average, random_expectations
 
 DEVICES = ("V100-SXM2", "A100-SXM4-80GB", "H100-SXM5-80GB", "MI250X")
 SCHEMA = TableSchema(problem=(Column("m", "numeric"), Column("n", "numeric")),
@@ -133,6 +134,55 @@ def test_calibrations_hold_both_cases_and_read_a_single_calibration_as_both():
     assert Calibrations.from_json(new.to_json()) == Calibrations(new, new)   # format 3 file
     with pytest.raises(ValueError, match="need new_device and known_device"):
         Calibrations.from_json({"new_device": None})
+
+
+def test_the_guard_margin_keeps_the_incumbent_where_the_model_showed_no_gain():
+    # picks predicted to gain little over the incumbent lost to it, large gains won
+    gains = np.array([0.001, 0.005, 0.015, 0.03, 0.08, 0.3, np.nan])
+    pick = np.array([0.6, 0.7, 0.8, 0.99, 1.0, 1.0, 0.5])
+    incumbent = np.array([0.95, 0.95, 0.95, 0.95, 0.9, 0.5, 0.0])
+    # twenty of each: means over the 120 with a gain: margin 0 -> 0.848, 0.01 -> 0.948,
+    # 0.02 -> 0.973, 0.05 -> 0.967 (more than a standard error below), 0.1 and 0.2 -> 0.950,
+    # 0.5 and inf -> 0.867
+    margin, note = fit_margin(*(np.tile(values, 20) for values in (gains, pick, incumbent)))
+    assert margin == 0.02
+    assert "incumbent on 50% of 120" in note and "0.973" in note and "model alone 0.848" in note
+    assert list(guarded(gains, margin)) == [True, True, True, False, False, False, False]
+    # the model a little ahead on three picks is within a standard error: the incumbent; on
+    # ninety it is a clear win, and the largest margin that keeps it is 0.2
+    ahead = (np.full(3, 0.3), np.array([1.0, 0.9, 1.0]), np.full(3, 0.95))
+    assert fit_margin(*ahead)[0] == math.inf
+    assert fit_margin(*(np.tile(values, 30) for values in ahead))[0] == 0.2
+    # no evidence either way: the larger margin, the incumbent keeps what the model cannot beat
+    assert fit_margin(gains, np.full(7, 0.9), np.full(7, 0.9))[0] == math.inf
+    assert fit_margin(np.full(3, np.nan), np.ones(3), np.ones(3)) == (
+        0.0, "no held-out pick had the incumbent to choose: no guard")
+    with pytest.raises(ValueError, match="one each"):
+        fit_margin(gains[:3], pick, incumbent)
+
+
+def test_the_confidence_is_fitted_to_the_guarded_answers():
+    scores, efficiency, margins = _outcomes(200, seed=3)
+    # every pick with a gain under 0.1 over an incumbent at 0.95 misses; the rest are the best
+    gains = np.where(np.arange(200) % 2 == 0, 0.05, 0.4)
+    efficiency = np.where(gains < 0.1, 0.5, 1.0)
+    plain = fit_calibration(scores, efficiency)
+    with_guard = fit_calibration(scores, efficiency, gains=gains,
+                                 efficiency_of_incumbent=np.full(200, 0.95))
+    # half the picks miss, whatever their slack: sure on a lucky few at most
+    assert plain.margin == 0.0 and np.mean([plain.sure(s) for s in scores]) < 0.1
+    # margins 0.1 and 0.2 both guard exactly the misses (mean 0.975): the larger; every
+    # guarded answer reaches the target, so every one is sure
+    assert with_guard.margin == 0.2
+    assert all(with_guard.sure(s) for s in scores)
+    again = Calibration.from_json(json.loads(json.dumps(with_guard.to_json(), allow_nan=False)))
+    assert again == with_guard
+    inf = Calibration.from_json({**with_guard.to_json(), "margin": None})
+    assert inf.margin == math.inf
+    older = {k: v for k, v in with_guard.to_json().items() if not k.startswith("margin")}
+    assert Calibration.from_json(older).margin == 0.0      # a calibration from before the guard
+    with pytest.raises(ValueError, match="margin -1.0 must be >= 0"):
+        Calibration.from_json({**with_guard.to_json(), "margin": -1})
 
 
 def test_too_little_data_answers_unsure_always_and_says_so():
@@ -259,6 +309,8 @@ class RuleModel:
         frame = dataset.frame[~dataset.frame["device"].isin(exclude_devices)]
         self._candidates = sorted(set(frame.loc[frame["status"] == "ok", "kernel"]))
         self._table = DeviceTable.load()
+        # as TableModel's: the guard must leave a perfect model's picks alone
+        self.incumbent = best_on_average(frame[frame["status"] == "ok"], self._candidates)
 
     @classmethod
     def fit(cls, dataset, devices, *, exclude_devices=(), **options):
@@ -280,6 +332,37 @@ class RuleModel:
         return best.to_numpy() / times
 
 
+class BlindModel(RuleModel):
+    """A model that knows nothing: seeded random predictions."""
+
+    def predict_many(self, frame):
+        return np.random.default_rng(len(frame)).uniform(0.1, 1.0, len(frame))
+
+
+def test_a_blind_model_keeps_the_near_best_incumbent(devices, monkeypatch):
+    from tilecast.table import model
+
+    monkeypatch.setattr(model, "TableModel", BlindModel)
+    # a vendor configuration 2-4 % behind the best on every device and problem
+    rows, rng = _rows(), np.random.default_rng(5)
+    best = pd.DataFrame(rows).query("status == 'ok'").groupby(["device", "m", "n"])["time_s"].min()
+    rows += [{"device": d, "m": m, "n": n, "block": 1, "unroll": 1, "layout": "vendor",
+              "status": "ok", "time_s": t * rng.uniform(1.02, 1.04)} for (d, m, n), t in best.items()]
+    vendor = "block=1,unroll=1,layout=vendor"
+    result = run_transfer(_dataset(rows), devices, rounds=ROUNDS, threads=THREADS, default=vendor)
+    overall, table = result.report["overall"], result.per_problem
+    assert set(table["incumbent"]) == {vendor}         # best on average on every fold
+    # inner picks showed the blind top predictions far behind: the incumbent everywhere
+    assert overall["incumbent"]["share"] == 1.0 and overall["incumbent"]["model_alone"] < 0.8
+    assert (table["pick"] == vendor).all() and table["guarded"].all()
+    assert np.allclose(table["efficiency"], table["incumbent_efficiency"])
+    assert np.allclose(table["shortlist_1"], table["efficiency"])
+    assert overall["mean_efficiency"] == pytest.approx(
+        overall["baselines"]["default"]["mean_efficiency"])
+    assert all(fold["margin"] is None for block in result.report["devices"].values()
+               for fold in block["folds"])                          # inf, written as null
+
+
 def test_a_perfect_model_scores_near_one_and_is_sure(devices, monkeypatch):
     from tilecast.table import model
 
@@ -290,6 +373,8 @@ def test_a_perfect_model_scores_near_one_and_is_sure(devices, monkeypatch):
     for name, figures in overall["baselines"].items():
         assert overall["mean_efficiency"] >= figures["mean_efficiency"] - 0.02, name
     assert overall["baselines"]["random"]["mean_efficiency"] < 0.8
+    # the guard left the perfect top predictions alone (or took an incumbent as good)
+    assert overall["mean_efficiency"] >= overall["incumbent"]["model_alone"] - 1e-9
     # every calibration pick reached the target: sure everywhere, as often right as the picks
     unsure = overall["unsure"]
     assert unsure["coverage"] == 1.0

@@ -21,6 +21,20 @@ With fewer than MIN_PROBLEMS calibration problems (or MIN_GROUPS groups), or whe
 keeps within the budget, the calibration answers "unsure" for every problem (`threshold` =
 inf, written as null in JSON) and says why in `note`: a threshold fitted to a handful of
 outcomes would promise a confident-wrong rate nobody measured.
+
+The incumbent guard. Where one configuration is near-best everywhere (a vendor library's
+default), a model's pick that differs from it often wins a little and sometimes loses much.
+A table model carries its incumbent, the configuration best on average over its training
+devices (TableModel.incumbent), and a calibration carries `margin`: the dispatcher answers
+the incumbent instead of the top prediction when the top prediction stands less than
+`margin` (in predicted efficiency) above the incumbent's own. The margin is the one of
+MARGINS under which the held-out picks, each guarded by its own inner model's incumbent,
+reach the highest mean efficiency, or the largest margin whose mean lies within one standard
+error (of its per-problem difference from that best) below it: the incumbent keeps what the
+held-out picks cannot show the model beats, which on a handful of them (one problem on five
+devices) is everything but a clear win; 0 keeps every top prediction, inf always answers the
+incumbent. The confidence is then fitted to the guarded picks' outcomes, the answers the
+dispatcher gives.
 """
 from __future__ import annotations
 
@@ -43,6 +57,8 @@ FLOOR = 1e-6
 #: log(e), a runner-up predicted at 37 % of the pick.
 SOLE_CANDIDATE_MARGIN = 1.0
 NEVER = math.inf
+#: The margins an incumbent guard chooses among (predicted-efficiency units; module docstring).
+MARGINS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, NEVER)
 
 
 def group_codes(groups: Sequence[str], count: int) -> np.ndarray:
@@ -74,7 +90,8 @@ class Calibration:
 
     `slacks` and `probabilities` are the isotonic fit's knots (confidence between them is
     interpolated, beyond them clipped); `threshold` is the confidence below which the
-    dispatcher answers "unsure" (inf: always unsure, see `note`)."""
+    dispatcher answers "unsure" (inf: always unsure, see `note`). `margin` is the incumbent
+    guard's (module docstring; 0: none), `margin_note` what the held-out picks said of it."""
     slacks: tuple[float, ...]
     probabilities: tuple[float, ...]
     threshold: float
@@ -82,6 +99,8 @@ class Calibration:
     max_wrong: float = 0.02
     n_problems: int = 0
     note: str = ""
+    margin: float = 0.0
+    margin_note: str = ""
 
     def __post_init__(self) -> None:
         if len(self.slacks) != len(self.probabilities) or not self.slacks:
@@ -104,26 +123,91 @@ class Calibration:
         return {"slacks": list(self.slacks), "probabilities": list(self.probabilities),
                 "threshold": None if math.isinf(self.threshold) else self.threshold,
                 "target": self.target, "max_wrong": self.max_wrong,
-                "n_problems": self.n_problems, "note": self.note}
+                "n_problems": self.n_problems, "note": self.note,
+                "margin": None if math.isinf(self.margin) else self.margin,
+                "margin_note": self.margin_note}
 
     @classmethod
     def from_json(cls, doc) -> "Calibration":
         try:
             threshold = NEVER if doc["threshold"] is None else float(doc["threshold"])
+            margin = doc.get("margin", 0.0)      # a calibration before the guard: none
+            margin = NEVER if margin is None else float(margin)
+            if not margin >= 0.0:
+                raise ValueError(f"margin {margin} must be >= 0")
             return cls(slacks=tuple(map(float, doc["slacks"])),
                        probabilities=tuple(map(float, doc["probabilities"])),
                        threshold=threshold, target=float(doc["target"]),
                        max_wrong=float(doc["max_wrong"]), n_problems=int(doc["n_problems"]),
-                       note=str(doc.get("note", "")))
+                       note=str(doc.get("note", "")), margin=margin,
+                       margin_note=str(doc.get("margin_note", "")))
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a calibration document ({err!r}): {str(doc)[:200]}") from None
 
 
+def _efficiencies(values: Sequence[float], what: str) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(array)) or np.any((array < 0) | (array > 1 + 1e-9)):
+        raise ValueError(f"efficiencies of the {what} must be finite and in [0, 1]")
+    return array
+
+
+def incumbent_gain(predicted_scores: np.ndarray, kernels: Sequence[str],
+                   incumbent: str | None) -> float:
+    """How far the top prediction stands above the incumbent's (>= 0); NaN when there is no
+    incumbent or it is not among `kernels` (failed there: no guard)."""
+    if incumbent is None or incumbent not in kernels:
+        return math.nan
+    scores = np.asarray(predicted_scores, dtype=np.float64)
+    return float(scores.max() - scores[list(kernels).index(incumbent)])
+
+
+def guarded(gains: np.ndarray, margin: float) -> np.ndarray:
+    """Which problems the guard answers with the incumbent: gain below `margin` (a NaN gain,
+    no incumbent there, never)."""
+    gains = np.asarray(gains, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(gains) & (gains < margin)
+
+
+def fit_margin(gains: Sequence[float], efficiency_of_pick: Sequence[float],
+               efficiency_of_incumbent: Sequence[float]) -> tuple[float, str]:
+    """(margin, note): the incumbent guard's margin from held-out picks (module docstring):
+    per problem the top prediction's gain over the incumbent (incumbent_gain), the measured
+    efficiency of the pick and of the incumbent (0 where it failed or was not measured)."""
+    gains = np.asarray(gains, dtype=np.float64)
+    pick = _efficiencies(efficiency_of_pick, "picks")
+    incumbent = np.nan_to_num(np.asarray(efficiency_of_incumbent, dtype=np.float64), nan=0.0)
+    if not len(gains) == len(pick) == len(incumbent):
+        raise ValueError(f"{len(gains)} gains, {len(pick)} pick and {len(incumbent)} incumbent "
+                         "efficiencies; one each")
+    scored = np.isfinite(gains)
+    if not scored.any():
+        return 0.0, "no held-out pick had the incumbent to choose: no guard"
+    answers = np.array([np.where(guarded(gains, m), incumbent, pick)[scored] for m in MARGINS])
+    means = answers.mean(axis=1)
+    best = int(np.argmax(means))
+    # one standard error of each margin's paired difference from the best one
+    spread = (answers - answers[best]).std(axis=1, ddof=1) if answers.shape[1] > 1 else \
+        np.full(len(MARGINS), np.inf)
+    within = means >= means[best] - np.nan_to_num(spread, nan=np.inf) / math.sqrt(answers.shape[1])
+    chosen = max(i for i in range(len(MARGINS)) if within[i])
+    margin = MARGINS[chosen]
+    share = float(guarded(gains, margin)[scored].mean())
+    return margin, (f"margin {margin:g}: the incumbent on {share:.0%} of {int(scored.sum())} "
+                    f"held-out picks, mean efficiency {means[chosen]:.3f} (model alone "
+                    f"{means[0]:.3f}, incumbent alone {means[-1]:.3f})")
+
+
 def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequence[float], *,
                     target: float = 0.9, max_wrong: float = 0.02,
-                    groups: Sequence[str] | None = None) -> Calibration:
+                    groups: Sequence[str] | None = None,
+                    gains: Sequence[float] | None = None,
+                    efficiency_of_incumbent: Sequence[float] | None = None) -> Calibration:
     """The calibration of held-out outcomes: per problem, the predicted scores over its
     allowed candidates and the measured efficiency of the pick (0 for a pick that failed).
+    With `gains` and `efficiency_of_incumbent` (fit_margin's), the incumbent guard's margin
+    is fitted first and the confidence to the guarded picks' outcomes.
 
     The threshold is the lowest fitted confidence at which the picks answered sure fall below
     `target` on at most `max_wrong` of all problems, and of each group's problems when
@@ -134,11 +218,18 @@ def fit_calibration(predicted: Sequence[np.ndarray], efficiency_of_pick: Sequenc
                          "efficiencies; one each")
     if not 0.0 < target <= 1.0 or not 0.0 <= max_wrong < 1.0:
         raise ValueError(f"target {target} must be in (0, 1] and max_wrong {max_wrong} in [0, 1)")
-    efficiency = np.asarray(efficiency_of_pick, dtype=np.float64)
-    if not np.all(np.isfinite(efficiency)) or np.any((efficiency < 0) | (efficiency > 1 + 1e-9)):
-        raise ValueError("efficiencies of the picks must be finite and in [0, 1]")
+    efficiency = _efficiencies(efficiency_of_pick, "picks")
+    margin, margin_note = 0.0, ""
+    if gains is not None:
+        if efficiency_of_incumbent is None:
+            raise ValueError("gains without the incumbent's efficiencies")
+        margin, margin_note = fit_margin(gains, efficiency, efficiency_of_incumbent)
+        incumbent = np.nan_to_num(np.asarray(efficiency_of_incumbent, dtype=np.float64))
+        efficiency = np.where(guarded(np.asarray(gains, dtype=np.float64), margin), incumbent,
+                              efficiency)
     count = len(efficiency)
-    settings = {"target": target, "max_wrong": max_wrong, "n_problems": count}
+    settings = {"target": target, "max_wrong": max_wrong, "n_problems": count,
+                "margin": margin, "margin_note": margin_note}
     if count < MIN_PROBLEMS:
         return Calibration(slacks=(0.0,), probabilities=(0.0,), threshold=NEVER, **settings,
                            note=f"too little calibration data: {count} held-out problems, "

@@ -8,8 +8,11 @@ Configurations that failed or were invalid on that device in the training data a
 chosen there. Each answer carries a confidence from the model's calibration (calibration.json,
 fitted on held-out predictions when the model was trained: leave-one-device-out for a device
 the model never saw measured, problem folds for a new problem on a training device); below its
-threshold the answer is "unsure" and comes with the shortlist worth measuring. Rankings are
-memoized per (device, problem), so a repeated query costs a dictionary lookup.
+threshold the answer is "unsure" and comes with the shortlist worth measuring. Where the top
+prediction does not beat the model's incumbent (its training data's best-on-average
+configuration) by the calibration's margin, the answer is the incumbent (Choice.incumbent),
+except for a problem measured on that device in the training data.
+Rankings are memoized per (device, problem), so a repeated query costs a dictionary lookup.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
 from tilecast.runtime.dispatch import (DEFAULT_CACHE_SIZE, ProblemError, _raw_key,
                                        parse_problem_string)
-from tilecast.table.confidence import Calibrations
+from tilecast.table.confidence import Calibrations, guarded, incumbent_gain
 from tilecast.table.dataset import TableDataError
 from tilecast.table.model import FAMILY, TableModel, check_problem, resolve_device
 
@@ -39,7 +42,9 @@ class Choice:
     `confidence` is the calibrated P(the pick reaches `target` of the best) (0.0 when the
     model has no calibration for the case); `shortlist` is empty when sure. `beyond`: the
     hardware figures on which the device lies further out than the calibration measured
-    (TableModel.beyond); any makes the answer unsure whatever its confidence."""
+    (TableModel.beyond); any makes the answer unsure whatever its confidence. `incumbent`:
+    the answer is the model's incumbent, which the top prediction did not beat by the
+    calibration's margin (tilecast.table.confidence)."""
     kernel: str
     confidence: float
     unsure: bool
@@ -47,17 +52,27 @@ class Choice:
     device: str
     predicted_efficiency: float
     beyond: tuple[str, ...] = ()
+    incumbent: bool = False
 
 
 class TableRanking:
-    """A problem's allowed candidates on one device, best predicted first."""
-    __slots__ = ("device", "kernels", "efficiencies", "confidence", "threshold", "beyond")
+    """A problem's allowed candidates on one device, best predicted first, except that the
+    model's incumbent comes first when the top prediction does not beat it by the
+    calibration's margin (`guarded`; tilecast.table.confidence, the incumbent guard)."""
+    __slots__ = ("device", "kernels", "efficiencies", "confidence", "threshold", "beyond",
+                 "guarded")
 
     def __init__(self, device: str, kernels, scores: np.ndarray, calibration,
-                 beyond: Sequence[str] = ()):
+                 beyond: Sequence[str] = (), incumbent: str | None = None):
         self.device = device
         self.beyond = tuple(beyond)
         order = np.argsort(-scores, kind="stable")   # equal predictions in key order
+        margin = 0.0 if calibration is None else calibration.margin
+        gain = incumbent_gain(scores, kernels, incumbent)
+        self.guarded = bool(guarded(np.array([gain]), margin)[0])
+        if self.guarded:
+            first = list(kernels).index(incumbent)
+            order = np.concatenate(([first], order[order != first]))
         self.kernels = tuple(np.asarray(kernels, dtype=object)[order].tolist())
         self.efficiencies = tuple(scores[order].tolist())
         self.confidence = 0.0 if calibration is None else float(calibration.confidence(scores))
@@ -182,8 +197,11 @@ class TableDispatcher:
                                    f"{name} in its training data: nothing to choose there")
             scores = self.table_model.scores(values, name, kernels, table)
             trained = name in self.table_model.training_devices
+            # a measured pair is no new problem: the guard calibrated on new ones stays out
+            incumbent = (None if trained and self.table_model.measured(values, name)
+                         else self.table_model.incumbent)
             found = TableRanking(name, kernels, scores, self.calibrations.for_device(trained),
-                                 self.table_model.beyond(name, table))
+                                 self.table_model.beyond(name, table), incumbent)
             self._remember(checked, found)
         if raw is not None:
             self._remember(key, found)
@@ -199,20 +217,22 @@ class TableDispatcher:
         return self.ranking(problem, device).best
 
     def rank(self, problem, k: int = 5, device: str | None = None) -> list[tuple[str, float]]:
-        """The k best (configuration, predicted efficiency) pairs, best first."""
+        """The k best (configuration, predicted efficiency) pairs in the ranking's order
+        (best predicted first; the incumbent first when the guard answers it)."""
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
         ranking = self.ranking(problem, device)
         return list(zip(ranking.kernels[:k], ranking.efficiencies[:k]))
 
     def predict(self, problem, device: str | None = None) -> dict[str, float]:
-        """Predicted efficiency of every allowed candidate, best first."""
+        """Predicted efficiency of every allowed candidate, in the ranking's order."""
         ranking = self.ranking(problem, device)
         return dict(zip(ranking.kernels, ranking.efficiencies))
 
     def shortlist(self, problem, k: int, device: str | None = None) -> list[str]:
         """The k configurations worth measuring (fewer when fewer are allowed): the k highest
-        predictions, best first, never one that failed on the device."""
+        predictions in the ranking's order (the incumbent first when the guard answers it),
+        never one that failed on the device."""
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
         return list(self.ranking(problem, device).kernels[:k])
@@ -226,15 +246,15 @@ class TableDispatcher:
         return Choice(kernel=ranking.best, confidence=ranking.confidence, unsure=unsure,
                       shortlist=ranking.kernels[:self.shortlist_size] if unsure else (),
                       device=ranking.device, predicted_efficiency=ranking.efficiencies[0],
-                      beyond=ranking.beyond)
+                      beyond=ranking.beyond, incumbent=ranking.guarded)
 
     def select_json(self, problem, device: str | None = None) -> dict:
         """{"kernel", "predicted_efficiency", "confidence", "unsure", "shortlist", "device",
-        "model", "version"} for `tilecast select --json`."""
+        "beyond", "incumbent", "model", "version"} for `tilecast select --json`."""
         choice = self.choice(problem, device)
         return {"kernel": choice.kernel, "predicted_efficiency": choice.predicted_efficiency,
                 "confidence": choice.confidence, "unsure": choice.unsure,
                 "shortlist": list(choice.shortlist), "device": choice.device,
-                "beyond": list(choice.beyond),
+                "beyond": list(choice.beyond), "incumbent": choice.incumbent,
                 "model": self.model, "version": self.version}
 

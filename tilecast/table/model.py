@@ -29,7 +29,10 @@ GEMM-shaped datasets (6 GPUs x 8 problems x 5,480 CLBlast configurations) with
 towards each group's best) and LambdaRank ((device, problem) query groups, graded relevance):
 mean held-out efficiency 0.803 against 0.791 (better on 2 of 3 datasets: within noise), and
 LambdaRank 0.705 against 0.815 on the one dataset it ran on. Failed or invalid configurations
-are not training rows; they are kept per device (`failed_on`) and never chosen there.
+are not training rows; they are kept per device (`failed_on`) and never chosen there. The
+model also keeps its incumbent, the configuration best on average over its training data,
+which the dispatcher answers instead of a pick not predicted to beat it by the calibration's
+margin (tilecast.table.confidence, "the incumbent guard").
 
 A group with more than `group_cap` ok rows (the row budget spread over the groups, at most
 MAX_GROUP_ROWS) keeps its best TOP_SHARE of that cap and a deterministic random sample of the
@@ -51,6 +54,7 @@ from tilecast.table.dataset import TableDataError, TableDataset, TableSchema, pa
 from tilecast.table.features import DEVICE_PREFIX, TableFeatures
 from tilecast.table.reference import (NAMES as REFERENCE_NAMES, FILE as REFERENCE_FILE,
                                       Reference, new_problem_mask, rows_features)
+from tilecast.table.transfer_baselines import best_on_average
 
 FAMILY = "table"
 #: 2: other devices' measurements as features (reference.npz); 3: ideal gaps, an ensemble
@@ -285,6 +289,7 @@ class TableModel:
             boosters[member] = lgb.train(params, train_set, num_boost_round=int(rounds))
         kept = sorted(set(rows.devices) | {devices.resolve(d) for d in keep_devices})
         info = {"rounds": int(rounds), "rows": int(len(X)), "seed": seed, "params": params,
+                "incumbent": best_on_average(rows.all_ok, rows.candidates),
                 "excluded_devices": sorted(set(canonical_devices(dataset.frame, devices))
                                            - set(rows.devices)),
                 "kept_devices": kept}
@@ -292,6 +297,13 @@ class TableModel:
                    training_devices=rows.devices, info=info, reference=reference)
 
     # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def incumbent(self) -> str | None:
+        """The configuration best on average over the training (device, problem) pairs
+        (transfer_baselines.best_on_average): what the incumbent guard falls back on
+        (tilecast.table.confidence). None for a model saved before the guard."""
+        return self.info.get("incumbent")
 
     def candidates(self) -> list[str]:
         """Configuration keys seen ok on some training device, sorted."""
@@ -331,6 +343,13 @@ class TableModel:
         vector = (device_table or self.devices).features(device)
         measured = self.reference.grid(device, vector, problems, list(kernels), self.schema)
         return self._predict(np.hstack([X, measured.reshape(len(X), len(REFERENCE_NAMES))]))
+
+    def measured(self, problem: Mapping[str, Any], device: str) -> bool:
+        """Whether one checked problem was measured on canonical `device` in the training
+        data: the model has seen its answer, so the incumbent guard, calibrated on new
+        problems, does not apply."""
+        problems = pd.DataFrame([problem], columns=list(self.schema.problem_names))
+        return bool(self.reference.measured(device, problems, self.schema)[0])
 
     def beyond(self, device: str, device_table=None) -> list[str]:
         """The hardware figures on which canonical `device` (features from `device_table`,

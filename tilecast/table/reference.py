@@ -234,6 +234,16 @@ class Reference:
             out[np.ix_(rows, known, np.arange(first, first + values.shape[1]))] = gaps
         return out
 
+    def measured(self, device: str, problems: pd.DataFrame, schema: TableSchema) -> np.ndarray:
+        """(P,) bool: whether each row of `problems` (problem columns) was measured on
+        `device` in the training data (kept problems only: see MAX_CELLS)."""
+        row = self._device_index.get(device)
+        if row is None or len(problems) == 0:
+            return np.zeros(len(problems), dtype=bool)
+        values, labels = _problem_matrix(problems, schema)
+        _, gap = self._nearest_problems(values, labels, self._measured[row])
+        return np.isfinite(gap) & (gap == 0)
+
     def _ideals(self, schema: TableSchema) -> tuple[np.ndarray, np.ndarray]:
         """(the candidates' log parameter values (C, J), the ideals (D, P, J)) of the first
         ideal.MAX_PARAMETERS numeric configuration parameters, computed once."""

@@ -56,21 +56,43 @@ INNER_BUDGET_SHARE = 0.25
 MAX_SCORED_PROBLEMS = 100
 #: a pick within 1 % of the best counts as top-1 (as in tilecast.table.transfer)
 TIE_EFFICIENCY = 1.0 / 1.01 - 1e-12
-PICK_COLUMNS = ["device", "dims_key", "pick", "efficiency", "top1", "top5", "beyond"]
+PICK_COLUMNS = ["device", "dims_key", "pick", "efficiency", "top1", "top5", "beyond",
+                "incumbent", "incumbent_gain", "incumbent_efficiency", "top5_guarded",
+                "guarded"]
 
 
 @dataclass
 class Picks:
     """Per scored (device, problem): the pick, its measured efficiency (0 when it failed or
-    was not measured there), top-1 / top-5 flags, and the predicted scores behind it."""
-    table: pd.DataFrame          # device, dims_key, pick, efficiency, top1, top5, beyond
+    was not measured there), top-1 / top-5 flags, and the predicted scores behind it; the
+    model's incumbent, the top prediction's gain over it and its efficiency there
+    (tilecast.table.confidence, the incumbent guard), whether the guard answered it."""
+    table: pd.DataFrame          # PICK_COLUMNS
     scores: list[np.ndarray]     # aligned with table rows: predictions over allowed candidates
+
+    def guarded(self, margin: float) -> "Picks":
+        """The picks the dispatcher gives with the incumbent guard's `margin`: the incumbent
+        where the top prediction's gain over it is below the margin."""
+        from tilecast.table.confidence import guarded
+
+        table = self.table.copy()
+        chosen = guarded(table["incumbent_gain"].to_numpy(dtype=np.float64), margin)
+        table.loc[chosen, "pick"] = table.loc[chosen, "incumbent"]
+        table.loc[chosen, "efficiency"] = table.loc[chosen, "incumbent_efficiency"]
+        table.loc[chosen, "top1"] = table.loc[chosen, "efficiency"] >= TIE_EFFICIENCY
+        table.loc[chosen, "top5"] = table.loc[chosen, "top5_guarded"]
+        table["guarded"] = chosen
+        return Picks(table=table, scores=self.scores)
 
 
 def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0) -> Picks:
-    """`model`'s picks on the (device, problem) pairs of `frame` (canonical device names) with
-    an ok measurement, at most MAX_SCORED_PROBLEMS problems per device (seeded sample).
-    `beyond`: the device lies beyond the model's other training devices (TableModel.beyond)."""
+    """`model`'s top predictions on the (device, problem) pairs of `frame` (canonical device
+    names) with an ok measurement, at most MAX_SCORED_PROBLEMS problems per device (seeded
+    sample), unguarded (Picks.guarded applies a margin). `beyond`: the device lies beyond the
+    model's other training devices (TableModel.beyond)."""
+    from tilecast.table.confidence import incumbent_gain
+
+    incumbent = model.incumbent
     rows, scores = [], []
     ok = frame[frame["status"] == "ok"]
     efficiency = ok.assign(efficiency=efficiencies(ok))
@@ -91,10 +113,17 @@ def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0
             order = np.argsort(-predicted, kind="stable")
             known = dict(zip(group["kernel"], group["efficiency"]))
             ranked = np.array([known.get(kernels[i], 0.0) for i in order[:5]])
+            # the top five with the incumbent first, as a guarded answer ranks them
+            others = [known.get(kernels[i], 0.0) for i in order[:5] if kernels[i] != incumbent]
+            behind = max([known.get(incumbent, 0.0), *others[:4]])
             rows.append({"device": device, "dims_key": dims_key, "pick": kernels[order[0]],
                          "efficiency": float(ranked[0]),
                          "top1": bool(ranked[0] >= TIE_EFFICIENCY),
-                         "top5": bool(ranked.max() >= TIE_EFFICIENCY), "beyond": beyond})
+                         "top5": bool(ranked.max() >= TIE_EFFICIENCY), "beyond": beyond,
+                         "incumbent": incumbent,
+                         "incumbent_gain": incumbent_gain(predicted, kernels, incumbent),
+                         "incumbent_efficiency": float(known.get(incumbent, 0.0)),
+                         "top5_guarded": bool(behind >= TIE_EFFICIENCY), "guarded": False})
             scores.append(predicted)
     return Picks(table=pd.DataFrame(rows, columns=PICK_COLUMNS), scores=scores)
 
@@ -207,14 +236,23 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
     known_method, known_held = ((method, held) if method != "leave-one-device-out" else
                                 out_of_fold(dataset, devices, method="problems",
                                             problem_folds=KNOWN_DEVICE_FOLDS, **inner))
+    def calibrate(picks: Picks, groups=None):
+        return fit_calibration(picks.scores, picks.table["efficiency"].tolist(), groups=groups,
+                               gains=picks.table["incumbent_gain"].to_numpy(dtype=np.float64),
+                               efficiency_of_incumbent=picks.table["incumbent_efficiency"]
+                               .to_numpy(dtype=np.float64))
+
     calibrations = Calibrations(
-        new_device=(fit_calibration(held.scores, held.table["efficiency"].tolist(),
-                                    groups=held.table["device"].tolist())
+        new_device=(calibrate(held, held.table["device"].tolist())
                     if method == "leave-one-device-out" else None),
-        known_device=(fit_calibration(known_held.scores,
-                                      known_held.table["efficiency"].tolist())
-                      if known_method == "problems" else None))
+        known_device=calibrate(known_held) if known_method == "problems" else None)
+    # the published figures are the dispatcher's answers: guarded picks
+    held = held.guarded(calibrations.for_device(method != "leave-one-device-out").margin
+                        if method != "none" else 0.0)
+    known_held = (known_held.guarded(calibrations.known_device.margin)
+                  if known_method == "problems" else known_held)
     frame = dataset.frame.assign(device=canonical_devices(dataset.frame, devices))
+    # measured pairs: the dispatcher answers them unguarded (TableModel.measured)
     in_sample = score_picks(model, frame[frame["device"].isin(model.training_devices)],
                             dataset.schema, seed=seed)
 
@@ -234,8 +272,10 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
         "excluded_devices": model.info["excluded_devices"], "candidates": result.candidates,
         "rounds": int(rounds), "formulation": model.formulation,
         "in_sample": result.in_sample, "out_of_fold": {"method": method, **result.out_of_fold},
+        "incumbent": model.incumbent,
         "calibration": {case: None if found is None else
-                        {"threshold": found.to_json()["threshold"], "note": found.note}
+                        {"threshold": found.to_json()["threshold"], "note": found.note,
+                         "margin": found.to_json()["margin"], "margin_note": found.margin_note}
                         for case, found in (("new_device", calibrations.new_device),
                                             ("known_device", calibrations.known_device))},
         "known_device_out_of_fold": {"method": known_method, **summary(known_held)},

@@ -24,7 +24,12 @@ share of problems answered sure, `precision` the share of sure answers reaching 
 `confident_wrong` the share of ALL problems answered sure below `target`. A held-out device
 further from its nearest training device than any training device lies from the rest, or of
 a vendor none of them has (TableModel.beyond; column `beyond`), is answered unsure
-throughout, as the dispatcher does: no calibration measured a pick that far out. Baselines
+throughout, as the dispatcher does: no calibration measured a pick that far out. The picks
+are the dispatcher's: the model's incumbent (its training devices' best-on-average
+configuration) where the top prediction does not beat it by the margin the inner split
+calibrated (tilecast.table.confidence, "the incumbent guard"; `guarded`), the top
+prediction (`model_pick`, `model_efficiency`) otherwise; the shortlist puts a guarded
+problem's incumbent first. Baselines
 (tilecast.table.transfer_baselines) are scored on the same problems. Figures pool every
 (device, problem) for `overall` and each device's for `devices`
 (tilecast.table.transfer_summary); the per-(device, problem) table behind them (picks, their
@@ -41,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from tilecast.table import transfer_baselines as baselines
-from tilecast.table.confidence import Calibration, fit_calibration
+from tilecast.table.confidence import Calibration, fit_calibration, guarded
 from tilecast.table.dataset import TableDataset, parse_key, key_of
 from tilecast.table.transfer_baselines import TIE_EFFICIENCY, TIE_PCT
 from tilecast.table.transfer_summary import summarize
@@ -171,10 +176,13 @@ class _Run:
                 .assign(device=device))
 
 
-def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int]):
-    """The model's ranking of its allowed candidates on each test problem of `device`:
+def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int],
+           margin: float = 0.0):
+    """The model's ranking of its allowed candidates on each test problem of `device`, its
+    incumbent first where the guard with `margin` answers it (tilecast.table.confidence):
     the score matrix (problems x candidates, problems in key order) and the per-problem
-    figures of its picks."""
+    figures of its picks, beside the top prediction's (`model_pick`, `model_efficiency`)
+    and the incumbent's (`incumbent_gain`, `incumbent_efficiency`)."""
     failed = model.failed_on(device)
     known = set(test["kernel"])     # what the held-out device has a record of (module docstring)
     kernels = sorted(k for k in model.candidates() if k not in failed and k in known)
@@ -191,14 +199,25 @@ def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int])
                              f"{bool(np.all(np.isfinite(scores)))}) for {len(grid)} rows")
         blocks.append(scores.reshape(-1, len(kernels)))
     matrix = np.vstack(blocks)
-    efficiency = (baselines.efficiency_table(test[test["status"] == "ok"])
-                  .reindex(index=problems["dims_key"], columns=kernels).to_numpy())
+    efficiency = np.nan_to_num(
+        baselines.efficiency_table(test[test["status"] == "ok"])
+        .reindex(index=problems["dims_key"], columns=kernels).to_numpy(), nan=-1.0)
+    rows = np.arange(len(matrix))
     order = np.argsort(-matrix, axis=1, kind="stable")      # equal scores in key order
-    ranked = np.take_along_axis(np.nan_to_num(efficiency, nan=0.0), order, axis=1)
+    top = order[:, 0].copy()
+    if model.incumbent in kernels:
+        column = kernels.index(model.incumbent)
+        gains = matrix[rows, top] - matrix[:, column]
+        for row in np.flatnonzero(guarded(gains, margin)):
+            order[row] = np.concatenate(([column], order[row][order[row] != column]))
+        incumbent_efficiency = np.maximum(efficiency[:, column], 0.0)
+    else:
+        gains, incumbent_efficiency = np.full(len(matrix), np.nan), np.zeros(len(matrix))
+    ranked = np.take_along_axis(np.maximum(efficiency, 0.0), order, axis=1)
     best_of = np.maximum.accumulate(ranked, axis=1)
     picks = np.array(kernels)[order[:, 0]]
     measured = set(zip(test["dims_key"], test["kernel"]))
-    pick_measured = np.isfinite(efficiency[np.arange(len(picks)), order[:, 0]])
+    pick_measured = efficiency[rows, order[:, 0]] >= 0.0
     return matrix, pd.DataFrame({
         "device": device, "dims_key": problems["dims_key"].to_numpy(), "pick": picks,
         "efficiency": ranked[:, 0], "top1": ranked[:, 0] >= TIE_EFFICIENCY,
@@ -206,19 +225,24 @@ def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int])
         "pick_measured": pick_measured,
         "pick_failed": [(p, k) in measured and not ok for p, k, ok
                         in zip(problems["dims_key"], picks, pick_measured)],
+        "model_pick": np.array(kernels)[top],
+        "model_efficiency": np.maximum(efficiency[rows, top], 0.0),
+        "incumbent": model.incumbent, "incumbent_gain": gains,
+        "incumbent_efficiency": incumbent_efficiency, "guarded": picks != np.array(kernels)[top],
         **{f"shortlist_{k}": best_of[:, min(k, len(kernels)) - 1] for k in ks}})
 
 
-def _outcomes(run: _Run, fold: Fold, ks: Sequence[int]):
-    """The fold's model, its pick figures per test device and its score rows (one array of
-    predicted efficiencies over the allowed candidates per test problem)."""
+def _outcomes(run: _Run, fold: Fold, ks: Sequence[int], margin: float = 0.0):
+    """The fold's model, its pick figures per test device (guarded with `margin`) and its
+    score rows (one array of predicted efficiencies over the allowed candidates per test
+    problem)."""
     model = run.fit(fold)
     tables, score_rows = [], []
     for device in fold.test_devices:
         test = fold.test(device)
         if test.empty:
             continue
-        matrix, table = _score(run, model, test, device, ks)
+        matrix, table = _score(run, model, test, device, ks, margin)
         tables.append(table)
         score_rows.extend(matrix)
     return model, tables, score_rows
@@ -230,23 +254,24 @@ def _calibrate(run: _Run, fold: Fold, target: float, max_wrong: float) -> tuple[
     # the case the outer fold scores: a new problem on training devices, or a new device
     method = ("problems" if fold.test_problems is not None or fold.train["device"].nunique() < 2
               else "leave-one-device-out")
-    scores, efficiency, groups = [], [], []
+    scores, tables = [], []
     try:
         inner_folds = folds(fold.fit_rows, method, run.seed, exclude=fold.exclude_devices)
     except TransferError:   # one training problem: nothing to hold out, too little data
         inner_folds = []
     for inner in inner_folds:
-        model, tables, rows = _outcomes(run, inner, (1,))
-        if not tables:
-            continue
-        picks = pd.concat(tables, ignore_index=True)
+        model, parts, rows = _outcomes(run, inner, (1,))
         scores.extend(rows)
-        efficiency.extend(picks["efficiency"].to_numpy())
-        groups.extend(picks["device"].to_numpy())
+        tables.extend(parts)
+    picks = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(
+        columns=["device", "efficiency", "incumbent_gain", "incumbent_efficiency"])
     # a device is the unit a new device resembles; problem folds share their devices
-    by_device = groups if method == "leave-one-device-out" else None
-    return fit_calibration(scores, efficiency, target=target, max_wrong=max_wrong,
-                           groups=by_device), method
+    by_device = picks["device"].tolist() if method == "leave-one-device-out" else None
+    return fit_calibration(scores, picks["efficiency"].to_numpy(dtype=np.float64),
+                           target=target, max_wrong=max_wrong, groups=by_device,
+                           gains=picks["incumbent_gain"].to_numpy(dtype=np.float64),
+                           efficiency_of_incumbent=picks["incumbent_efficiency"]
+                           .to_numpy(dtype=np.float64)), method
 
 
 def _baseline_columns(run: _Run, fold: Fold, table: pd.DataFrame, pool: Sequence[str],
@@ -301,12 +326,12 @@ def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-devi
     started, tables, calibrations = time.monotonic(), [], {}
     for number, fold in enumerate(outer, 1):
         fold_started = time.monotonic()
-        model, parts, rows = _outcomes(run, fold, ks)
-        if not parts:
+        if all(fold.test(device).empty for device in fold.test_devices):
             log.warning("transfer %d/%d: no ok measurement to score on %s", number, len(outer),
                         ", ".join(fold.test_devices))
             continue
         calibration, method = _calibrate(run, fold, target, max_wrong)
+        model, parts, rows = _outcomes(run, fold, ks, calibration.margin)
         table = pd.concat(parts, ignore_index=True)
         table["confidence"] = [calibration.confidence(r) for r in rows]
         beyond = {device: model.beyond(device) for device in fold.test_devices}
@@ -320,7 +345,8 @@ def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-devi
         for device in fold.test_devices:
             calibrations.setdefault(device, []).append(
                 {"fold": number, "method": method, "seconds": round(seconds, 2),
-                 "trained_on": trained_on, **calibration.to_json()})
+                 "trained_on": trained_on, "incumbent": model.incumbent,
+                 **calibration.to_json()})
         held_out = (", ".join(fold.test_devices) if fold.test_problems is None
                     else f"{len(fold.test_problems)} problems")
         log.info("transfer %d/%d: %s held out, trained on %d device(s): %d (device, problem) "

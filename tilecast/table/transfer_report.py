@@ -69,6 +69,11 @@ def render(report: dict) -> str:
     if "beats_default" in overall:
         lines += [f"The model beats the default on {overall['devices_beating_default']} of "
                   f"{len(devices)} devices.", ""]
+    guard = overall["incumbent"]
+    lines += [f"The incumbent guard answered the training devices' best-on-average "
+              f"configuration on {guard['share']:.0%} of the pairs, where the model's top "
+              f"prediction was not predicted to beat it by the calibrated margin; the top "
+              f"predictions alone would have reached {guard['model_alone']:.3f}.", ""]
     ks = list(overall["shortlist"])
     lines += ["## Shortlist: the best of k measured", "",
               *_table(["k", "table model", "random ok configurations"],
@@ -99,7 +104,8 @@ def render(report: dict) -> str:
             threshold = "never sure" if fold["threshold"] is None else f"{fold['threshold']:.3f}"
             lines.append(f"Trained on {', '.join(fold['trained_on'])}; confidence calibrated by "
                          f"{fold['method']} over their problems, threshold {threshold} "
-                         f"({fold['note']}).")
+                         f"({fold['note']}); incumbent {fold['incumbent']}, "
+                         f"{fold['margin_note'] or 'no guard'}.")
         lines += ["", *_versus(block)]
     return "\n".join(lines).rstrip() + "\n"
 

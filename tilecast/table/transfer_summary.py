@@ -5,7 +5,9 @@ mean/median/p10/min_efficiency, top1, top5, shortlist {k: mean best efficiency a
 highest predictions}, shortlist_random {k: expected best of k random ok configurations},
 unsure {coverage, precision, confident_wrong}, unmeasured_picks, failed_picks, and baselines
 {most_similar_device, best_on_average, random, plain_lightgbm[, default]: mean/p10/min
-efficiency and top1}; with a default configuration also beats_default. A device's block adds
+efficiency and top1}, and incumbent {share: of picks the guard answered with the model's
+incumbent, model_alone: the mean efficiency of the top predictions unguarded}; with a default
+configuration also beats_default. A device's block adds
 its folds (what it was trained on, the calibration's threshold and note, seconds).
 """
 from __future__ import annotations
@@ -19,7 +21,8 @@ from tilecast.table.transfer_baselines import TIE_EFFICIENCY
 
 #: Columns of the per-problem table that are efficiencies of a baseline's picks.
 PICKING_BASELINES = ("most_similar_device", "best_on_average", "plain_lightgbm", "default")
-FOLD_KEYS = ("fold", "method", "trained_on", "threshold", "n_problems", "note", "seconds")
+FOLD_KEYS = ("fold", "method", "trained_on", "threshold", "n_problems", "note", "margin",
+             "margin_note", "incumbent", "seconds")
 
 
 def _figures(efficiency: np.ndarray, in_tie: np.ndarray) -> dict:
@@ -58,6 +61,8 @@ def block(rows: pd.DataFrame, ks: Sequence[int], target: float, default: str | N
                           "confident_wrong": float((sure & ~reached).mean())},
                "unmeasured_picks": int((~rows["pick_measured"]).sum()),
                "failed_picks": int(rows["pick_failed"].sum()),
+               "incumbent": {"share": float(rows["guarded"].mean()),
+                             "model_alone": float(rows["model_efficiency"].mean())},
                "baselines": _baselines(rows)}
     if default is not None:
         figures["baselines"]["default"]["kernel"] = default
