@@ -154,8 +154,8 @@ def test_the_incumbent_guard_answers_the_incumbent_unless_the_pair_was_measured(
     new_problem, measured = "m=3000,n=100,k=700", PROBLEMS[2]
     for device, problem in (("H200", BIG), ("T4", new_problem)):   # a new device, a new problem
         guarded, plain = always.choice(problem, device=device), never.choice(problem, device=device)
-        assert guarded.kernel == incumbent and guarded.incumbent
-        assert not plain.incumbent
+        assert guarded.kernel == incumbent and not plain.incumbent
+        assert guarded.incumbent == (plain.kernel != incumbent)     # the guard changed it
         predicted = model.predict(never.problem(problem), device)
         assert plain.kernel == max(predicted, key=predicted.get)
         # the incumbent leads the shortlist; the rest keep their predicted order

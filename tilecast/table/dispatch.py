@@ -43,8 +43,8 @@ class Choice:
     model has no calibration for the case); `shortlist` is empty when sure. `beyond`: the
     hardware figures on which the device lies further out than the calibration measured
     (TableModel.beyond); any makes the answer unsure whatever its confidence. `incumbent`:
-    the answer is the model's incumbent, which the top prediction did not beat by the
-    calibration's margin (tilecast.table.confidence)."""
+    the answer is the model's incumbent in place of a different top prediction, which did not
+    beat it by the calibration's margin (tilecast.table.confidence)."""
     kernel: str
     confidence: float
     unsure: bool
@@ -69,9 +69,10 @@ class TableRanking:
         order = np.argsort(-scores, kind="stable")   # equal predictions in key order
         margin = 0.0 if calibration is None else calibration.margin
         gain = incumbent_gain(scores, kernels, incumbent)
-        self.guarded = bool(guarded(np.array([gain]), margin)[0])
-        if self.guarded:
+        self.guarded = False          # the guard put the incumbent before a different top
+        if guarded(np.array([gain]), margin)[0]:
             first = list(kernels).index(incumbent)
+            self.guarded = bool(order[0] != first)
             order = np.concatenate(([first], order[order != first]))
         self.kernels = tuple(np.asarray(kernels, dtype=object)[order].tolist())
         self.efficiencies = tuple(scores[order].tolist())

@@ -72,7 +72,8 @@ class Picks:
 
     def guarded(self, margin: float) -> "Picks":
         """The picks the dispatcher gives with the incumbent guard's `margin`: the incumbent
-        where the top prediction's gain over it is below the margin."""
+        where the top prediction's gain over it is below the margin (`guarded`: the answer
+        changed)."""
         from tilecast.table.confidence import guarded
 
         table = self.table.copy()
@@ -81,7 +82,7 @@ class Picks:
         table.loc[chosen, "efficiency"] = table.loc[chosen, "incumbent_efficiency"]
         table.loc[chosen, "top1"] = table.loc[chosen, "efficiency"] >= TIE_EFFICIENCY
         table.loc[chosen, "top5"] = table.loc[chosen, "top5_guarded"]
-        table["guarded"] = chosen
+        table["guarded"] = chosen & (table["pick"] != self.table["pick"]).to_numpy()
         return Picks(table=table, scores=self.scores)
 
 
@@ -236,6 +237,7 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
     known_method, known_held = ((method, held) if method != "leave-one-device-out" else
                                 out_of_fold(dataset, devices, method="problems",
                                             problem_folds=KNOWN_DEVICE_FOLDS, **inner))
+
     def calibrate(picks: Picks, groups=None):
         return fit_calibration(picks.scores, picks.table["efficiency"].tolist(), groups=groups,
                                gains=picks.table["incumbent_gain"].to_numpy(dtype=np.float64),
