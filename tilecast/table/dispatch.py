@@ -198,10 +198,14 @@ class TableDispatcher:
                                    f"{name} in its training data: nothing to choose there")
             scores = self.table_model.scores(values, name, kernels, table)
             trained = name in self.table_model.training_devices
+            calibration = self.calibrations.for_device(trained)
+            incumbent = self.table_model.incumbent
             # a measured pair is no new problem: the guard calibrated on new ones stays out
-            incumbent = (None if trained and self.table_model.measured(values, name)
-                         else self.table_model.incumbent)
-            found = TableRanking(name, kernels, scores, self.calibrations.for_device(trained),
+            # (asked only where a guard could act: it searches the measured problems)
+            if (incumbent is not None and trained and calibration is not None
+                    and calibration.margin > 0 and self.table_model.measured(values, name)):
+                incumbent = None
+            found = TableRanking(name, kernels, scores, calibration,
                                  self.table_model.beyond(name, table), incumbent)
             self._remember(checked, found)
         if raw is not None:

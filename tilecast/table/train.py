@@ -248,11 +248,11 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
         new_device=(calibrate(held, held.table["device"].tolist())
                     if method == "leave-one-device-out" else None),
         known_device=calibrate(known_held) if known_method == "problems" else None)
-    # the published figures are the dispatcher's answers: guarded picks
-    held = held.guarded(calibrations.for_device(method != "leave-one-device-out").margin
-                        if method != "none" else 0.0)
-    known_held = (known_held.guarded(calibrations.known_device.margin)
-                  if known_method == "problems" else known_held)
+    # the published figures are the dispatcher's answers: guarded picks (margin 0: none)
+    new_margin, known_margin = (0.0 if found is None else found.margin for found in
+                                (calibrations.new_device, calibrations.known_device))
+    held = held.guarded(new_margin if method == "leave-one-device-out" else known_margin)
+    known_held = known_held.guarded(known_margin)
     frame = dataset.frame.assign(device=canonical_devices(dataset.frame, devices))
     # measured pairs: the dispatcher answers them unguarded (TableModel.measured)
     in_sample = score_picks(model, frame[frame["device"].isin(model.training_devices)],
