@@ -36,19 +36,23 @@ def test_families_are_registered_under_their_names():
 
 # -- names ---------------------------------------------------------------------------------
 
-def test_variant_table_holds_the_14_valid_combinations():
-    assert len(PIPELINE_VARIANTS) == len(set(PIPELINE_VARIANTS)) == 14
-    assert Counter(v[0] for v in PIPELINE_VARIANTS) == {"direct": 4, "im2col": 8, "dw": 2}
-    assert not any(dsb for p, _, dsb, _ in PIPELINE_VARIANTS if p in ("direct", "dw"))
+def test_variant_table_holds_the_17_valid_combinations():
+    assert len(PIPELINE_VARIANTS) == len(set(PIPELINE_VARIANTS)) == 17
+    assert Counter(v[0] for v in PIPELINE_VARIANTS) == {"direct": 4, "im2col": 8, "dw": 2, "gemm": 3}
+    assert not any(dsb for p, _, dsb, _ in PIPELINE_VARIANTS if p in ("direct", "dw", "gemm"))
     assert not any(si for p, _, _, si in PIPELINE_VARIANTS if p == "dw")
+    # gemm interwave runs each group's GEMM on one thread: nothing to split K over
+    assert ("gemm", "interwave", False, True) not in PIPELINE_VARIANTS
 
 
 def test_space_is_every_variant_of_the_table_for_every_tile():
-    tiles = ["8x16x1", "16x32x64", "64x64x32", "128x16x256"]
+    tiles, gemm_tiles = ["8x16x1", "16x32x64", "64x64x32", "128x16x256"], ["96x512x256"]
     for family in FAMILIES.values():
-        space = family.candidate_space({"tiles": tiles}, {"flags": []})
-        assert len(space) == 14 * len(tiles) * 2          # variants x tiles x (2D, 3D)
+        space = family.candidate_space({"tiles": tiles, "gemm_tiles": gemm_tiles}, {"flags": []})
+        # variants x their tiles x (2D, 3D): the gemm pipeline takes gemm_tiles
+        assert len(space) == (14 * len(tiles) + 3 * len(gemm_tiles)) * 2
         assert {(c.pipeline, c.wave_mode, c.has_dsb, c.has_si) for c in space} == set(PIPELINE_VARIANTS)
+        assert {(c.bm, c.bn, c.bk) for c in space if c.pipeline == "gemm"} == {(96, 512, 256)}
     assert FORWARD.kernel_name(GroupedConvConfig("forward", "fp32", 3, 64, 32, 16, "im2col",
                                                  "interwave", True, True)) == \
         "grouped_conv_forward_fp32_3d_64x32x16_im2col_interwave_dsb_si"
@@ -96,7 +100,7 @@ def test_seed_tile_engine_name():
 @pytest.mark.parametrize("name, fragment", [
     ("grouped_conv_forward_bf16_2d_64x64x64_compv9x_intrawave_dsb",
      "unknown pipeline 'compv9x' in kernel name 'grouped_conv_forward_bf16_2d_64x64x64_compv9x"
-     "_intrawave_dsb'; valid: direct, im2col, dw, basic_vN, basic_async_vN, comp_async, compvN"),
+     "_intrawave_dsb'; valid: direct, im2col, dw, gemm, basic_vN, basic_async_vN, comp_async, compvN"),
     ("grouped_conv_forward_fp16_2d_64x64x64_direct_intrawave", "unknown dtype 'fp16'"),
     ("grouped_conv_forward_fp32_2d_64x64x64_direct", "lacks the wave mode"),
     ("grouped_conv_forward_fp32_2d_64x64x64_dw_intrawave_si", "pipeline variant dw_intrawave_si"),
@@ -307,7 +311,10 @@ KERNEL_SOURCE = GroupedConvFamily.source
 KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2, pad_h=1, pad_w=1,
                           dilation_w=2),
                      dict(G=1, C=19, K=33, Hi=7, Wi=6, Y=1, X=1),
-                     dict(G=12, C=1, K=1, Hi=10, Wi=7, Y=3, X=3, stride_w=2, pad_h=1, pad_w=1)],
+                     dict(G=12, C=1, K=1, Hi=10, Wi=7, Y=3, X=3, stride_w=2, pad_h=1, pad_w=1),
+                     # im2col of all four images outgrows the gemm pipeline's scratch (2^23
+                     # floats): it takes them three, then one (bwd_weight sums the chunks)
+                     dict(N=4, C=64, K=16, Hi=64, Wi=64, Y=3, X=3, pad_h=1, pad_w=1)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,
@@ -323,7 +330,14 @@ KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                        ("bwd_data", 2, 16, 16, 16, ("dw", "intrawave", False, False)),
                        ("bwd_weight", 3, 16, 32, 16, ("im2col", "intrawave", True, True)),
                        ("bwd_weight", 2, 16, 16, 8, ("direct", "interwave", False, False)),
-                       ("bwd_weight", 3, 24, 16, 16, ("dw", "intrawave", False, False)))]
+                       ("bwd_weight", 3, 24, 16, 16, ("dw", "intrawave", False, False)),
+                       # gemm: blocks smaller than the shapes, so every GEMM loop turns
+                       ("forward", 2, 16, 32, 8, ("gemm", "intrawave", False, True)),
+                       ("forward", 3, 24, 16, 16, ("gemm", "interwave", False, False)),
+                       ("bwd_data", 2, 16, 16, 8, ("gemm", "interwave", False, False)),
+                       ("bwd_data", 3, 96, 512, 256, ("gemm", "intrawave", False, True)),
+                       ("bwd_weight", 2, 32, 32, 16, ("gemm", "intrawave", False, False)),
+                       ("bwd_weight", 3, 16, 16, 8, ("gemm", "interwave", False, False)))]
 
 
 @pytest.fixture(scope="module")

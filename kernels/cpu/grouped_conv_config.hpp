@@ -11,14 +11,18 @@
 //                1 <= BK <= 4096, BM, BN <= 4096.
 //                dw pipeline: BM = output pixels (bwd_weight: taps) per block,
 //                BN = groups per block, BK = taps (bwd_weight: pixels) per block.
-//   TC_PIPELINE  0 direct, 1 im2col, 2 dw (depthwise: C == K == 1 per group)
+//   TC_PIPELINE  0 direct, 1 im2col, 2 dw (depthwise: C == K == 1 per group), 3 gemm (one
+//                GEMM per group on tilecast's GEMM library, grouped_conv_gemm.hpp: BM, BN, BK
+//                are its cache blocks MC, NC, KC; the register tile is the ISA's, 8 x 32 with
+//                AVX-512 (8 x 16 when BN % 32 != 0), 6 x 16 with AVX2)
 //   TC_WAVE      0 intra (threads share one group's GEMM), 1 inter (threads take whole
 //                (group, image) GEMMs; bwd_weight: whole groups)
 //   TC_DSB       1: pack the next im2col block while computing the current one (im2col only)
 //   TC_SI        1: split the K_gemm reduction over threads into partial outputs, then reduce
 //
 // Valid (pipeline, wave, dsb, si): direct {dsb 0} x wave x si (4), im2col all 8,
-// dw {dsb 0, si 0} x wave (2): 14 in all. The Python family holds the same table.
+// dw {dsb 0, si 0} x wave (2), gemm {intra, dsb 0} x si and {inter, dsb 0, si 0} (3): 17 in
+// all. The Python family holds the same table.
 #pragma once
 
 #include <cstddef>
@@ -51,8 +55,8 @@
 #if TC_BK < 1 || TC_BK > 4096
 #error "TC_BK must be in [1, 4096]"
 #endif
-#if TC_PIPELINE != 0 && TC_PIPELINE != 1 && TC_PIPELINE != 2
-#error "TC_PIPELINE must be 0 (direct), 1 (im2col) or 2 (dw)"
+#if TC_PIPELINE != 0 && TC_PIPELINE != 1 && TC_PIPELINE != 2 && TC_PIPELINE != 3
+#error "TC_PIPELINE must be 0 (direct), 1 (im2col), 2 (dw) or 3 (gemm)"
 #endif
 #if TC_WAVE != 0 && TC_WAVE != 1
 #error "TC_WAVE must be 0 (intra) or 1 (inter)"
@@ -69,13 +73,36 @@
 #if TC_SI == 1 && TC_PIPELINE == 2
 #error "TC_SI=1 is not implemented for TC_PIPELINE=2 (dw); valid dw variants have TC_DSB=0 TC_SI=0"
 #endif
+#if TC_PIPELINE == 3 && TC_SI == 1 && TC_WAVE == 1
+#error "TC_PIPELINE=3 (gemm) with TC_WAVE=1 runs each group's GEMM on one thread: no split-K (TC_SI=1)"
+#endif
+
+// The gemm pipeline's GEMM parameters (kernels/cpu/gemm_config.hpp), from this variant's.
+#if TC_PIPELINE == 3
+#define TC_DTYPE 0
+#ifdef __AVX512F__
+#define TC_ISA 1
+#define TC_MR 8
+#define TC_NR (TC_BN % 32 == 0 ? 32 : 16)
+#else
+#define TC_ISA 0
+#define TC_MR 6
+#define TC_NR 16
+#endif
+#define TC_MC ((TC_BM + TC_MR - 1) / TC_MR * TC_MR)
+#define TC_NC TC_BN
+#define TC_KC TC_BK
+#define TC_PACK_A 1
+#define TC_PAR (TC_SI == 1 ? 2 : 0)
+#define TC_PREFETCH 1
+#endif
 
 namespace tc::gconv {
 
 using index_t = std::ptrdiff_t;
 
 enum Direction { kForward = 0, kBwdData = 1, kBwdWeight = 2 };
-enum Pipeline { kDirect = 0, kIm2col = 1, kDw = 2 };
+enum Pipeline { kDirect = 0, kIm2col = 1, kDw = 2, kGemm = 3 };
 
 constexpr int kDir = TC_DIR;
 constexpr int kNdim = TC_NDIM;

@@ -11,6 +11,9 @@
 #include "grouped_conv_parallel.hpp"
 #include "grouped_conv_shape.hpp"
 #include "grouped_conv_wgrad.hpp"
+#if TC_PIPELINE == 3
+#include "grouped_conv_gemm.hpp"
+#endif
 
 namespace tc::gconv {
 
@@ -22,6 +25,10 @@ namespace tc::gconv {
 template <int Dir, class Body>
 decltype(auto) with_kernel(const ConvShape& shape, const float* in1, const float* in2, float* out,
                            int threads, Body&& body) {
+#if TC_PIPELINE == 3
+  const GemmConv<Dir> kernel(shape, in1, in2, threads);
+  return body([&] { kernel.run(out); });
+#else
   const FloatBuffer zeros(std::max({shape.c, shape.k, shape.g}) + 2 * kNR);
   if constexpr (kPipeline == kDw) {
     if constexpr (Dir == kBwdWeight) {
@@ -42,6 +49,7 @@ decltype(auto) with_kernel(const ConvShape& shape, const float* in1, const float
     const Workspace workspace(threads, policy.rows(), policy.depth(), policy.out_elems(), false);
     return body([&] { run_conv(policy, out, workspace); });
   }
+#endif
 }
 
 }  // namespace tc::gconv

@@ -292,6 +292,7 @@ def _grouped_conv_rules(family: GroupedConvFamily) -> tuple[dict, dict]:
     options = {"dtype": choice(grouped_conv_kernels.DTYPES),
                "ndim": choice(grouped_conv_kernels.NDIMS),
                "tiles": _rule(str, tile_words, _is_conv_tile),
+               "gemm_tiles": _rule(str, tile_words, _is_conv_tile),
                "pipeline": choice(grouped_conv_kernels.PIPELINES),
                "wave_mode": choice(grouped_conv_kernels.WAVE_MODES),
                "has_dsb": FLAG, "has_si": FLAG}

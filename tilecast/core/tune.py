@@ -4,7 +4,8 @@
 ``select_best`` find the candidates within a threshold of the fastest and the one that wins
 among them (smaller secondary cost, then id), ``confirmation_count`` sizes a finalist's fresh
 samples by how noisy its first ones were, ``seeded_order`` is the reproducible order a
-candidate budget takes its prefix of, and ``BuildEvent`` records what happened to each
+candidate budget takes its prefix of (``stratified_order`` the same, dealt round-robin across
+strata such as a kernel's pipeline, so a budget holds every kind), and ``BuildEvent`` records what happened to each
 candidate the build examined. Nothing here builds, runs or times a kernel: the stages hand
 in the numbers, so every function is testable with made-up ones.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "score_samples",
     "seeded_order",
     "select_best",
+    "stratified_order",
     "tie_set",
 ]
 
@@ -194,6 +196,21 @@ def seeded_order(ids_or_candidates: Iterable, seed: int) -> list:
              for item in items]
     keyed.sort(key=lambda entry: (entry[0], entry[1]))
     return [entry[2] for entry in keyed]
+
+
+def stratified_order(items: Iterable, seed: int, stratum) -> list:
+    """``seeded_order`` dealt round-robin across strata: the first item of each stratum (in
+    the order the strata first appear in the seeded order), then the second of each, and so
+    on; a stratum that runs out drops out. `stratum(item)` names an item's stratum. Any prefix
+    of the result holds the strata as evenly as their sizes allow."""
+    piles: dict = {}
+    for item in seeded_order(items, seed):
+        piles.setdefault(stratum(item), []).append(item)
+    dealt, depth = [], 0
+    while len(dealt) < sum(map(len, piles.values())):
+        dealt.extend(pile[depth] for pile in piles.values() if depth < len(pile))
+        depth += 1
+    return dealt
 
 
 # --- confirmation ------------------------------------------------------------

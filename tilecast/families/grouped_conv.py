@@ -191,6 +191,8 @@ class GroupedConvFamily(FamilyBase):
     # -- candidate space ----------------------------------------------------------------
     CANDIDATE_OPTIONS = {"dtype": ["fp32"], "ndim": list(NDIMS),
                          "tiles": ["32x32x32", "64x32x32", "32x64x32", "64x64x64", "128x64x32"],
+                         # the gemm pipeline's tiles are its GEMM cache blocks MC x NC x KC
+                         "gemm_tiles": ["96x512x256", "192x512x256"],
                          "pipeline": list(PIPELINES), "wave_mode": list(WAVE_MODES),
                          "has_dsb": [False, True], "has_si": [False, True]}
 
@@ -209,19 +211,23 @@ class GroupedConvFamily(FamilyBase):
         if flags and not set(REQUIRED_FLAGS) <= flags:
             return []
         configs = set()
-        for dtype, ndim, tile, variant in itertools.product(
-                opt["dtype"], opt["ndim"], opt["tiles"], PIPELINE_VARIANTS):
+        for dtype, ndim, variant in itertools.product(opt["dtype"], opt["ndim"], PIPELINE_VARIANTS):
             pipeline, wave, dsb, si = variant
             if (pipeline not in opt["pipeline"] or wave not in opt["wave_mode"]
                     or dsb not in opt["has_dsb"] or si not in opt["has_si"]):
                 continue
-            try:
-                bm, bn, bk = (int(v) for v in str(tile).split("x"))
-            except ValueError:
-                raise FamilyError(f"candidate tile {tile!r} is not BMxBNxBK") from None
-            configs.add(validate_config(GroupedConvConfig(
-                self.direction, str(dtype), int(ndim), bm, bn, bk, pipeline, wave, dsb, si)))
+            for tile in opt["gemm_tiles" if pipeline == "gemm" else "tiles"]:
+                try:
+                    bm, bn, bk = (int(v) for v in str(tile).split("x"))
+                except ValueError:
+                    raise FamilyError(f"candidate tile {tile!r} is not BMxBNxBK") from None
+                configs.add(validate_config(GroupedConvConfig(
+                    self.direction, str(dtype), int(ndim), bm, bn, bk, pipeline, wave, dsb, si)))
         return sorted(configs)
+
+    def stratum(self, cfg) -> str:
+        """A candidate budget is dealt round-robin across pipelines (workflows.pipeline.budgeted)."""
+        return cfg.pipeline
 
     def build_spec(self, cfg) -> BuildSpec:
         if not isinstance(cfg, GroupedConvConfig):

@@ -16,17 +16,21 @@ DIRECTIONS = {"forward": 0, "bwd_data": 1, "bwd_weight": 2}   # name -> TC_DIR
 NDIMS = (2, 3)
 DTYPES = ("fp32",)                                # dtypes tilecast's kernels compute in
 TILE_ENGINE_DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8")   # dtypes of foreign records
-PIPELINES = {"direct": 0, "im2col": 1, "dw": 2}   # name -> TC_PIPELINE
+PIPELINES = {"direct": 0, "im2col": 1, "dw": 2, "gemm": 3}   # name -> TC_PIPELINE
 WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
 
 # The single source of truth for valid (pipeline, wave_mode, has_dsb, has_si) combinations:
-# direct has no double-buffered staging (dsb), dw (depthwise) neither dsb nor split-input.
+# direct has no double-buffered staging (dsb), dw (depthwise) neither dsb nor split-input;
+# gemm (one GEMM per group on the GEMM library, kernels/cpu/grouped_conv_gemm.hpp) shares a
+# group's GEMM m-split or split-K (si) intrawave, or runs whole groups per thread interwave.
 PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
     (pipeline, wave, dsb, si)
     for pipeline, dsb_values, si_values in (("direct", (False,), (False, True)),
                                             ("im2col", (False, True), (False, True)),
                                             ("dw", (False,), (False,)))
-    for wave in WAVE_MODES for dsb in dsb_values for si in si_values)
+    for wave in WAVE_MODES for dsb in dsb_values for si in si_values) + (
+    ("gemm", "intrawave", False, False), ("gemm", "intrawave", False, True),
+    ("gemm", "interwave", False, False))
 
 # The tile engine's pipelines, N a digit (e.g. compv3, basic_async_v1, preshufflev2).
 TILE_ENGINE_PIPELINES = ("basic_vN", "basic_async_vN", "comp_async", "compvN", "mem",

@@ -101,7 +101,7 @@ PROBLEM_FEATURES = names(PROBLEM_COLUMNS)
 # Kernel features are named by the per-config-type functions below (KERNEL_ROWS), which fill
 # the ones their kernels have; the rest are 0. Derived ones are added in kernel_features.
 KERNEL_FEATURES = (
-    "bm", "bn", "bk", "te_block", "log2_tile_area", "is_direct", "is_im2col", "is_dw",
+    "bm", "bn", "bk", "te_block", "log2_tile_area", "is_direct", "is_im2col", "is_dw", "is_gemm",
     "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
     "is_te_preshuffle", "te_pipeline_version", "is_intrawave", "is_interwave", "has_dsb",
     "has_si", "log2_a_block_bytes", "log2_b_block_bytes", "log2_c_block_bytes",

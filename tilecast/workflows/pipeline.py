@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -84,13 +84,24 @@ def _family(ctx: RunContext, name: str):
 
 
 def select_candidates(ctx: RunContext, name: str) -> list:
-    """The first `budget` valid variants in the seeded (FNV-1a) order of the space."""
+    """The first `budget` valid variants of the space (budgeted)."""
     family, fc = _family(ctx, name)
-    space = {family.kernel_name(c): c for c in family.candidate_space(fc.candidates, ctx.hardware)}
-    if not space:
+    configs = family.candidate_space(fc.candidates, ctx.hardware)
+    if not configs:
         raise ConfigError(f"{ctx.config.path}: family {name}: the candidate options allow no "
                           "variant this CPU can run")
-    return [space[n] for n in tune.seeded_order(list(space), fc.seed)[:fc.budget]]
+    return budgeted(family, configs, fc.seed, fc.budget)
+
+
+def budgeted(family, configs: Sequence, seed: int, budget: int) -> list:
+    """The first `budget` of `configs` in the seeded (FNV-1a) order of their names, dealt
+    round-robin across the family's strata where it has them (`family.stratum(config)`, e.g.
+    a grouped-conv pipeline: every pipeline gets its share of the budget)."""
+    space = {family.kernel_name(c): c for c in configs}
+    stratum = getattr(family, "stratum", None)
+    names = (tune.stratified_order(list(space), seed, lambda n: stratum(space[n]))
+             if stratum else tune.seeded_order(list(space), seed))
+    return [space[n] for n in names[:budget]]
 
 
 def build_stage(ctx: RunContext, name: str,

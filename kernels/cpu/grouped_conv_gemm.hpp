@@ -1,0 +1,204 @@
+// The "gemm" pipeline: every direction as one GEMM per group on tilecast's GEMM library
+// (gemm_parallel.hpp: its register tiles, packing, cache blocks and parallel schemes, which
+// the TC_PIPELINE=3 branch of grouped_conv_config.hpp sets from BM/BN/BK and the wave):
+//
+//               A (M x depth)                    B (depth x cols)             C (M x cols)
+//   forward     im2col(x)  (N*Po x T*C)          w_g^T      (T*C x K)         y_g
+//   bwd_data    dy_g       (N*Po x K)            w_g        (K x T*C)         dcol, then col2im -> dx_g
+//   bwd_weight  dy_g^T     (K x N*Po)            im2col(x)  (N*Po x T*C)      dw_g
+//
+// with Po the output pixels, T the taps and every operand a strided view of the tensors as they
+// lie (NDHWGC / GKZYXC / NDHWGK): only im2col(x) and dcol are scratch. A 1x1 layer with stride
+// 1 and no padding reads x (and writes dx) in place. bwd_data's col2im is a gather (each input
+// pixel sums the columns of the output pixels whose window covers it): no scatter, no atomics.
+// Scratch is bounded (kScratchFloats): images are taken a chunk at a time, bwd_weight summing
+// the chunks' products.
+//
+// Parallelism: intrawave (TC_WAVE=0) shares each group's GEMM among the threads with the
+// GEMM's m-split scheme, or split-K with TC_SI=1; interwave (TC_WAVE=1) gives each thread
+// whole groups, each GEMM on one thread.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "gemm_parallel.hpp"
+#include "grouped_conv_shape.hpp"
+
+namespace tc::gconv {
+
+/// The most floats one scratch matrix (im2col or dcol) holds: 32 MiB.
+constexpr index_t kScratchFloats = index_t(1) << 23;
+
+template <int Dir>
+class GemmConv {
+  using View = gemm::StridedView<float>;
+
+ public:
+  GemmConv(const ConvShape& shape, const float* in1, const float* in2, int threads)
+      : s_(shape), in1_(in1), in2_(in2), threads_(std::max(threads, 1)) {
+    taps_ = s_.taps();
+    contiguous_x_ = s_.g == 1 && s_.dil[2] == 1;
+    in_place_ = taps_ == 1 && s_.stride[0] == 1 && s_.stride[1] == 1 && s_.stride[2] == 1 &&
+                s_.pad[0] == 0 && s_.pad[1] == 0 && s_.pad[2] == 0;
+    const index_t row_floats = s_.out_pixels() * taps_ * s_.c;   // one image's im2col / dcol
+    images_per_chunk_ = in_place_ ? s_.n : std::clamp<index_t>(kScratchFloats / row_floats, 1, s_.n);
+    workers_ = kInterWave ? std::min<index_t>(threads_, s_.g) : 1;
+    const int gemm_threads = kInterWave ? 1 : threads_;
+    workers_list_.reserve(workers_);
+    for (int w = 0; w < workers_; ++w) {
+      Worker& worker = workers_list_.emplace_back();
+      if (!in_place_) worker.scratch = FloatBuffer(images_per_chunk_ * row_floats);
+      if (Dir == kBwdWeight && images_per_chunk_ < s_.n)
+        worker.partial = FloatBuffer(s_.k * taps_ * s_.c);
+      // one GEMM workspace per distinct chunk size: the last chunk may be smaller
+      for (index_t images : {images_per_chunk_, s_.n % images_per_chunk_}) {
+        if (images == 0 || worker.workspace.count(images)) continue;
+        worker.workspace.emplace(images, std::make_unique<gemm::Workspace>(
+                                             problem(0, 0, images, worker, nullptr), gemm_threads));
+      }
+    }
+  }
+
+  void run(float* out) const {
+    if constexpr (kInterWave) {
+#pragma omp parallel for num_threads(workers_) schedule(static)
+      for (index_t g = 0; g < s_.g; ++g) group(g, out, omp_get_thread_num(), 1);
+    } else {
+      for (index_t g = 0; g < s_.g; ++g) group(g, out, 0, threads_);
+    }
+  }
+
+ private:
+  struct Worker {
+    FloatBuffer scratch;   // im2col (forward, bwd_weight) or dcol (bwd_data) of one chunk
+    FloatBuffer partial;   // bwd_weight: a chunk's dw when there is more than one chunk
+    std::map<index_t, std::unique_ptr<gemm::Workspace>> workspace;   // by chunk images
+  };
+
+  /// Group g's GEMM over images [first, first + images); `c` (when not null) replaces the
+  /// natural output (bwd_weight's per-chunk partial).
+  gemm::Problem problem(index_t g, index_t first, index_t images, const Worker& worker,
+                        float* out, float* c = nullptr) const {
+    const index_t rows = images * s_.out_pixels(), depth = taps_ * s_.c;
+    const index_t gc = s_.g * s_.c, gk = s_.g * s_.k;
+    float* scratch = worker.scratch.get();
+    if constexpr (Dir == kForward) {
+      const float* x = in1_ + first * s_.in_pixels() * gc + g * s_.c;
+      const View a = in_place_ ? View{x, gc, 1} : View{scratch, depth, 1};
+      return {rows, s_.k, depth, a, View{in2_ + g * s_.k * depth, 1, depth},
+              out ? out + first * s_.out_pixels() * gk + g * s_.k : nullptr, gk};
+    } else if constexpr (Dir == kBwdData) {
+      const View a{in1_ + first * s_.out_pixels() * gk + g * s_.k, gk, 1};
+      if (in_place_)
+        return {rows, s_.c, s_.k, a, View{in2_ + g * s_.k * depth, depth, 1},
+                out ? out + first * s_.in_pixels() * gc + g * s_.c : nullptr, gc};
+      return {rows, depth, s_.k, a, View{in2_ + g * s_.k * depth, depth, 1}, scratch, depth};
+    } else {
+      const View a{in2_ + first * s_.out_pixels() * gk + g * s_.k, 1, gk};
+      const float* x = in1_ + first * s_.in_pixels() * gc + g * s_.c;
+      const View b = in_place_ ? View{x, gc, 1} : View{scratch, depth, 1};
+      return {s_.k, depth, rows, a, b, c ? c : (out ? out + g * s_.k * depth : nullptr), depth};
+    }
+  }
+
+  void group(index_t g, float* out, int worker_index, int threads) const {
+    const Worker& worker = workers_list_[worker_index];
+    const index_t dw_elems = s_.k * taps_ * s_.c;
+    for (index_t first = 0; first < s_.n; first += images_per_chunk_) {
+      const index_t images = std::min(images_per_chunk_, s_.n - first);
+      if (!in_place_ && Dir != kBwdData) im2col(g, first, images, worker.scratch.get(), threads);
+      const bool summed = Dir == kBwdWeight && first > 0;
+      const gemm::Problem p =
+          problem(g, first, images, worker, out, summed ? worker.partial.get() : nullptr);
+      gemm::gemm(p, *worker.workspace.at(images));
+      if (Dir == kBwdData && !in_place_) col2im(g, first, images, worker.scratch.get(), out, threads);
+      if (summed) {
+        float* dw = out + g * dw_elems;
+        const float* part = worker.partial.get();
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (index_t i = 0; i < dw_elems; ++i) dw[i] += part[i];
+      }
+    }
+  }
+
+  /// Rows (n, output pixel) of images [first, first + images): per tap (z, y, x), the C
+  /// values of group g at the input pixel the tap reads, or zeros in the padding.
+  void im2col(index_t g, index_t first, index_t images, float* col, int threads) const {
+    const index_t rows = images * s_.out_pixels(), c = s_.c, gc = s_.g * s_.c;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (index_t row = 0; row < rows; ++row) {
+      const Pixel o = split_pixel(row, s_.out);
+      const float* image = in1_ + (first + o.n) * s_.in_pixels() * gc + g * c;
+      float* dst = col + row * taps_ * c;
+      for (index_t z = 0; z < s_.filt[0]; ++z) {
+        const index_t d = kNdim == 3 ? forward_source(s_, 0, o.d, z) : 0;
+        for (index_t y = 0; y < s_.filt[1]; ++y) {
+          const index_t h = d < 0 ? -1 : forward_source(s_, 1, o.h, y);
+          const float* line = image + (d * s_.in[1] + h) * s_.in[2] * gc;
+          if (h >= 0 && contiguous_x_ && forward_source(s_, 2, o.w, 0) >= 0 &&
+              forward_source(s_, 2, o.w, s_.filt[2] - 1) >= 0) {
+            // one group, undilated, the whole row of taps inside: X * C floats in a run
+            const float* src = line + forward_source(s_, 2, o.w, 0) * gc;
+            for (index_t l = 0; l < s_.filt[2] * c; ++l) dst[l] = src[l];
+            dst += s_.filt[2] * c;
+            continue;
+          }
+          for (index_t x = 0; x < s_.filt[2]; ++x, dst += c) {
+            const index_t w = h < 0 ? -1 : forward_source(s_, 2, o.w, x);
+            if (w < 0) {
+              for (index_t l = 0; l < c; ++l) dst[l] = 0.0f;
+            } else {
+              const float* src = line + w * gc;
+              for (index_t l = 0; l < c; ++l) dst[l] = src[l];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  /// dx of group g for images [first, first + images): each input pixel sums, over the taps,
+  /// the dcol columns of the output pixel whose window reads it there.
+  void col2im(index_t g, index_t first, index_t images, const float* dcol, float* dx,
+              int threads) const {
+    const index_t rows = images * s_.in_pixels(), c = s_.c, gc = s_.g * s_.c;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (index_t row = 0; row < rows; ++row) {
+      const Pixel i = split_pixel(row, s_.in);
+      const float* image = dcol + i.n * s_.out_pixels() * taps_ * c;
+      float* dst = dx + (first * s_.in_pixels() + row) * gc + g * c;
+      std::fill(dst, dst + c, 0.0f);
+      index_t tap = 0;
+      for (index_t z = 0; z < s_.filt[0]; ++z) {
+        const index_t d = kNdim == 3 ? backward_source(s_, 0, i.d, z) : 0;
+        for (index_t y = 0; y < s_.filt[1]; ++y) {
+          const index_t h = d < 0 ? -1 : backward_source(s_, 1, i.h, y);
+          for (index_t x = 0; x < s_.filt[2]; ++x, ++tap) {
+            const index_t w = h < 0 ? -1 : backward_source(s_, 2, i.w, x);
+            if (w < 0) continue;
+            const float* src = image + (((d * s_.out[1] + h) * s_.out[2] + w) * taps_ + tap) * c;
+            for (index_t l = 0; l < c; ++l) dst[l] += src[l];
+          }
+        }
+      }
+    }
+  }
+
+  ConvShape s_;
+  const float* in1_;
+  const float* in2_;
+  int threads_;
+  index_t taps_ = 1;
+  bool in_place_ = false;
+  bool contiguous_x_ = false;   // a row of x taps reads X * C consecutive floats of x
+  index_t images_per_chunk_ = 1;
+  int workers_ = 1;
+  std::vector<Worker> workers_list_;
+};
+
+}  // namespace tc::gconv
