@@ -192,7 +192,7 @@ class GroupedConvFamily(FamilyBase):
     CANDIDATE_OPTIONS = {"dtype": ["fp32"], "ndim": list(NDIMS),
                          "tiles": ["32x32x32", "64x32x32", "32x64x32", "64x64x64", "128x64x32"],
                          # the gemm pipeline's tiles are its GEMM cache blocks MC x NC x KC
-                         "gemm_tiles": ["96x512x256", "192x512x256"],
+                         "gemm_tiles": ["192x512x256"],
                          "pipeline": list(PIPELINES), "wave_mode": list(WAVE_MODES),
                          "has_dsb": [False, True], "has_si": [False, True]}
 
@@ -225,9 +225,10 @@ class GroupedConvFamily(FamilyBase):
                     self.direction, str(dtype), int(ndim), bm, bn, bk, pipeline, wave, dsb, si)))
         return sorted(configs)
 
-    def stratum(self, cfg) -> str:
-        """A candidate budget is dealt round-robin across pipelines (workflows.pipeline.budgeted)."""
-        return cfg.pipeline
+    def stratum(self, cfg) -> tuple[str, int]:
+        """A candidate budget is dealt round-robin across (pipeline, 2D or 3D)
+        (workflows.pipeline.budgeted): every pipeline has kernels for both kinds of layer."""
+        return cfg.pipeline, cfg.ndim_spatial
 
     def build_spec(self, cfg) -> BuildSpec:
         if not isinstance(cfg, GroupedConvConfig):
