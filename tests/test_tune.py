@@ -188,6 +188,32 @@ def test_seeded_order_known_answer_and_seed_dependence():
     assert tune.seeded_order(ids, 1) == ["d", "e", "a", "b", "c"]
 
 
+@PROPERTY
+@given(ids=IDS, seed=st.integers(0, 2**32), strata=st.integers(1, 4))
+def test_stratified_order_deals_each_prefix_evenly_across_strata(ids, seed, strata):
+    stratum = lambda i: tune.fnv1a64(i.encode("utf-8"), 99) % strata   # noqa: E731
+    ordered = tune.stratified_order(ids, seed, stratum)
+    assert sorted(ordered) == sorted(ids)
+    # within a stratum, the seeded order
+    seeded = tune.seeded_order(ids, seed)
+    for s in range(strata):
+        assert [i for i in ordered if stratum(i) == s] == [i for i in seeded if stratum(i) == s]
+    # any prefix: a stratum with items left never trails another by more than one
+    sizes = {s: sum(stratum(i) == s for i in ids) for s in range(strata)}
+    for cut in range(len(ordered) + 1):
+        taken = {s: sum(stratum(i) == s for i in ordered[:cut]) for s in range(strata)}
+        open_counts = [taken[s] for s in taken if taken[s] < sizes[s]]
+        assert not open_counts or max(taken.values()) - min(open_counts) <= 1
+
+
+def test_stratified_order_known_answer():
+    ids = ["a1", "a2", "a3", "b1", "c1", "c2"]
+    dealt = tune.stratified_order(ids, 0, lambda i: i[0])
+    # one of each stratum, then one of each that has more (a and c), then a's last
+    assert [i[0] for i in dealt[:3]] == list(dict.fromkeys(i[0] for i in tune.seeded_order(ids, 0)))
+    assert {i[0] for i in dealt[3:5]} == {"a", "c"} and dealt[5][0] == "a"
+
+
 def test_seeded_order_rejects_items_without_id():
     with pytest.raises(TypeError, match="42"):
         tune.seeded_order(["a", 42], 0)
