@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "grouped_conv_microkernel.hpp"
 #include "grouped_conv_shape.hpp"
@@ -37,6 +38,14 @@ class DepthwiseGather {
     }
     dst_pixels_ = dst_dims_[0] * dst_dims_[1] * dst_dims_[2];
     groups_padded_ = round_up(s_.g, kNR);
+    // each (destination coordinate, filter offset)'s source coordinate, looked up in the
+    // tile instead of computed there: bwd_data's is a division by the stride
+    for (int dim = 0; dim < 3; ++dim) {
+      sources_[dim].resize(dst_dims_[dim] * s_.filt[dim]);
+      for (index_t d = 0; d < dst_dims_[dim]; ++d)
+        for (index_t f = 0; f < s_.filt[dim]; ++f)
+          sources_[dim][d * s_.filt[dim] + f] = gather_source<Dir>(s_, dim, d, f);
+    }
   }
 
   static index_t packed_weight_elems(const ConvShape& s) { return s.taps() * round_up(s.g, kNR); }
@@ -104,7 +113,7 @@ class DepthwiseGather {
   }
 
   TC_INLINE index_t source(int dim, index_t dst, index_t f) const {
-    return gather_source<Dir>(s_, dim, dst, f);
+    return sources_[dim][dst * s_.filt[dim] + f];
   }
 
   ConvShape s_;
@@ -113,6 +122,7 @@ class DepthwiseGather {
   float* packed_;
   const float* zeros_;
   index_t dst_dims_[3], src_dims_[3], dst_pixels_, groups_padded_;
+  std::vector<index_t> sources_[3];
 };
 
 /// bwd_weight: dwei[g, t] = sum_p in[forward_source(p, t), g] * dout[p, g].
