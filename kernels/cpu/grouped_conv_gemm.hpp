@@ -11,8 +11,9 @@
 // lie (NDHWGC / GKZYXC / NDHWGK): only im2col(x) and dcol are scratch. A 1x1 layer with stride
 // 1 and no padding reads x (and writes dx) in place. bwd_data's col2im is a gather (each input
 // pixel sums the columns of the output pixels whose window covers it): no scatter, no atomics.
-// Scratch is bounded (kScratchFloats): images are taken a chunk at a time, bwd_weight summing
-// the chunks' products.
+// Scratch is bounded (kScratchFloats): the N*Po rows are taken a chunk at a time (bwd_weight
+// summing the chunks' products; bwd_data's chunks are whole images, which its col2im needs,
+// so one image's dcol is its least).
 //
 // Parallelism: intrawave (TC_WAVE=0) shares each group's GEMM among the threads with the
 // GEMM's m-split scheme, or split-K with TC_SI=1; interwave (TC_WAVE=1) gives each thread
@@ -45,21 +46,27 @@ class GemmConv {
     contiguous_x_ = s_.g == 1 && s_.dil[2] == 1;
     in_place_ = taps_ == 1 && s_.stride[0] == 1 && s_.stride[1] == 1 && s_.stride[2] == 1 &&
                 s_.pad[0] == 0 && s_.pad[1] == 0 && s_.pad[2] == 0;
-    const index_t row_floats = s_.out_pixels() * taps_ * s_.c;   // one image's im2col / dcol
-    images_per_chunk_ = in_place_ ? s_.n : std::clamp<index_t>(kScratchFloats / row_floats, 1, s_.n);
+    const index_t rows = s_.n * s_.out_pixels(), row_floats = taps_ * s_.c;   // im2col / dcol
+    if (in_place_) {
+      chunk_rows_ = rows;
+    } else if constexpr (Dir == kBwdData) {   // whole images: col2im reads an image's dcol
+      chunk_rows_ = s_.out_pixels() *
+                    std::clamp<index_t>(kScratchFloats / (s_.out_pixels() * row_floats), 1, s_.n);
+    } else {
+      chunk_rows_ = std::clamp<index_t>(kScratchFloats / row_floats, 1, rows);
+    }
     workers_ = kInterWave ? std::min<index_t>(threads_, s_.g) : 1;
     const int gemm_threads = kInterWave ? 1 : threads_;
     workers_list_.reserve(workers_);
     for (int w = 0; w < workers_; ++w) {
       Worker& worker = workers_list_.emplace_back();
-      if (!in_place_) worker.scratch = FloatBuffer(images_per_chunk_ * row_floats);
-      if (Dir == kBwdWeight && images_per_chunk_ < s_.n)
-        worker.partial = FloatBuffer(s_.k * taps_ * s_.c);
+      if (!in_place_) worker.scratch = FloatBuffer(chunk_rows_ * row_floats);
+      if (Dir == kBwdWeight && chunk_rows_ < rows) worker.partial = FloatBuffer(s_.k * row_floats);
       // one GEMM workspace per distinct chunk size: the last chunk may be smaller
-      for (index_t images : {images_per_chunk_, s_.n % images_per_chunk_}) {
-        if (images == 0 || worker.workspace.count(images)) continue;
-        worker.workspace.emplace(images, std::make_unique<gemm::Workspace>(
-                                             problem(0, 0, images, worker, nullptr), gemm_threads));
+      for (index_t count : {chunk_rows_, rows % chunk_rows_}) {
+        if (count == 0 || worker.workspace.count(count)) continue;
+        worker.workspace.emplace(count, std::make_unique<gemm::Workspace>(
+                                            problem(0, 0, count, worker, nullptr), gemm_threads));
       }
     }
   }
@@ -80,27 +87,27 @@ class GemmConv {
     std::map<index_t, std::unique_ptr<gemm::Workspace>> workspace;   // by chunk images
   };
 
-  /// Group g's GEMM over images [first, first + images); `c` (when not null) replaces the
-  /// natural output (bwd_weight's per-chunk partial).
-  gemm::Problem problem(index_t g, index_t first, index_t images, const Worker& worker,
+  /// Group g's GEMM over rows [first, first + rows) of the N*Po (n, output pixel) rows; `c`
+  /// (when not null) replaces the natural output (bwd_weight's per-chunk partial).
+  gemm::Problem problem(index_t g, index_t first, index_t rows, const Worker& worker,
                         float* out, float* c = nullptr) const {
-    const index_t rows = images * s_.out_pixels(), depth = taps_ * s_.c;
+    const index_t depth = taps_ * s_.c;
     const index_t gc = s_.g * s_.c, gk = s_.g * s_.k;
     float* scratch = worker.scratch.get();
     if constexpr (Dir == kForward) {
-      const float* x = in1_ + first * s_.in_pixels() * gc + g * s_.c;
+      const float* x = in1_ + first * gc + g * s_.c;   // in place: input rows are output rows
       const View a = in_place_ ? View{x, gc, 1} : View{scratch, depth, 1};
       return {rows, s_.k, depth, a, View{in2_ + g * s_.k * depth, 1, depth},
-              out ? out + first * s_.out_pixels() * gk + g * s_.k : nullptr, gk};
+              out ? out + first * gk + g * s_.k : nullptr, gk};
     } else if constexpr (Dir == kBwdData) {
-      const View a{in1_ + first * s_.out_pixels() * gk + g * s_.k, gk, 1};
+      const View a{in1_ + first * gk + g * s_.k, gk, 1};
       if (in_place_)
         return {rows, s_.c, s_.k, a, View{in2_ + g * s_.k * depth, depth, 1},
-                out ? out + first * s_.in_pixels() * gc + g * s_.c : nullptr, gc};
+                out ? out + first * gc + g * s_.c : nullptr, gc};
       return {rows, depth, s_.k, a, View{in2_ + g * s_.k * depth, depth, 1}, scratch, depth};
     } else {
-      const View a{in2_ + first * s_.out_pixels() * gk + g * s_.k, 1, gk};
-      const float* x = in1_ + first * s_.in_pixels() * gc + g * s_.c;
+      const View a{in2_ + first * gk + g * s_.k, 1, gk};
+      const float* x = in1_ + first * gc + g * s_.c;
       const View b = in_place_ ? View{x, gc, 1} : View{scratch, depth, 1};
       return {s_.k, depth, rows, a, b, c ? c : (out ? out + g * s_.k * depth : nullptr), depth};
     }
@@ -109,14 +116,16 @@ class GemmConv {
   void group(index_t g, float* out, int worker_index, int threads) const {
     const Worker& worker = workers_list_[worker_index];
     const index_t dw_elems = s_.k * taps_ * s_.c;
-    for (index_t first = 0; first < s_.n; first += images_per_chunk_) {
-      const index_t images = std::min(images_per_chunk_, s_.n - first);
-      if (!in_place_ && Dir != kBwdData) im2col(g, first, images, worker.scratch.get(), threads);
+    const index_t total = s_.n * s_.out_pixels();
+    for (index_t first = 0; first < total; first += chunk_rows_) {
+      const index_t rows = std::min(chunk_rows_, total - first);
+      if (!in_place_ && Dir != kBwdData) im2col(g, first, rows, worker.scratch.get(), threads);
       const bool summed = Dir == kBwdWeight && first > 0;
       const gemm::Problem p =
-          problem(g, first, images, worker, out, summed ? worker.partial.get() : nullptr);
-      gemm::gemm(p, *worker.workspace.at(images));
-      if (Dir == kBwdData && !in_place_) col2im(g, first, images, worker.scratch.get(), out, threads);
+          problem(g, first, rows, worker, out, summed ? worker.partial.get() : nullptr);
+      gemm::gemm(p, *worker.workspace.at(rows));
+      if (Dir == kBwdData && !in_place_)
+        col2im(g, first / s_.out_pixels(), rows / s_.out_pixels(), worker.scratch.get(), out, threads);
       if (summed) {
         float* dw = out + g * dw_elems;
         const float* part = worker.partial.get();
@@ -126,14 +135,14 @@ class GemmConv {
     }
   }
 
-  /// Rows (n, output pixel) of images [first, first + images): per tap (z, y, x), the C
+  /// Rows [first, first + rows) of the (n, output pixel) rows: per tap (z, y, x), the C
   /// values of group g at the input pixel the tap reads, or zeros in the padding.
-  void im2col(index_t g, index_t first, index_t images, float* col, int threads) const {
-    const index_t rows = images * s_.out_pixels(), c = s_.c, gc = s_.g * s_.c;
+  void im2col(index_t g, index_t first, index_t rows, float* col, int threads) const {
+    const index_t c = s_.c, gc = s_.g * s_.c;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (index_t row = 0; row < rows; ++row) {
-      const Pixel o = split_pixel(row, s_.out);
-      const float* image = in1_ + (first + o.n) * s_.in_pixels() * gc + g * c;
+      const Pixel o = split_pixel(first + row, s_.out);
+      const float* image = in1_ + o.n * s_.in_pixels() * gc + g * c;
       float* dst = col + row * taps_ * c;
       for (index_t z = 0; z < s_.filt[0]; ++z) {
         const index_t d = kNdim == 3 ? forward_source(s_, 0, o.d, z) : 0;
@@ -196,7 +205,7 @@ class GemmConv {
   index_t taps_ = 1;
   bool in_place_ = false;
   bool contiguous_x_ = false;   // a row of x taps reads X * C consecutive floats of x
-  index_t images_per_chunk_ = 1;
+  index_t chunk_rows_ = 1;   // rows of the N*Po (n, output pixel) rows per GEMM
   int workers_ = 1;
   std::vector<Worker> workers_list_;
 };
