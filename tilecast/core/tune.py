@@ -4,9 +4,9 @@
 ``select_best`` find the candidates within a threshold of the fastest and the one that wins
 among them (smaller secondary cost, then id), ``confirmation_count`` sizes a finalist's fresh
 samples by how noisy its first ones were, ``seeded_order`` is the reproducible order a
-candidate budget takes its prefix of (``stratified_order`` the same, dealt round-robin across
-strata such as a kernel's pipeline, so a budget holds every kind), and ``BuildEvent`` records what happened to each
-candidate the build examined. Nothing here builds, runs or times a kernel: the stages hand
+candidate budget takes its prefix of (``stratified_order`` the same, dealt round-robin
+across strata such as a kernel's pipeline, so a budget holds every kind), and
+``BuildEvent`` records what happened to each candidate the build examined. Nothing here builds, runs or times a kernel: the stages hand
 in the numbers, so every function is testable with made-up ones.
 """
 
