@@ -84,7 +84,7 @@ class GemmConv {
   struct Worker {
     FloatBuffer scratch;   // im2col (forward, bwd_weight) or dcol (bwd_data) of one chunk
     FloatBuffer partial;   // bwd_weight: a chunk's dw when there is more than one chunk
-    std::map<index_t, std::unique_ptr<gemm::Workspace>> workspace;   // by chunk images
+    std::map<index_t, std::unique_ptr<gemm::Workspace>> workspace;   // by chunk rows
   };
 
   /// Group g's GEMM over rows [first, first + rows) of the N*Po (n, output pixel) rows; `c`
