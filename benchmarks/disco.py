@@ -15,7 +15,10 @@ kpacked forward, the transpose) against the peer's custom ops. Last, the bound t
 mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.core.probe) and torch's sgemm at
 the fused path's block shape, both read in every round of the module timings, and the best
 ratio th/tilecast any implementation could reach that spends at least that long on the mix,
-with its sparse contractions for free. The configs are DISCO_KERNEL_DEV.md's. --scale s
+with its sparse contractions for free. --mix-gemm runs the fused paths a second time with
+their mix on a tilecast GEMM kernel (tilecast.disco.mix: a kernel name, or registry:PATH for
+the dispatcher of the gemm model published there), and reads that kernel's rate at the mix's
+block beside torch's sgemm. The configs are DISCO_KERNEL_DEV.md's. --scale s
 multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
 about as many grid points. Figures, not a test.
 """
@@ -39,6 +42,8 @@ from tilecast.core import probe  # noqa: E402
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
 from tilecast.disco.fused import block_rows  # noqa: E402
 from tilecast.disco.lines import regroup  # noqa: E402
+from tilecast.disco.mix import Mixer  # noqa: E402
+from tilecast.runtime.dispatch import Dispatcher  # noqa: E402
 
 from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402
 # the float64 reference rolls the whole input once per output longitude: skip it beyond this
@@ -159,26 +164,28 @@ def peer_kernels(peer: torch.nn.Module, config: dict):
 
 
 def bench_precision(work: Workload, x32: torch.Tensor, precision: str, reps: int, reference_out,
-                    modules: bool, paths: list[str]) -> None:
+                    modules: bool, paths: list[str], mixer: Mixer) -> None:
     x = x32.to(PRECISIONS[precision])
-    machine = MachineRates(work, threads=torch.get_num_threads()) if precision == "fp32" else None
+    machine = (MachineRates(work, torch.get_num_threads(), mixer) if precision == "fp32"
+               else None)
     peer_times = None
     if modules:
-        peer_times = bench_modules(work, x, precision, reps, reference_out, paths, machine)
+        peer_times = bench_modules(work, x, precision, reps, reference_out, paths, machine, mixer)
     bench_kernels(work, x, precision, reps)
     if machine is not None and peer_times is not None:
         print_mix_bound(work, machine, peer_times)
 
 
 class MachineRates:
-    """The FMA peak and torch's sgemm at the channel mix's block shape, read once per round
-    of the module timings (`sample`, about 0.2 s) so that they see the same spells of the
-    shared machine as the modules."""
+    """The FMA peak and torch's sgemm at the channel mix's block shape (and the mixer's
+    tilecast GEMM kernel there, if it has one), read once per round of the module timings
+    (`sample`, about 0.2 s) so that they see the same spells of the shared machine as the
+    modules."""
 
     PROBES_PER_SAMPLE = 4
     GEMMS_PER_SAMPLE = 3
 
-    def __init__(self, work: "Workload", threads: int):
+    def __init__(self, work: "Workload", threads: int, mixer: Mixer):
         config = work.config
         nlon_out = config["out_shape"][1]
         depth = work.ours.groupsize * work.ours.kernel_size
@@ -189,16 +196,23 @@ class MachineRates:
         self.slab = torch.randn(depth, rows * nlon_out, generator=generator)
         self.out = torch.empty(self.mix.shape[0], self.slab.shape[1])
         self.gemm_flops = 2.0 * self.mix.shape[0] * depth * self.slab.shape[1]
+        self.mixer = mixer
         self.peaks: list[float] = []
         self.sgemms: list[float] = []
+        self.tilecast_gemms: list[float] = []
+
+    def _rate(self, mm: Callable[[], object]) -> float:
+        mm()
+        start = time.perf_counter()
+        for _ in range(self.GEMMS_PER_SAMPLE):
+            mm()
+        return self.GEMMS_PER_SAMPLE * self.gemm_flops / (time.perf_counter() - start) / 1e9
 
     def sample(self) -> None:
         self.peaks.extend(probe.fma_peak_gflops(self.threads) for _ in range(self.PROBES_PER_SAMPLE))
-        torch.mm(self.mix, self.slab, out=self.out)
-        start = time.perf_counter()
-        for _ in range(self.GEMMS_PER_SAMPLE):
-            torch.mm(self.mix, self.slab, out=self.out)
-        self.sgemms.append(self.GEMMS_PER_SAMPLE * self.gemm_flops / (time.perf_counter() - start) / 1e9)
+        self.sgemms.append(self._rate(lambda: torch.mm(self.mix, self.slab, out=self.out)))
+        if self.mixer.gemm is not None:
+            self.tilecast_gemms.append(self._rate(lambda: self.mixer.mm(self.mix, self.slab, self.out)))
 
 
 #: DiscoConvS2's paths: (fused, kpacked)
@@ -219,11 +233,20 @@ def on_path(module: DiscoConvS2, path: str) -> DiscoConvS2 | None:
 
 
 def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, reference_out,
-                  paths: list[str], machine: MachineRates | None = None) -> tuple[float, float]:
+                  paths: list[str], machine: MachineRates | None = None,
+                  mixer: Mixer | None = None) -> tuple[float, float]:
     """torch-harmonics and each of our paths, forward and forward+backward, with their errors
-    against float64; `machine` sampled in every round. Returns torch-harmonics' forward and
+    against float64, and the fused paths again with `mixer`'s mix where it has a GEMM
+    kernel; `machine` sampled in every round. Returns torch-harmonics' forward and
     forward+backward seconds."""
-    candidates = [(f"tc:{path}", on_path(work.ours, path)) for path in paths] + [("th", work.peer)]
+    candidates = [(f"tc:{path}", on_path(work.ours, path)) for path in paths]
+    if mixer is not None and mixer.gemm is not None:
+        for path in paths:
+            module = on_path(work.ours, path) if PATHS[path][0] else None
+            if module is not None:
+                module.mixer = mixer
+                candidates.append((f"tc:{path}+gemm", module))
+    candidates.append(("th", work.peer))
     # copies, so that the fp32 weights survive the cast
     modules = {label: copy.deepcopy(module).to(x.dtype) for label, module in candidates
                if module is not None}
@@ -243,7 +266,7 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
     conv_flops = work.contraction_flops + work.einsum_flops
     train_flops = 2 * work.contraction_flops + 3 * work.einsum_flops
     for label, (forward, both, error) in rows.items():
-        print(f"  {precision:5s} {label:16s} fwd {forward * 1e3:9.1f} ms ({conv_flops / forward / 1e9:6.1f} GFLOP/s)"
+        print(f"  {precision:5s} {label:21s} fwd {forward * 1e3:9.1f} ms ({conv_flops / forward / 1e9:6.1f} GFLOP/s)"
               f"  fwd+bwd {both * 1e3:9.1f} ms ({train_flops / both / 1e9:6.1f} GFLOP/s)  err vs fp64 {error}")
     peer = rows["th"]
     for label, (forward, both, _) in rows.items():
@@ -315,7 +338,10 @@ def print_mix_bound(work: Workload, machine: MachineRates, peer_times: tuple[flo
     print(f"  fp32  mix bound: {mix_gflop:.4g} GFLOP per pass; this run's FMA peak {peak:.0f} GFLOP/s "
           f"(max of {len(machine.peaks)} probes, median {peak_median:.0f}), torch sgemm at the mix's "
           f"block {machine.mix.shape[0]}x{machine.mix.shape[1]}x{machine.slab.shape[1]} "
-          f"{sgemm:.0f} GFLOP/s (median of {len(machine.sgemms)})")
+          f"{sgemm:.0f} GFLOP/s (median of {len(machine.sgemms)})"
+          + (f", tilecast's GEMM there {statistics.median(machine.tilecast_gemms):.0f} GFLOP/s "
+             f"({machine.mixer.kernel_for(machine.mix, machine.slab)})"
+             if machine.tilecast_gemms else ""))
     for label, passes, th_time in (("fwd", 1, th_forward), ("fwd+bwd", 3, th_both)):
         at_peak, at_sgemm = passes * mix_gflop / peak, passes * mix_gflop / sgemm
         print(f"  fp32  {label:7s} mix alone {at_peak * 1e3:8.1f} ms at the peak, {at_sgemm * 1e3:8.1f} ms at "
@@ -335,6 +361,9 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"DiscoConvS2 paths to time (default all: {', '.join(PATHS)})")
+    parser.add_argument("--mix-gemm", default=None, metavar="KERNEL|registry:PATH",
+                        help="also time the fused paths with their mix on this tilecast GEMM "
+                             "kernel, or on the choices of the gemm model published in PATH")
     args = parser.parse_args(argv)
     paths = args.paths.split(",")
     names, precisions = args.configs.split(","), args.precisions.split(",")
@@ -348,6 +377,11 @@ def main(argv=None) -> None:
     if not args.scale > 0:
         parser.error(f"--scale must be positive, got {args.scale}")
 
+    mixer = Mixer()
+    if args.mix_gemm is not None:
+        spec = args.mix_gemm
+        mixer = Mixer(Dispatcher.from_registry(spec[len("registry:"):], "gemm")
+                      if spec.startswith("registry:") else spec)
     torch.set_num_threads(args.threads)
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}  {' '.join(sys.argv)}")
     print(f"torch {torch.__version__}, {args.threads} threads, forward tile "
@@ -365,7 +399,7 @@ def main(argv=None) -> None:
         reference_out = work.reference_output(x32) if work.reference_fits() else None
         for precision in precisions:
             bench_precision(work, x32, precision, args.reps, reference_out, precision in module_precisions,
-                            paths)
+                            paths, mixer)
         del work, reference_out
 
 

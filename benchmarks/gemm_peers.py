@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/gemm_peers.py                      # squares, rectangles, GEMV
     .venv/bin/python benchmarks/gemm_peers.py --shapes 1x4096x4096 --rounds 5
     .venv/bin/python benchmarks/gemm_peers.py --holdout             # the nightly's held-out shapes
+    .venv/bin/python benchmarks/gemm_peers.py --past-llc --shapes   # GEMV-class shapes ~4x the LLC
 
 The variants are a config's GEMM candidates (default: the nightly's 64, those this CPU runs),
 built as in-process libraries like the benchmark stage builds them. Each round reads the FMA
@@ -12,8 +13,10 @@ BLAS), in a shuffled order, each on the same operands into its own output. Media
 rounds; per shape the best variant, then the ratios the issue asks for: best / OpenBLAS, best
 / the better peer, and either best / FMA peak (compute-bound shapes) or its bytes per second
 / read bandwidth (GEMV-class shapes: min(m, n) <= 8, whose operands outgrow the last-level
-cache; "in LLC" otherwise). Figures, not a test: a shared machine's timings are not a
-pass/fail matter.
+cache; "in LLC" otherwise). The bandwidth probe reads a buffer of several last-level caches
+(tilecast.stages.roofline.buffer_mib), and --past-llc adds GEMV-class shapes whose large
+operand is about four of this machine's last-level caches (1 x N x N, N x 1 x N, 8 x N x N).
+Figures, not a test: a shared machine's timings are not a pass/fail matter.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tilecast.core import hardware, probe, tune  # noqa: E402
 from tilecast.core.config import load_config  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
-from tilecast.stages import build  # noqa: E402
+from tilecast.stages import build, roofline  # noqa: E402
 
 GEMM = get_family("gemm")
 DEFAULT_SHAPES = ("512x512x512", "1024x1024x1024", "2048x2048x2048", "512x2048x1024",
@@ -49,6 +52,13 @@ def parse_shape(text: str) -> dict:
     m, n, k = (int(v) for v in dims.split("x"))
     la, lb = (layouts + ["row", "row"])[:2] if layouts else ("row", "row")
     return {"m": m, "n": n, "k": k, "layout_a": la, "layout_b": lb}
+
+
+def past_llc_shapes(l3_bytes: int) -> list[str]:
+    """GEMV-class shapes whose N x N fp32 operand is about four last-level caches (N a multiple
+    of 1024; 16384 where the LLC size is unknown)."""
+    n = 16384 if l3_bytes <= 0 else max(1024, round(math.sqrt(l3_bytes) / 1024) * 1024)
+    return [f"1x{n}x{n}", f"{n}x1x{n}", f"8x{n}x{n}"]
 
 
 def variants(config: str, machine: dict) -> list:
@@ -82,6 +92,8 @@ def main() -> None:
                         help="MxNxK[:layout_a:layout_b] (default: squares, rectangles, GEMV)")
     parser.add_argument("--holdout", action="store_true",
                         help="the config's held-out shapes instead of --shapes")
+    parser.add_argument("--past-llc", action="store_true",
+                        help="add GEMV-class shapes whose large operand is ~4 last-level caches")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sample-ms", type=float, default=30.0)
@@ -100,7 +112,11 @@ def main() -> None:
     if args.holdout:
         problems = [GEMM.problem(p) for p in load_config(args.config).families["gemm"].problems["holdout"]]
     else:
-        problems = [GEMM.problem(parse_shape(s)) for s in args.shapes]
+        shapes = args.shapes + (past_llc_shapes(machine["l3_bytes"]) if args.past_llc else [])
+        problems = [GEMM.problem(parse_shape(s)) for s in shapes]
+    buffer_mib = roofline.buffer_mib(machine["l3_bytes"])
+    print(f"last-level cache {machine['l3_bytes'] / 2**20:.0f} MiB; the bandwidth probe reads "
+          f"{buffer_mib} MiB")
 
     # operands, outputs and timers once: every round times the same buffers
     setups = []
@@ -122,7 +138,7 @@ def main() -> None:
     peaks, bandwidths = [], []
     for round_index in range(args.rounds):
         peaks.append(probe.fma_peak_gflops(args.threads))
-        bandwidths.append(probe.read_bandwidth_gbps(args.threads))
+        bandwidths.append(probe.read_bandwidth_gbps(args.threads, buffer_mib))
         for number, (problem, outputs, calls, peers, c_np) in enumerate(setups):
             order = list(calls) + list(peers)
             rng.shuffle(order)

@@ -305,6 +305,69 @@ def test_gemm_kernels_read_nothing_past_their_operands(config):
                 GEMM.problem({"m": m, "n": n, "k": k, "dtype": config.dtype}))
 
 
+def test_gemm_into_writes_rows_of_a_larger_tensor_and_nothing_else():
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(9, 20, generator=gen), torch.randn(20, 7, generator=gen)
+    big = torch.full((3, 9, 11), 5.0)
+    target = big[1, :, 2:9]                                  # (9, 7) with row stride 11
+    out = ops.gemm_into(target, a.t().contiguous().t(), b, FP32_KERNEL)   # a column-major
+    assert out.data_ptr() == target.data_ptr()
+    assert rel_error(big[1, :, 2:9], a.double() @ b.double()) < 1e-5
+    big[1, :, 2:9] = 5.0
+    assert big.eq(5.0).all()                                 # no write outside the rows
+    assert ops.gemm_into(torch.full((4, 3), 2.0), torch.empty(4, 0), torch.empty(0, 3),
+                         FP32_KERNEL).eq(0).all()
+
+
+@pytest.mark.parametrize("out, fragment", [
+    (torch.empty(9, 6), r"out has shape \(9, 6\)"),
+    (torch.empty(9, 14)[:, ::2], "not rows of unit column stride"),
+    (torch.empty(9, 7, dtype=torch.float64), "float32 CPU tensor"),
+])
+def test_gemm_into_names_a_bad_output(out, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        ops.gemm_into(out, torch.randn(9, 5), torch.randn(5, 7), FP32_KERNEL)
+
+
+@pytest.mark.parametrize("grid, channels, groups", [
+    ("same", (6, 4), 1),     # the transposed backward: kpacked contraction of gy, then the mix
+    ("down", (4, 6), 2),     # the blockwise backward: the mix's gradients per block
+])
+def test_disco_fused_mix_on_a_tilecast_gemm_matches_the_torch_mix(grid, channels, groups):
+    shapes = {"same": ((12, 24), (12, 24)), "down": ((24, 48), (12, 24))}[grid]
+    results, dispatcher = [], RecordingDispatcher(FP32_KERNEL)
+    for mix_gemm in (None, dispatcher, FP32_KERNEL):
+        torch.manual_seed(0)
+        conv = ops.DiscoConvS2(*channels, *shapes, (3, 3), groups=groups, fused=True,
+                               mix_gemm=mix_gemm)
+        x = torch.randn(2, channels[0], *shapes[0], generator=torch.Generator().manual_seed(1),
+                        requires_grad=True)
+        out = conv(x)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
+        results.append((out.detach(), x.grad, conv.weight.grad))
+        if mix_gemm is not None:
+            assert set(conv.mixer.kernels.values()) == {FP32_KERNEL}
+    for on_gemm in results[1:]:
+        for got, want in zip(on_gemm, results[0]):
+            assert rel_error(got, want) < 1e-5
+    # the forward's product per block: (out_channels / groups) x (rows * nlon) x (C / groups * K)
+    kernel_size = conv.kernel_size
+    forward = [(p.m, p.k) for p in dispatcher.problems if p.layout_a == "row"]
+    assert (channels[1] // groups, channels[0] // groups * kernel_size) in forward
+    assert all(p.dtype == "fp32" for p in dispatcher.problems)
+
+
+def test_disco_mix_gemm_needs_the_fused_path_and_a_kernel_or_dispatcher():
+    with pytest.raises(ValueError, match="pass fused=True"):
+        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), mix_gemm=FP32_KERNEL)
+    with pytest.raises(TypeError, match="mix_gemm must be None, a GEMM kernel name"):
+        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True, mix_gemm=3)
+    with pytest.raises(ValueError, match="picks grouped_conv_forward kernels"):
+        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True,
+                        mix_gemm=RecordingDispatcher(CONV_2D["forward"],
+                                                     get_family("grouped_conv_forward")))
+
+
 # -- grouped convolution -------------------------------------------------------------------
 
 CONV_CASES = [  # (x shape, w shape, stride, padding, dilation, groups)

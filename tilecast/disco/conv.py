@@ -52,6 +52,7 @@ from tilecast.disco.csr import DiscoCSR, csr_from_psi
 from tilecast.disco.grids import default_theta_cutoff
 from tilecast.disco.kpacked import SUPPORTED_K_PAD, KPacked, kpack_psi
 from tilecast.disco.lines import LineBlocked, line_blocked
+from tilecast.disco.mix import Mixer
 from tilecast.disco.psi import Psi, compute_psi
 
 KernelShape = Union[int, tuple[int], tuple[int, int]]
@@ -70,6 +71,7 @@ class _DiscoConvBase(nn.Module):
                  basis_type: str, groups: int, bias: bool, optimized_kernel: bool = True):
         super().__init__()
         self.optimized_kernel = bool(optimized_kernel)
+        self.mixer = Mixer()  # the fused path's mix on torch (DiscoConvS2's mix_gemm changes it)
         for label, count in (("in_channels", in_channels), ("out_channels", out_channels),
                              ("groups", groups)):
             if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
@@ -209,7 +211,7 @@ class _DiscoConvBase(nn.Module):
         packed = self._kpacked()
         if self.fused:
             plan = self._fused_plan(x.device)
-            return fused_path.fused_conv(x, self.weight, plan, packed, self.groups)
+            return fused_path.fused_conv(x, self.weight, plan, packed, self.groups, self.mixer)
         forward, backward = self._chosen_kernels(x)
         variant, tile = self._forward_kernel(forward, packed)
         gradient = variants.Gradient()
@@ -300,7 +302,10 @@ class DiscoConvS2(_DiscoConvBase):
     output grid), optimized_kernel=False the pure-torch reference, fused=True the fused
     path. nlon_in must be a multiple of nlon_out. registry (a path or fsspec URL) and
     registry_alias: the published DISCO selector whose kernel choices the forward follows
-    (module docstring); SelectorError at construction if it cannot answer.
+    (module docstring); SelectorError at construction if it cannot answer. mix_gemm (fused
+    path only): the fused path's channel-mix products run on this tilecast GEMM kernel (a
+    kernel name) or on a gemm dispatcher's choice for each product's shape, float32 on the
+    CPU (tilecast.disco.mix); None (the default) runs them on torch.
     """
 
     def __init__(self, in_channels: int, out_channels: int, in_shape: tuple[int, int],
@@ -309,10 +314,15 @@ class DiscoConvS2(_DiscoConvBase):
                  groups: int = 1, grid_in: str = "equiangular", grid_out: str = "equiangular",
                  bias: bool = True, theta_cutoff: Optional[float] = None,
                  optimized_kernel: bool = True, fused: bool = False,
-                 registry: Optional[str] = None, registry_alias: Union[str, int] = "production"):
+                 registry: Optional[str] = None, registry_alias: Union[str, int] = "production",
+                 mix_gemm=None):
         super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
                          optimized_kernel)
         self.fused = bool(fused) and self.optimized_kernel
+        if mix_gemm is not None and not self.fused:
+            raise ValueError("mix_gemm runs the fused path's mix: pass fused=True (and "
+                             "optimized_kernel=True) with it")
+        self.mixer = Mixer(mix_gemm)
         self.grid_in, self.grid_out = grid_in, grid_out
         self.registry, self.registry_alias = registry, registry_alias
         self._forward_geometry(in_shape, out_shape, theta_cutoff, grid_out)

@@ -41,6 +41,7 @@ from tilecast.disco.blocks import restrict_psi
 from tilecast.disco.csr import csr_from_psi
 from tilecast.disco.kpacked import KPacked, kpack_psi
 from tilecast.disco.lines import LineBlocked, line_blocked
+from tilecast.disco.mix import TORCH, Mixer
 from tilecast.disco.psi import Psi
 
 #: float32 bytes of one block's slab per batch element (C * K * rows * nlon_out * 4): most of
@@ -165,39 +166,45 @@ def mix_dtype(tensor: Tensor) -> torch.dtype:
 MAX_LOOPED_MATMULS = 8
 
 
-def _matmul_into(out: Tensor, h0: int, h1: int, mix: Tensor, slab: Tensor) -> None:
+def _matmul_into(out: Tensor, h0: int, h1: int, mix: Tensor, slab: Tensor,
+                 mixer: Mixer = TORCH) -> None:
     """out[:, :, h0:h1] = mix (G, M, N) @ slab (B, G, N, rows * nlon) per batch element and
-    group, the product written straight into out's rows (a strided matrix torch.mm writes in
-    place) where the dtypes agree and there are few products, else through a copy."""
+    group, the product written straight into out's rows (a strided matrix the mixer writes in
+    place) where the dtypes agree and there are few products (or the mixer runs a tilecast
+    kernel), else through a copy."""
     batch, groups = slab.shape[:2]
     rows, nlon = h1 - h0, out.shape[-1]
-    if out.dtype != slab.dtype or batch * groups > MAX_LOOPED_MATMULS:
+    looped = mixer.gemm is not None or batch * groups <= MAX_LOOPED_MATMULS
+    if out.dtype != slab.dtype or not looped:
         mixed = torch.matmul(mix, slab)
         out[:, :, h0:h1] = mixed.reshape(batch, -1, rows, nlon)
         return
     m = mix.shape[1]
     for b in range(batch):
         for g in range(groups):
-            torch.mm(mix[g], slab[b, g], out=out[b, g * m:(g + 1) * m, h0:h1].view(m, rows * nlon))
+            mixer.mm(mix[g], slab[b, g], out[b, g * m:(g + 1) * m, h0:h1].view(m, rows * nlon))
 
 
-def _accumulate_products(total: Tensor, left: Tensor, right: Tensor) -> None:
+def _accumulate_products(total: Tensor, left: Tensor, right: Tensor,
+                         mixer: Mixer = TORCH) -> None:
     """total (G, M, N) += sum over the batch of left (B, G, M, K) @ right (B, G, K, N), in place
-    (addmm_) where the dtypes agree and there are few products."""
+    (addmm_) where the dtypes agree and there are few products (or the mixer runs a tilecast
+    kernel)."""
     batch, groups = left.shape[:2]
-    if total.dtype != left.dtype or batch * groups > MAX_LOOPED_MATMULS:
+    looped = mixer.gemm is not None or batch * groups <= MAX_LOOPED_MATMULS
+    if total.dtype != left.dtype or not looped:
         total += torch.matmul(left, right).sum(0).to(total.dtype)
         return
     for b in range(batch):
         for g in range(groups):
-            total[g].addmm_(left[b, g], right[b, g])
+            mixer.addmm_(total[g], left[b, g], right[b, g])
 
 
 class _DiscoFusedFn(torch.autograd.Function):
     """out = mix(weight, contraction(x)) block by block; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, x, weight, plan, packed, groups):
+    def forward(ctx, x, weight, plan, packed, groups, mixer):
         batch, channels = x.shape[:2]
         out_channels = weight.shape[0]
         nlat_out, nlon_out = plan.out_shape
@@ -208,18 +215,19 @@ class _DiscoFusedFn(torch.autograd.Function):
             h0, h1 = block.out_rows
             slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, (h1 - h0) * nlon_out)
             dtype = mix_dtype(slab)
-            _matmul_into(out, h0, h1, mix.to(dtype), slab.to(dtype))
+            _matmul_into(out, h0, h1, mix.to(dtype), slab.to(dtype), mixer)
         ctx.save_for_backward(x, weight)
-        ctx.plan, ctx.packed, ctx.groups = plan, packed, groups
+        ctx.plan, ctx.packed, ctx.groups, ctx.mixer = plan, packed, groups, mixer
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        plan, packed, groups = ctx.plan, ctx.packed, ctx.groups
+        plan, packed, groups, mixer = ctx.plan, ctx.packed, ctx.groups, ctx.mixer
         if packed is not None and plan.transposed is not None:
             return (*_transposed_backward(x, weight, grad_out, plan, groups,
-                                          ctx.needs_input_grad[:2]), None, None, None)
+                                          ctx.needs_input_grad[:2], mixer), None, None, None,
+                    None)
         batch, channels = x.shape[:2]
         out_channels = weight.shape[0]
         nlon_in = plan.in_shape[1]
@@ -235,9 +243,10 @@ class _DiscoFusedFn(torch.autograd.Function):
             grad_rows = grad_rows.to(mix_dtype(grad_rows))
             if want_w:
                 slab = _slab(x, block, plan, packed).reshape(batch, groups, -1, rows * nlon_out)
-                _accumulate_products(grad_mix, grad_rows, slab.to(grad_rows.dtype).transpose(-1, -2))
+                _accumulate_products(grad_mix, grad_rows,
+                                     slab.to(grad_rows.dtype).transpose(-1, -2), mixer)
             if want_x:
-                grad_slab = torch.matmul(mix.transpose(-1, -2).to(grad_rows.dtype), grad_rows)
+                grad_slab = mixer.matmul(mix.transpose(-1, -2).to(grad_rows.dtype), grad_rows)
                 grad_slab = grad_slab.to(x.dtype).reshape(batch, channels, plan.kernel_size, rows,
                                                           nlon_out)
                 if block.band_lines is not None and grad_slab.device.type == "cpu":
@@ -248,11 +257,11 @@ class _DiscoFusedFn(torch.autograd.Function):
                                                                 hi - lo, nlon_in)
                 grad_x[:, :, lo:hi] += grad_band
         grad_weight = grad_mix.reshape(weight.shape).to(weight.dtype) if want_w else None
-        return (grad_x.to(x.dtype) if want_x else None), grad_weight, None, None, None
+        return (grad_x.to(x.dtype) if want_x else None), grad_weight, None, None, None, None
 
 
 def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: FusedPlan,
-                         groups: int, needs: tuple[bool, bool]):
+                         groups: int, needs: tuple[bool, bool], mixer: Mixer = TORCH):
     """(grad_x, grad_weight) by the transposed backward of the module docstring, block by
     block of input latitudes; None for a gradient not needed."""
     want_x, want_w = needs
@@ -275,10 +284,10 @@ def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: Fuse
                                                  kernel_size, nlat_in, nlon, h0, h1 - h0)
         expanded = expanded.reshape(batch, groups, cout * kernel_size, width).to(dtype)
         if want_x:
-            _matmul_into(grad_x, h0, h1, w_x, expanded)
+            _matmul_into(grad_x, h0, h1, w_x, expanded, mixer)
         if want_w:
             rows_x = x[:, :, h0:h1].reshape(batch, groups, cin, width).to(dtype)
-            _accumulate_products(grad_w, expanded, rows_x.transpose(-1, -2))
+            _accumulate_products(grad_w, expanded, rows_x.transpose(-1, -2), mixer)
     grad_weight = None
     if want_w:
         grad_weight = grad_w.reshape(groups, cout, kernel_size, cin).permute(0, 1, 3, 2)
@@ -287,10 +296,11 @@ def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: Fuse
 
 
 def fused_conv(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optional[KPacked],
-               groups: int) -> Tensor:
+               groups: int, mixer: Mixer = TORCH) -> Tensor:
     """The convolution without bias, x (B, C, nlat_in, nlon_in) -> (B, C_out, nlat_out,
     nlon_out), weight (C_out, C / groups, K), fused block by block; `packed` (kpacked psi, or
-    None for CSR) picks the forward contraction kernel."""
+    None for CSR) picks the forward contraction kernel, `mixer` who runs the mix's products
+    (tilecast.disco.mix)."""
     if x.device.type != "cpu":
         packed = None  # the kpacked kernel is CPU only
-    return _DiscoFusedFn.apply(x, weight, plan, packed, groups)
+    return _DiscoFusedFn.apply(x, weight, plan, packed, groups, mixer)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from tilecast.disco.conv import DiscoConvS2, DiscoConvTransposeS2
 from tilecast.disco.ops import disco_contraction, disco_transpose_contraction
-from tilecast.runtime.ops.gemm_ops import gemm, gemm_op
+from tilecast.runtime.ops.gemm_ops import gemm, gemm_into, gemm_op
 from tilecast.runtime.ops.grouped_conv_ops import (grouped_conv, grouped_conv_bwd_data_op,
                                grouped_conv_bwd_weight_op, grouped_conv_op)
 
 __all__ = ["DiscoConvS2", "DiscoConvTransposeS2", "disco_contraction",
-           "disco_transpose_contraction", "gemm", "gemm_op", "grouped_conv",
+           "disco_transpose_contraction", "gemm", "gemm_into", "gemm_op", "grouped_conv",
            "grouped_conv_bwd_data_op", "grouped_conv_bwd_weight_op", "grouped_conv_op"]

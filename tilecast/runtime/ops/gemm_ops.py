@@ -24,7 +24,7 @@ def _strided_layout(t: Tensor) -> tuple[str, int, int] | None:
     return None
 
 
-def _layout(t: Tensor) -> str:
+def operand_layout(t: Tensor) -> str:
     """The operand layout the kernel sees: anything not strided alike is copied row-major."""
     strided = _strided_layout(t)
     return strided[0] if strided is not None else "row"
@@ -70,7 +70,7 @@ def gemm_op(a: Tensor, b: Tensor, kernel: str, kernel_grad_a: str, kernel_grad_b
     on `kernel_grad_a` / `kernel_grad_b` ("" where none is needed)."""
     _check_gemm(a, b)
     (m, k), n = a.shape, b.shape[1]
-    problem = _gemm_problem(m, n, k, a.dtype, _layout(a), _layout(b))
+    problem = _gemm_problem(m, n, k, a.dtype, operand_layout(a), operand_layout(b))
     if problem is None:
         return torch.zeros(m, n, dtype=torch.float32)
     run = load_kernel(GEMM, kernel, problem)
@@ -108,6 +108,30 @@ def _gemm_backward(ctx, grad):
 gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup)
 
 
+def gemm_into(out: Tensor, a: Tensor, b: Tensor, kernel: str) -> Tensor:
+    """out = a (m, k) @ b (k, n) on the GEMM kernel `kernel`, written in place: out is a float32
+    (m, n) CPU matrix whose rows may lie apart (unit column stride, any row stride: rows of a
+    larger tensor). Not differentiable (an out= call); operands as for `gemm`. Returns out."""
+    _check_gemm(a, b)
+    (m, k), n = a.shape, b.shape[1]
+    if not isinstance(out, Tensor) or out.dtype != torch.float32 or out.device.type != "cpu":
+        raise ValueError("out must be a float32 CPU tensor")
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"out has shape {tuple(out.shape)}; a {tuple(a.shape)} @ b "
+                         f"{tuple(b.shape)} is ({m}, {n})")
+    if (n > 1 and out.stride(1) != 1) or (m > 1 and out.stride(0) < n):
+        raise ValueError(f"out's strides {out.stride()} are not rows of unit column stride")
+    problem = _gemm_problem(m, n, k, a.dtype, operand_layout(a), operand_layout(b))
+    if problem is None:
+        return out.zero_()
+    run = load_kernel(GEMM, kernel, problem)
+    (a, a_rows, a_cols), (b, b_rows, b_cols) = _operand(a), _operand(b)
+    ldc = out.stride(0) if m > 1 else n
+    run(a.data_ptr(), a_rows, a_cols, b.data_ptr(), b_rows, b_cols, out.data_ptr(), ldc, m, n, k,
+        torch.get_num_threads())
+    return out
+
+
 def gemm(a: Tensor, b: Tensor, *, dispatcher=None, kernel: str | None = None) -> Tensor:
     """a (m, k) @ b (k, n) on a tilecast GEMM kernel, returned as float32 (m, n).
 
@@ -128,10 +152,10 @@ def gemm(a: Tensor, b: Tensor, *, dispatcher=None, kernel: str | None = None) ->
                          "(e.g. tilecast.Dispatcher.from_registry('registry', 'gemm'))")
     grad_enabled = torch.is_grad_enabled()
     # the gradients' problems as the backward will pose them: grad (m, n) row-major
-    problems = (_gemm_problem(m, n, k, a.dtype, _layout(a), _layout(b)),
-                _gemm_problem(m, k, n, a.dtype, "row", _layout(b.t()))
+    problems = (_gemm_problem(m, n, k, a.dtype, operand_layout(a), operand_layout(b)),
+                _gemm_problem(m, k, n, a.dtype, "row", operand_layout(b.t()))
                 if grad_enabled and a.requires_grad else None,
-                _gemm_problem(k, n, m, a.dtype, _layout(a.t()), "row")
+                _gemm_problem(k, n, m, a.dtype, operand_layout(a.t()), "row")
                 if grad_enabled and b.requires_grad else None)
     names = ["" if problem is None else select(GEMM, dispatcher, problem) for problem in problems]
     return gemm_op(a, b, *names)
