@@ -21,7 +21,7 @@ from torch import Tensor
 
 
 def _check_choice(gemm: Any) -> None:
-    if gemm is None or isinstance(gemm, str) and gemm:
+    if gemm is None or (isinstance(gemm, str) and gemm):
         return
     if not callable(getattr(gemm, "select", None)):
         raise TypeError("mix_gemm must be None, a GEMM kernel name or a gemm dispatcher (with "
@@ -70,7 +70,7 @@ class Mixer:
     def mm(self, a: Tensor, b: Tensor, out: Tensor) -> None:
         """out = a @ b, out a matrix of rows with unit column stride (written in place)."""
         kernel = self.kernel_for(a, b)
-        if kernel is None or out.dtype != torch.float32 or min(*a.shape, b.shape[1]) == 0:
+        if kernel is None or out.dtype != torch.float32:
             torch.mm(a, b, out=out)
             return
         from tilecast.runtime.ops import gemm_ops
