@@ -19,6 +19,12 @@ struct VecAvx2 {
   static TC_INLINE reg load_aligned(const float* p) { return _mm256_load_ps(p); }
   static TC_INLINE reg load(const float* p) { return _mm256_loadu_ps(p); }
   static TC_INLINE void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static TC_INLINE void store_aligned(float* p, reg v) { _mm256_store_ps(p, v); }
+  /// Lanes [0, n) of p, the others zero (0 < n <= width); nothing past them is read.
+  static TC_INLINE reg load_first(const float* p, int n) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));
+  }
   static TC_INLINE reg broadcast(const float* p) { return _mm256_broadcast_ss(p); }
   static TC_INLINE reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static TC_INLINE reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
@@ -33,6 +39,11 @@ struct VecAvx512 {
   static TC_INLINE reg load_aligned(const float* p) { return _mm512_load_ps(p); }
   static TC_INLINE reg load(const float* p) { return _mm512_loadu_ps(p); }
   static TC_INLINE void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
+  static TC_INLINE void store_aligned(float* p, reg v) { _mm512_store_ps(p, v); }
+  /// Lanes [0, n) of p, the others zero (0 < n <= width); nothing past them is read.
+  static TC_INLINE reg load_first(const float* p, int n) {
+    return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p);
+  }
   static TC_INLINE reg broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static TC_INLINE reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static TC_INLINE reg add(reg a, reg b) { return _mm512_add_ps(a, b); }

@@ -9,13 +9,14 @@
 // every operand strided: small M takes S = A, T = B, out = C; small N takes the transpose,
 // S = B^T, T = A^T, out = C^T. T is read one of two ways:
 //   rows  T's rows contiguous (t_cs == 1): kRowsDepth rows of T stream side by side along a
-//         block of columns, each step one broadcast of S(r, p) per row of S (axpys), the
-//         block's sums kept in L1 between sweeps;
+//         chunk of columns, each step one broadcast of S(r, p) per row of S (axpys) in the
+//         variant's vectors (zmm or ymm), the chunk's sums kept in L1-L2 between sweeps;
 //   cols  T's columns contiguous (t_rs == 1): R x CB dot products down CB columns at once,
 //         S's rows read as vectors (packed first when they are strided).
 // The variant's parallel scheme shares the work: "k" splits K (per-thread partial outputs,
 // then a reduction over columns), "m" and "n" split the N columns; TC_PREFETCH adds
-// software prefetches kPrefetchBytes ahead in the stream.
+// software prefetches: kPrefetchBytes ahead in the cols form's streams, the next group of
+// rows into L2 in the rows form.
 #pragma once
 
 #include <immintrin.h>
@@ -38,9 +39,11 @@ constexpr index_t kSkinnyMax = 8;
 /// window_probes_us / 200, and a fork-join more): the calling thread does it alone.
 constexpr index_t kSerialWork = index_t(1) << 16;
 constexpr index_t kPrefetchBytes = 512;
-/// rows form: the sums of one pass over columns (R x 4096/R floats, 16 KiB, stay in L1:
-/// one row of S sweeps 4096 columns at a time) and the rows of T read side by side in it.
-constexpr index_t kRowsSums = 4096;
+/// rows form: the sums of one pass over columns (R x 16384/R floats, 64 KiB, in L1-L2), so
+/// each row of T is read in runs of 8-64 KiB: with 16 KiB of sums (2 KiB runs at R = 8) an
+/// 8x16384x16384 product streamed at 13 GB/s, with 64 KiB at 19-22 (read probe 21.8); and
+/// the rows of T read side by side in it.
+constexpr index_t kRowsSums = 16384;
 constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024)
 
 struct Task {
@@ -89,51 +92,65 @@ inline void put(float* out, index_t o_rs, index_t o_cs, index_t r, index_t c, fl
   out[r * o_rs + c * o_cs] = value;
 }
 
-/// rows form, one column block: sums[0:R, c:c+8*NV] += S[:, p0:p1] * T[p0:p1, cb+c : ...],
-/// the last vector masked to `tail` lanes when kMasked. T's kRowsDepth rows are read side by
-/// side, each contiguously along the block: sequential streams the prefetchers follow.
+/// The rows form's vectors: zmm in an AVX-512 variant, ymm otherwise.
+#if TC_ISA == 1
+using RowVec = VecAvx512;
+#else
+using RowVec = VecAvx2;
+#endif
+constexpr int kRowW = RowVec::width;
+
+/// rows form, one column block: sums[0:R, c:c+W*NV] += S[:, p0:p1] * T[p0:p1, cb+c : ...],
+/// the last vector holding `tail` lanes when kMasked. T's rows in [p0, p1) are read side by
+/// side, each contiguously along the block: sequential streams the prefetchers follow. With
+/// TC_PREFETCH, each line is also fetched into L2 for the next group of rows (the same
+/// columns kRowsDepth rows down), whose streams start a page the hardware has not seen.
 template <int R, int NV, bool kMasked, index_t kChunk>
 TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, index_t c,
-                          index_t p0, index_t p1, index_t tail) {
-  __m256 acc[R][NV];
+                          index_t p0, index_t p1, int tail) {
+  using V = RowVec;
+  typename V::reg acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_load_ps(&sums[r][c + 8 * j]);
-  const __m256i mask = lane_mask(kMasked ? tail : 8);
+    for (int j = 0; j < NV; ++j) acc[r][j] = V::load_aligned(&sums[r][c + kRowW * j]);
   const float* tp = t.t + p0 * t.t_rs + cb + c;
   const float* sp = t.s + p0 * t.s_cs;
   for (index_t p = p0; p < p1; ++p, tp += t.t_rs, sp += t.s_cs) {
     if constexpr (kPrefetch)
-      _mm_prefetch(reinterpret_cast<const char*>(tp + kPrefetchBytes / 4), _MM_HINT_T0);
-    __m256 row[NV];
+      for (int j = 0; j < NV; j += 64 / (4 * kRowW))  // one prefetch per 64-byte line
+        _mm_prefetch(reinterpret_cast<const char*>(tp + kRowsDepth * t.t_rs + kRowW * j), _MM_HINT_T1);
+    typename V::reg row[NV];
     for (int j = 0; j < NV; ++j)
-      row[j] = kMasked && j == NV - 1 ? _mm256_maskload_ps(tp + 8 * j, mask) : _mm256_loadu_ps(tp + 8 * j);
+      row[j] = kMasked && j == NV - 1 ? V::load_first(tp + kRowW * j, tail) : V::load(tp + kRowW * j);
     for (int r = 0; r < R; ++r) {
-      const __m256 s = _mm256_broadcast_ss(sp + r * t.s_rs);
-      for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_fmadd_ps(s, row[j], acc[r][j]);
+      const typename V::reg s = V::broadcast(sp + r * t.s_rs);
+      for (int j = 0; j < NV; ++j) acc[r][j] = V::fma(s, row[j], acc[r][j]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) _mm256_store_ps(&sums[r][c + 8 * j], acc[r][j]);
+    for (int j = 0; j < NV; ++j) V::store_aligned(&sums[r][c + kRowW * j], acc[r][j]);
 }
 
-/// rows form: out[0:R, c0:c1] over K steps [p0, p1), kRowsSums / R columns at a time, their
-/// sums in L1 while kRowsDepth rows of T at a time stream through.
+/// rows form: out[0:R, c0:c1] over K steps [p0, p1), a chunk of columns at a time (whole
+/// 4 KiB pages of a row, kRowsSums / R floats), its sums in L1-L2 while kRowsDepth rows of T
+/// at a time stream through.
 template <int R>
 void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
                 index_t o_rs, index_t o_cs) {
-  constexpr int NV = R <= 6 ? 2 : 1;  // R*NV accumulators + NV row vectors + 1 broadcast <= 16
-  constexpr index_t kStep = 8 * NV;
-  constexpr index_t kChunk = kRowsSums / R / 16 * 16;
+  // R*NV accumulators + NV row vectors + 1 broadcast within the registers (32 zmm, 16 ymm)
+  constexpr int NV = kRowW == 16 ? (R <= 6 ? 4 : 2) : (R <= 6 ? 2 : 1);
+  constexpr index_t kStep = kRowW * NV;
+  constexpr index_t kChunk = kRowsSums / R / 1024 * 1024;
+  static_assert(kChunk >= 1024 && kChunk % kStep == 0);
   alignas(64) float sums[R][kChunk];
   for (index_t cb = c0; cb < c1; cb += kChunk) {
     const index_t width = std::min(kChunk, c1 - cb);
     const index_t whole = width / kStep * kStep;
-    for (int r = 0; r < R; ++r) std::fill(sums[r], sums[r] + round_up(width, 8), 0.0f);
+    for (int r = 0; r < R; ++r) std::fill(sums[r], sums[r] + round_up(width, kRowW), 0.0f);
     for (index_t p = p0; p < p1; p += kRowsDepth) {
       const index_t pe = std::min(p + kRowsDepth, p1);
-      for (index_t c = 0; c < whole; c += kStep) rows_block<R, NV, false, kChunk>(t, sums, cb, c, p, pe, 8);
-      for (index_t c = whole; c < width; c += 8)
-        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, std::min<index_t>(8, width - c));
+      for (index_t c = 0; c < whole; c += kStep) rows_block<R, NV, false, kChunk>(t, sums, cb, c, p, pe, kRowW);
+      for (index_t c = whole; c < width; c += kRowW)
+        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, int(std::min<index_t>(kRowW, width - c)));
     }
     for (int r = 0; r < R; ++r) {
       float* row = out + r * o_rs + cb * o_cs;
