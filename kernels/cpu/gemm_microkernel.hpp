@@ -49,7 +49,10 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
 
   if constexpr (kUsePrefetch) {
 #pragma GCC unroll 64
-    for (int i = 0; i < MR; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 64
+      for (int line = 0; line < (NR * 4 + 63) / 64; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + line * 16), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a_next), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(b_next), _MM_HINT_T0);
   }

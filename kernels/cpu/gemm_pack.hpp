@@ -78,8 +78,20 @@ inline void pack_steps_contiguous(index_t len, index_t width, const T* src, inde
     for (; step < len; ++step)
       for (index_t l = lane; l < lane + 8; ++l) dst[step * W + l] = to_float(src[l * lane_stride + step]);
   }
-  for (; lane < width; ++lane)
-    for (index_t step = 0; step < len; ++step) dst[step * W + lane] = to_float(src[lane * lane_stride + step]);
+  if (lane < width) {  // the last 1-7 lanes: the same transposes, short of rows, masked stores
+    const index_t rest = width - lane;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rest)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    index_t step = 0;
+    for (; step + 8 <= len; step += 8) {
+      __m256 rows[8];
+      for (int r = 0; r < 8; ++r) rows[r] = r < rest ? load8(src + (lane + r) * lane_stride + step) : _mm256_setzero_ps();
+      transpose8x8(rows);
+      for (int r = 0; r < 8; ++r) _mm256_maskstore_ps(dst + (step + r) * W + lane, mask, rows[r]);
+    }
+    for (; step < len; ++step)
+      for (index_t l = lane; l < width; ++l) dst[step * W + l] = to_float(src[l * lane_stride + step]);
+  }
   for (lane = width; lane < W; ++lane)
     for (index_t step = 0; step < len; ++step) dst[step * W + lane] = 0.0f;
 }
@@ -107,6 +119,32 @@ inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel
   const index_t col = panel * NR;
   const index_t width = nc - col < NR ? nc - col : NR;
   pack_panel<NR>(kc, width, b.at(0, col), b.col_stride, b.row_stride, dst + panel * NR * kc);
+}
+
+/// Packs NR-column micro-panels [panel_begin, panel_end) of the kc x nc block of B at `b`.
+/// Row-major B is read a row at a time across the panels (one sequential stream instead of
+/// kc short reads per panel, a page apart); other layouts go a panel at a time.
+template <int NR, class T>
+inline void pack_b_panels(StridedView<T> b, index_t kc, index_t nc, index_t panel_begin,
+                          index_t panel_end, float* dst) {
+  if (b.col_stride != 1) {
+    for (index_t panel = panel_begin; panel < panel_end; ++panel) pack_b_panel<NR>(b, kc, nc, panel, dst);
+    return;
+  }
+  for (index_t step = 0; step < kc; ++step) {
+    const T* line = b.at(step, 0);
+    for (index_t panel = panel_begin; panel < panel_end; ++panel) {
+      const index_t col = panel * NR;
+      const index_t width = nc - col < NR ? nc - col : NR;
+      float* out = dst + panel * NR * kc + step * NR;
+      if (width == NR) {
+        for (int lane = 0; lane < NR; ++lane) out[lane] = to_float(line[col + lane]);
+      } else {
+        for (index_t lane = 0; lane < width; ++lane) out[lane] = to_float(line[col + lane]);
+        for (index_t lane = width; lane < NR; ++lane) out[lane] = 0.0f;
+      }
+    }
+  }
 }
 
 /// Packs MR-row micro-panel `panel` of the mc x kc block of A at `a`:

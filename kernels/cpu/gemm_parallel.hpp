@@ -71,6 +71,16 @@ inline ABlock a_block(const Problem& p, index_t ic, index_t pc, index_t mc, inde
   }
 }
 
+/// This thread's share of the NR panels of a shared B block, packed; returns once every
+/// thread's share is in place.
+inline void pack_b_share(const StridedView<InputT>& b, index_t kc, index_t nc, int nt, int tid,
+                         float* b_packed) {
+  index_t panel_begin, panel_end;
+  split_range(ceil_div(nc, kNR), nt, tid, panel_begin, panel_end);
+  pack_b_panels<kNR>(b, kc, nc, panel_begin, panel_end, b_packed);
+#pragma omp barrier
+}
+
 /// "m": threads split the rows of C.
 struct ParallelM {
   static void run(const Problem& p, Workspace& ws) {
@@ -88,8 +98,7 @@ struct ParallelM {
         for (index_t pc = 0; pc < p.k; pc += kKC) {
           const index_t kc = std::min(kKC, p.k - pc);
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
-#pragma omp for schedule(static)
-          for (index_t panel = 0; panel < ceil_div(nc, kNR); ++panel) pack_b_panel<kNR>(b, kc, nc, panel, b_packed);
+          pack_b_share(b, kc, nc, nt, tid, b_packed);
           for (index_t ic = row_begin; ic < row_end; ic += kMC) {
             const index_t mc = std::min(kMC, row_end - ic);
             const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
@@ -120,8 +129,7 @@ struct ParallelN {
         for (index_t pc = 0; pc < p.k; pc += kKC) {
           const index_t kc = std::min(kKC, p.k - pc);
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
-#pragma omp for schedule(static)
-          for (index_t panel = 0; panel < ceil_div(nc, kNR); ++panel) pack_b_panel<kNR>(b, kc, nc, panel, b_packed);
+          pack_b_share(b, kc, nc, nt, tid, b_packed);
           for (index_t ic = 0; ic < p.m; ic += kMC) {
             const index_t mc = std::min(kMC, p.m - ic);
             index_t a_begin = 0, a_end = 0;
@@ -162,7 +170,7 @@ struct ParallelK {
         for (index_t pc = k_begin; pc < k_end; pc += kKC) {
           const index_t kc = std::min(kKC, k_end - pc);
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
-          for (index_t panel = 0; panel < ceil_div(nc, kNR); ++panel) pack_b_panel<kNR>(b, kc, nc, panel, b_packed);
+          pack_b_panels<kNR>(b, kc, nc, 0, ceil_div(nc, kNR), b_packed);
           for (index_t ic = 0; ic < p.m; ic += kMC) {
             const index_t mc = std::min(kMC, p.m - ic);
             const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
