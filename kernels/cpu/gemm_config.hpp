@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "gemm_simd.hpp"
 #include "harness.hpp"
 
 #if !defined(TC_DTYPE) || !defined(TC_ISA) || !defined(TC_MR) || !defined(TC_NR) ||  \
@@ -89,6 +90,13 @@ using index_t = std::ptrdiff_t;
 using InputT = std::uint16_t;
 #else
 using InputT = float;
+#endif
+
+/// The variant's vectors: zmm in an AVX-512 variant, ymm otherwise.
+#if TC_ISA == 1
+using Vec = VecAvx512;
+#else
+using Vec = VecAvx2;
 #endif
 
 constexpr int kMR = TC_MR;

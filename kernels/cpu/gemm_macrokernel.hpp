@@ -8,12 +8,6 @@
 
 namespace tc::gemm {
 
-#if TC_ISA == 1
-using Vec = VecAvx512;
-#else
-using Vec = VecAvx2;
-#endif
-
 /// The A operand of one block as the micro-kernel sees it: packed MR-row
 /// micro-panels, or (TC_PACK_A=0) the original strided matrix, in which case
 /// partial MR-row tails are packed into `tail` so no row past M is read.

@@ -40,9 +40,9 @@ constexpr index_t kSkinnyMax = 8;
 constexpr index_t kSerialWork = index_t(1) << 16;
 constexpr index_t kPrefetchBytes = 512;
 /// rows form: the sums of one pass over columns (R x 16384/R floats, 64 KiB, in L1-L2), so
-/// each row of T is read in runs of 8-64 KiB: with 16 KiB of sums (2 KiB runs at R = 8) an
-/// 8x16384x16384 product streamed at 13 GB/s, with 64 KiB at 19-22 (read probe 21.8); and
-/// the rows of T read side by side in it.
+/// each row of T is read in runs of 8-64 KiB (with 16 KiB of sums, 2 KiB runs at R = 8, an
+/// 8x16384x16384 product streamed at 13 GB/s; with 64 KiB at 19-22, read probe 21.8), and
+/// the number of rows of T read side by side.
 constexpr index_t kRowsSums = 16384;
 constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024)
 
@@ -76,12 +76,6 @@ inline bool task_of(const P& p, Task& task) {
   }
 }
 
-/// Lanes [0, width) of a vector mask (width < 8).
-inline __m256i lane_mask(index_t width) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(width)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 inline float hsum(__m256 v) {
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
@@ -92,13 +86,8 @@ inline void put(float* out, index_t o_rs, index_t o_cs, index_t r, index_t c, fl
   out[r * o_rs + c * o_cs] = value;
 }
 
-/// The rows form's vectors: zmm in an AVX-512 variant, ymm otherwise.
-#if TC_ISA == 1
-using RowVec = VecAvx512;
-#else
-using RowVec = VecAvx2;
-#endif
-constexpr int kRowW = RowVec::width;
+/// The rows form's vector width: the variant's vectors (zmm or ymm).
+constexpr int kRowW = Vec::width;
 
 /// rows form, one column block: sums[0:R, c:c+W*NV] += S[:, p0:p1] * T[p0:p1, cb+c : ...],
 /// the last vector holding `tail` lanes when kMasked. T's rows in [p0, p1) are read side by
@@ -108,7 +97,7 @@ constexpr int kRowW = RowVec::width;
 template <int R, int NV, bool kMasked, index_t kChunk>
 TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, index_t c,
                           index_t p0, index_t p1, int tail) {
-  using V = RowVec;
+  using V = Vec;
   typename V::reg acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NV; ++j) acc[r][j] = V::load_aligned(&sums[r][c + kRowW * j]);
@@ -184,11 +173,11 @@ TC_INLINE void cols_block(const Task& t, const float* s, index_t s_rs, index_t c
     }
   }
   if (p < p1) {
-    const __m256i mask = lane_mask(p1 - p);
+    const int rest = int(p1 - p);
     __m256 tv[CB];
-    for (int j = 0; j < CB; ++j) tv[j] = _mm256_maskload_ps(col[j] + p, mask);
+    for (int j = 0; j < CB; ++j) tv[j] = VecAvx2::load_first(col[j] + p, rest);
     for (int r = 0; r < R; ++r) {
-      const __m256 sv = _mm256_maskload_ps(s + r * s_rs + p, mask);
+      const __m256 sv = VecAvx2::load_first(s + r * s_rs + p, rest);
       for (int j = 0; j < CB; ++j) acc[r][j] = _mm256_fmadd_ps(sv, tv[j], acc[r][j]);
     }
   }
