@@ -69,16 +69,7 @@ def gemm_op(a: Tensor, b: Tensor, kernel: str, kernel_grad_a: str, kernel_grad_b
     """a (m, k) @ b (k, n) -> (m, n) float32 on the GEMM kernel `kernel`; the gradients run
     on `kernel_grad_a` / `kernel_grad_b` ("" where none is needed)."""
     _check_gemm(a, b)
-    (m, k), n = a.shape, b.shape[1]
-    problem = _gemm_problem(m, n, k, a.dtype, operand_layout(a), operand_layout(b))
-    if problem is None:
-        return torch.zeros(m, n, dtype=torch.float32)
-    run = load_kernel(GEMM, kernel, problem)
-    (a, a_rows, a_cols), (b, b_rows, b_cols) = _operand(a), _operand(b)
-    c = torch.empty(m, n, dtype=torch.float32)
-    run(a.data_ptr(), a_rows, a_cols, b.data_ptr(), b_rows, b_cols, c.data_ptr(), n, m, n, k,
-        torch.get_num_threads())
-    return c
+    return gemm_into(torch.empty(a.shape[0], b.shape[1], dtype=torch.float32), a, b, kernel)
 
 
 @gemm_op.register_fake
