@@ -6,12 +6,13 @@
     .venv/bin/python benchmarks/gemm_peers.py --past-llc --shapes   # GEMV-class shapes ~4x the LLC
 
 The variants are a config's GEMM candidates (default: the nightly's 64, those this CPU runs),
-built as in-process libraries like the benchmark stage builds them. Each round reads the FMA
-peak and the memory read bandwidth (tilecast.core.probe), then times every shape: every
+built as in-process libraries like the benchmark stage builds them. Each round reads the
+memory read bandwidth (tilecast.core.probe), then per shape the FMA peak and the timings of every
 variant, numpy's OpenBLAS (threadpoolctl pins its threads) and torch.matmul (MKL or its own
 BLAS), in a shuffled order, each on the same operands into its own output. Medians over the
 rounds; per shape the best variant, then the ratios the issue asks for: best / OpenBLAS, best
-/ the better peer, and either best / FMA peak (compute-bound shapes) or its bytes per second
+/ the better peer, and either best / FMA peak read beside that shape (compute-bound shapes; a
+warning when the peak reads of the run differ by more than 15 %) or its bytes per second
 / read bandwidth (GEMV-class shapes: min(m, n) <= 8, whose operands outgrow the last-level
 cache; "in LLC" otherwise). The bandwidth probe reads a buffer of several last-level caches
 (tilecast.stages.roofline.buffer_mib), and --past-llc adds GEMV-class shapes whose large
@@ -135,11 +136,14 @@ def main() -> None:
 
     rng = random.Random(0)
     samples: dict[tuple, list[float]] = {}
-    peaks, bandwidths = [], []
+    # the FMA peak is read beside each shape's timings: a shared machine's speed moves within
+    # a round, and a shape is held against the peak of the minutes it was timed in
+    peaks: dict[int, list[float]] = {number: [] for number in range(len(setups))}
+    bandwidths = []
     for round_index in range(args.rounds):
-        peaks.append(probe.fma_peak_gflops(args.threads))
         bandwidths.append(probe.read_bandwidth_gbps(args.threads, buffer_mib))
         for number, (problem, outputs, calls, peers, c_np) in enumerate(setups):
+            peaks[number].append(probe.fma_peak_gflops(args.threads))
             order = list(calls) + list(peers)
             rng.shuffle(order)
             with threadpool_limits(limits=args.threads, user_api="blas"):
@@ -156,12 +160,17 @@ def main() -> None:
                 error = float((out - reference).norm() / max(reference.norm(), 1e-30))
                 if not error <= GEMM.tolerance(problem):
                     samples[number, kernel] = [math.inf]   # fast and wrong is never a winner
-        print(f"round {round_index + 1}/{args.rounds}: FMA peak {peaks[-1]:.0f} GFLOP/s, "
-              f"read {bandwidths[-1]:.1f} GB/s", flush=True)
+        reads = [p[-1] for p in peaks.values()]
+        print(f"round {round_index + 1}/{args.rounds}: FMA peak {min(reads):.0f}-{max(reads):.0f} "
+              f"GFLOP/s, read {bandwidths[-1]:.1f} GB/s", flush=True)
 
-    peak, bandwidth = statistics.median(peaks), statistics.median(bandwidths)
-    print(f"\nmedians of {args.rounds} rounds; FMA peak {peak:.0f} GFLOP/s, read bandwidth "
-          f"{bandwidth:.1f} GB/s")
+    every_peak = [v for p in peaks.values() for v in p]
+    peak, bandwidth = statistics.median(every_peak), statistics.median(bandwidths)
+    print(f"\nmedians of {args.rounds} rounds; FMA peak {peak:.0f} GFLOP/s (each shape against "
+          f"the median of its own reads), read bandwidth {bandwidth:.1f} GB/s")
+    if max(every_peak) > 1.15 * min(every_peak):
+        print(f"the FMA peak read {min(every_peak):.0f}-{max(every_peak):.0f} GFLOP/s: the machine's "
+              f"speed moved during the run, so ratios to the peak are unreliable; rerun when quiet")
     print(f"{'shape':>22} {'best variant':>44} {'GFLOP/s':>8} {'OpenBLAS':>8} {'torch':>8} "
           f"{'/OpenBLAS':>9} {'/better':>8} {'ceiling':>14}")
     ratios = []
@@ -177,7 +186,7 @@ def main() -> None:
             cached = GEMM.bytes_moved(problem) <= machine["l3_bytes"]
             ceiling = f"{gbps:5.1f} GB/s " + ("in LLC" if cached else f"{gbps / bandwidth:4.0%}")
         else:
-            ceiling = f"{rate[best] / peak:4.0%} of peak"
+            ceiling = f"{rate[best] / statistics.median(peaks[number]):4.0%} of peak"
         ratios.append(rate[best] / better)
         shape = f"{problem.m}x{problem.n}x{problem.k}:{problem.layout_a}:{problem.layout_b}"
         print(f"{shape:>22} {best[5:]:>44} {rate[best]:8.1f} {rate['OpenBLAS']:8.1f} "

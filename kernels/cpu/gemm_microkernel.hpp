@@ -22,20 +22,6 @@ namespace tc::gemm {
 constexpr int kPrefetchStepsA = 16;
 constexpr int kPrefetchStepsB = 8;
 
-/// Lines a micro-kernel call fetches into L2 for later calls while it computes: a region of
-/// `rows` rows of `row_lines` 64-byte lines, `row_stride` bytes apart (the next packed B
-/// panel, or the source of the next panel to pack), of which this call takes `count` lines
-/// from line `first`, one every 2^`shift` k steps. Spreading the region over a panel's calls
-/// keeps its misses (L3 latency) under the FMAs instead of at the next panel's first call.
-struct L2Stream {
-  const char* base = nullptr;
-  index_t row_stride = 0;
-  index_t row_lines = 1;
-  index_t first = 0;
-  index_t count = 0;
-  int shift = 2;
-};
-
 /// Where the micro-kernel reads A from. Packed: MR contiguous floats per k
 /// step. Strided (TC_PACK_A=0): element (i, k) at base[i*row_stride + k*col_stride].
 struct APanel {
@@ -47,11 +33,11 @@ struct APanel {
 /// C[0:MR, 0:NR] (leading dimension ldc) = (accumulate ? C : 0) + A * B over kc
 /// steps. `b` is a packed NR-column micro-panel (64-byte aligned rows of NR
 /// floats); `a_next`/`b_next` are the panels the following call will read,
-/// touched early so they are in cache when it starts; `stream` is fetched into L2 on the way.
+/// touched early so they are in cache when it starts.
 template <class V, int MR, int NR, bool kPackedA, bool kUsePrefetch>
 TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b,
                            float* __restrict c, index_t ldc, bool accumulate,
-                           const float* a_next, const float* b_next, L2Stream stream = {}) {
+                           const float* a_next, const float* b_next) {
   using reg = typename V::reg;
   constexpr int W = V::width;
   constexpr int NV = NR / W;
@@ -71,12 +57,6 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
     _mm_prefetch(reinterpret_cast<const char*>(b_next), _MM_HINT_T0);
   }
 
-  // The stream's position as (row, line in row), advanced without a division per line.
-  const char* stream_row = stream.base + (stream.first / stream.row_lines) * stream.row_stride;
-  index_t stream_line = stream.first % stream.row_lines;
-  const index_t stream_end = stream.count << stream.shift;
-  const index_t stream_mask = (index_t(1) << stream.shift) - 1;
-
   reg acc[MR][NV];
 #pragma GCC unroll 64
   for (int i = 0; i < MR; ++i)
@@ -88,13 +68,6 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
     if constexpr (kUsePrefetch) {
       _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetchStepsA * a_cs), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchStepsB * NR), _MM_HINT_T0);
-      if ((p & stream_mask) == 0 && p < stream_end) {
-        _mm_prefetch(stream_row + stream_line * 64, _MM_HINT_T1);
-        if (++stream_line == stream.row_lines) {
-          stream_line = 0;
-          stream_row += stream.row_stride;
-        }
-      }
     }
     reg b_row[NV];
 #pragma GCC unroll 64

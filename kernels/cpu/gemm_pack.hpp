@@ -121,6 +121,32 @@ inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel
   pack_panel<NR>(kc, width, b.at(0, col), b.col_stride, b.row_stride, dst + panel * NR * kc);
 }
 
+/// Packs NR-column micro-panels [panel_begin, panel_end) of the kc x nc block of B at `b`.
+/// Row-major B is read a row at a time across the panels (one sequential stream instead of
+/// kc short reads per panel, a page apart); other layouts go a panel at a time.
+template <int NR, class T>
+inline void pack_b_panels(StridedView<T> b, index_t kc, index_t nc, index_t panel_begin,
+                          index_t panel_end, float* dst) {
+  if (b.col_stride != 1) {
+    for (index_t panel = panel_begin; panel < panel_end; ++panel) pack_b_panel<NR>(b, kc, nc, panel, dst);
+    return;
+  }
+  for (index_t step = 0; step < kc; ++step) {
+    const T* line = b.at(step, 0);
+    for (index_t panel = panel_begin; panel < panel_end; ++panel) {
+      const index_t col = panel * NR;
+      const index_t width = nc - col < NR ? nc - col : NR;
+      float* out = dst + panel * NR * kc + step * NR;
+      if (width == NR) {
+        for (int lane = 0; lane < NR; ++lane) out[lane] = to_float(line[col + lane]);
+      } else {
+        for (index_t lane = 0; lane < width; ++lane) out[lane] = to_float(line[col + lane]);
+        for (index_t lane = width; lane < NR; ++lane) out[lane] = 0.0f;
+      }
+    }
+  }
+}
+
 /// Packs MR-row micro-panel `panel` of the mc x kc block of A at `a`:
 /// dst holds kc columns of MR floats.
 template <int MR, class T>

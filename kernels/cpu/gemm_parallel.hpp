@@ -4,22 +4,15 @@
 //   m  B block packed cooperatively; each thread owns a contiguous range of
 //      MR-row panels of M (balanced to MR granularity, not whole MC blocks,
 //      so e.g. M=512 does not split 3:2 blocks) and packs its own A blocks.
-//   n  A block packed cooperatively; the jr loop over NR panels is split
-//      across threads, each packing its own panels of B. Suits small M
-//      (skinny GEMMs) with wide N.
+//   n  A and B blocks packed cooperatively; the jr loop over NR panels is
+//      split across threads. Suits small M (skinny GEMMs) with wide N.
 //   k  split-K: each thread runs the whole blocked GEMM on its own K range
 //      into its own partial C (thread 0 writes C itself), then a parallel
 //      reduction. Suits small M*N with large K.
-//
-// In all three, B panels are packed inside the first A block of each B block,
-// each just before its tiles (packing_block in gemm_macrokernel.hpp).
 #pragma once
 
 #include <omp.h>
 
-#include <atomic>
-#include <cstdint>
-#include <memory>
 #include <tuple>
 
 #include "gemm_buffers.hpp"
@@ -47,10 +40,6 @@ struct Workspace {
   SlicedBuffer a_tail;     // MR x kc per thread (TC_PACK_A=0 edge rows)
   SlicedBuffer c_partial;  // m x n per thread but the first ("k" only)
   skinny::Scratch skinny;  // GEMV-class problems (gemm_skinny.hpp) need only this
-  // "m": per panel of the shared B block, the generation of the block packed there (the
-  // panels are packed by different threads as they go), and the count of blocks so far.
-  std::unique_ptr<std::atomic<std::int64_t>[]> ready;
-  std::int64_t generation = 0;
 
   Workspace(const Problem& problem, int thread_count) : threads(thread_count) {
     skinny::Task task;
@@ -65,11 +54,6 @@ struct Workspace {
     if (kPackA) a_pack = SlicedBuffer(kParScheme == 1 ? 1 : threads, mc * kc);
     if (!kPackA) a_tail = SlicedBuffer(threads, kMR * kc);
     if (kParScheme == 2 && threads > 1) c_partial = SlicedBuffer(threads - 1, problem.m * problem.n);
-    if (kParScheme == 0) {
-      const index_t panels = nc / kNR;
-      ready.reset(new std::atomic<std::int64_t>[panels]);
-      for (index_t i = 0; i < panels; ++i) ready[i].store(-1, std::memory_order_relaxed);
-    }
   }
 };
 
@@ -87,12 +71,19 @@ inline ABlock a_block(const Problem& p, index_t ic, index_t pc, index_t mc, inde
   }
 }
 
-/// "m": threads split the rows of C. Each thread packs a share of the shared B block's panels
-/// inside its first A block (packing_block) and takes the others' as their flags turn.
+/// This thread's share of the NR panels of a shared B block, packed; returns once every
+/// thread's share is in place.
+inline void pack_b_share(const StridedView<InputT>& b, index_t kc, index_t nc, int nt, int tid,
+                         float* b_packed) {
+  index_t panel_begin, panel_end;
+  split_range(ceil_div(nc, kNR), nt, tid, panel_begin, panel_end);
+  pack_b_panels<kNR>(b, kc, nc, panel_begin, panel_end, b_packed);
+#pragma omp barrier
+}
+
+/// "m": threads split the rows of C.
 struct ParallelM {
   static void run(const Problem& p, Workspace& ws) {
-    const std::int64_t first_generation = ws.generation;
-    ws.generation += ceil_div(p.n, kNC) * ceil_div(p.k, kKC);
 #pragma omp parallel num_threads(ws.threads)
     {
       const int tid = omp_get_thread_num();
@@ -102,31 +93,18 @@ struct ParallelM {
       const index_t row_begin = panel_begin * kMR;
       const index_t row_end = std::min(panel_end * kMR, p.m);
       float* b_packed = ws.b_pack.slice(0);
-      std::int64_t generation = first_generation;
       for (index_t jc = 0; jc < p.n; jc += kNC) {
         const index_t nc = std::min(kNC, p.n - jc);
-        index_t own_begin, own_end;
-        split_range(ceil_div(nc, kNR), nt, tid, own_begin, own_end);
         for (index_t pc = 0; pc < p.k; pc += kKC) {
           const index_t kc = std::min(kKC, p.k - pc);
-          ++generation;
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
-          if (row_begin >= row_end) {  // no rows of C here, but a share of B to pack
-            for (index_t panel = own_begin; panel < own_end; ++panel) {
-              pack_b_panel<kNR>(b, kc, nc, panel, b_packed);
-              ws.ready[panel].store(generation, std::memory_order_release);
-            }
-          }
+          pack_b_share(b, kc, nc, nt, tid, b_packed);
           for (index_t ic = row_begin; ic < row_end; ic += kMC) {
             const index_t mc = std::min(kMC, row_end - ic);
             const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
                                      kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
-            float* c = p.c + ic * p.ldc + jc;
-            if (ic == row_begin)
-              packing_block(mc, nc, kc, a, b, b_packed, c, p.ldc, pc > 0, own_begin, own_end,
-                            ws.ready.get(), generation);
-            else
-              macrokernel(mc, nc, kc, a, b_packed, c, p.ldc, pc > 0, 0, ceil_div(nc, kNR));
+            macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, 0,
+                        ceil_div(nc, kNR));
           }
           // The B block is repacked next iteration: wait until all threads are done with it.
 #pragma omp barrier
@@ -151,6 +129,7 @@ struct ParallelN {
         for (index_t pc = 0; pc < p.k; pc += kKC) {
           const index_t kc = std::min(kKC, p.k - pc);
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
+          pack_b_share(b, kc, nc, nt, tid, b_packed);
           for (index_t ic = 0; ic < p.m; ic += kMC) {
             const index_t mc = std::min(kMC, p.m - ic);
             index_t a_begin = 0, a_end = 0;
@@ -161,14 +140,9 @@ struct ParallelN {
             if (kPackA) {
 #pragma omp barrier
             }
-            // This thread's panels of B are its own: the first A block packs them as it goes.
-            float* c = p.c + ic * p.ldc + jc;
-            if (ic == 0)
-              packing_block(mc, nc, kc, a, b, b_packed, c, p.ldc, pc > 0, panel_begin, panel_end,
-                            nullptr, 0);
-            else
-              macrokernel(mc, nc, kc, a, b_packed, c, p.ldc, pc > 0, panel_begin, panel_end);
-            // The shared A block is overwritten next.
+            macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, panel_begin,
+                        panel_end);
+            // The shared A block (or B block, after the last ic) is overwritten next.
 #pragma omp barrier
           }
         }
@@ -196,16 +170,13 @@ struct ParallelK {
         for (index_t pc = k_begin; pc < k_end; pc += kKC) {
           const index_t kc = std::min(kKC, k_end - pc);
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
+          pack_b_panels<kNR>(b, kc, nc, 0, ceil_div(nc, kNR), b_packed);
           for (index_t ic = 0; ic < p.m; ic += kMC) {
             const index_t mc = std::min(kMC, p.m - ic);
             const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
                                      kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
-            if (ic == 0)  // packs the thread's own B block as it goes
-              packing_block(mc, nc, kc, a, b, b_packed, c + jc, ldc, pc > k_begin, 0,
-                            ceil_div(nc, kNR), nullptr, 0);
-            else
-              macrokernel(mc, nc, kc, a, b_packed, c + ic * ldc + jc, ldc, pc > k_begin, 0,
-                          ceil_div(nc, kNR));
+            macrokernel(mc, nc, kc, a, b_packed, c + ic * ldc + jc, ldc, pc > k_begin, 0,
+                        ceil_div(nc, kNR));
           }
         }
       }
