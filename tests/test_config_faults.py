@@ -209,8 +209,8 @@ def test_each_malformed_config_ends_in_a_clear_message(tmp_path, path, value, ne
 OTHER_FAMILIES = [
     ("grouped_conv_forward", ("candidates", "tiles"), ["30x32x32"],
      ["grouped_conv_forward.candidates.tiles[0]: expected a 'BMxBNxBK' string, BM a multiple of 8", "'30x32x32'"]),
-    ("grouped_conv_forward", ("candidates", "pipeline"), ["winograd"],
-     ["candidates.pipeline[0]: expected one of 'direct', 'im2col', 'dw'", "'winograd'"]),
+    ("grouped_conv_forward", ("candidates", "pipeline"), ["fft"],
+     ["candidates.pipeline[0]: expected one of 'direct', 'im2col', 'dw'", "'fft'"]),
     ("grouped_conv_forward", ("problems", "holdout", 0, "list", 0, "pad_h"), -1,
      ["holdout[0].list[0].pad_h: expected a whole number from 0 to", "got -1"]),
     ("grouped_conv_forward", ("problems", "holdout", 0, "list", 0, "direction"), "bwd_data",

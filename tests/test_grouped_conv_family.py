@@ -21,7 +21,7 @@ from tilecast.families import FamilyError, get_family
 from tilecast.families.grouped_conv import GroupedConvFamily, geometry_reason
 from tilecast.families.grouped_conv_kernels import (
     DIRECTIONS, PIPELINE_VARIANTS, REQUIRED_FLAGS, GroupedConvConfig, TileEngineConvConfig, kernel_name,
-    parse_kernel_name)
+    parse_kernel_name, validate_config)
 
 FAMILIES = {d: get_family(f"grouped_conv_{d}") for d in DIRECTIONS}
 FORWARD = FAMILIES["forward"]
@@ -36,11 +36,12 @@ def test_families_are_registered_under_their_names():
 
 # -- names ---------------------------------------------------------------------------------
 
-def test_variant_table_holds_the_17_valid_combinations():
-    assert len(PIPELINE_VARIANTS) == len(set(PIPELINE_VARIANTS)) == 17
-    assert Counter(v[0] for v in PIPELINE_VARIANTS) == {"direct": 4, "im2col": 8, "dw": 2, "gemm": 3}
-    assert not any(dsb for p, _, dsb, _ in PIPELINE_VARIANTS if p in ("direct", "dw", "gemm"))
-    assert not any(si for p, _, _, si in PIPELINE_VARIANTS if p == "dw")
+def test_variant_table_holds_the_19_valid_combinations():
+    assert len(PIPELINE_VARIANTS) == len(set(PIPELINE_VARIANTS)) == 19
+    assert Counter(v[0] for v in PIPELINE_VARIANTS) == {"direct": 4, "im2col": 8, "dw": 2, "gemm": 3,
+                                                         "winograd": 2}
+    assert not any(dsb for p, _, dsb, _ in PIPELINE_VARIANTS if p in ("direct", "dw", "gemm", "winograd"))
+    assert not any(si for p, _, _, si in PIPELINE_VARIANTS if p in ("dw", "winograd"))
     # gemm interwave runs each group's GEMM on one thread: nothing to split K over
     assert ("gemm", "interwave", False, True) not in PIPELINE_VARIANTS
 
@@ -49,10 +50,14 @@ def test_space_is_every_variant_of_the_table_for_every_tile():
     tiles, gemm_tiles = ["8x16x1", "16x32x64", "64x64x32", "128x16x256"], ["96x512x256"]
     for family in FAMILIES.values():
         space = family.candidate_space({"tiles": tiles, "gemm_tiles": gemm_tiles}, {"flags": []})
-        # variants x their tiles x (2D, 3D): the gemm pipeline takes gemm_tiles
-        assert len(space) == (14 * len(tiles) + 3 * len(gemm_tiles)) * 2
-        assert {(c.pipeline, c.wave_mode, c.has_dsb, c.has_si) for c in space} == set(PIPELINE_VARIANTS)
-        assert {(c.bm, c.bn, c.bk) for c in space if c.pipeline == "gemm"} == {(96, 512, 256)}
+        # variants x their tiles x (2D, 3D): the gemm pipeline takes gemm_tiles; so does
+        # winograd, 2D forward and bwd_data only
+        winograd = family.direction != "bwd_weight"
+        assert len(space) == (14 * len(tiles) + 3 * len(gemm_tiles)) * 2 + 2 * len(gemm_tiles) * winograd
+        assert {(c.pipeline, c.wave_mode, c.has_dsb, c.has_si) for c in space} == \
+            {v for v in PIPELINE_VARIANTS if winograd or v[0] != "winograd"}
+        assert {(c.bm, c.bn, c.bk) for c in space if c.pipeline in ("gemm", "winograd")} == {(96, 512, 256)}
+        assert {c.ndim_spatial for c in space if c.pipeline == "winograd"} <= {2}
     assert FORWARD.kernel_name(GroupedConvConfig("forward", "fp32", 3, 64, 32, 16, "im2col",
                                                  "interwave", True, True)) == \
         "grouped_conv_forward_fp32_3d_64x32x16_im2col_interwave_dsb_si"
@@ -63,8 +68,8 @@ def test_candidate_options_filter_the_table():
     assert len(space) == 4 and all(c.pipeline == "direct" and c.ndim_spatial == 3 for c in space)
     with pytest.raises(FamilyError, match="unknown grouped-conv candidate option"):
         FORWARD.candidate_space({"tile_m": [4]}, {})
-    with pytest.raises(FamilyError, match="unknown pipeline 'winograd'"):
-        FORWARD.candidate_space({"pipeline": ["winograd"]}, {})
+    with pytest.raises(FamilyError, match="unknown pipeline 'fft'"):
+        FORWARD.candidate_space({"pipeline": ["fft"]}, {})
     # AVX2 with FMA runs the kernels (AVX-512 where the CPU has it); less runs none
     assert FORWARD.candidate_space({}, {"flags": ["avx2", "fma"]}) == FORWARD.candidate_space({}, {})
     assert FORWARD.candidate_space({}, {"flags": ["sse4_2", "avx"]}) == []
@@ -100,7 +105,7 @@ def test_seed_tile_engine_name():
 @pytest.mark.parametrize("name, fragment", [
     ("grouped_conv_forward_bf16_2d_64x64x64_compv9x_intrawave_dsb",
      "unknown pipeline 'compv9x' in kernel name 'grouped_conv_forward_bf16_2d_64x64x64_compv9x"
-     "_intrawave_dsb'; valid: direct, im2col, dw, gemm, basic_vN, basic_async_vN, comp_async, compvN"),
+     "_intrawave_dsb'; valid: direct, im2col, dw, gemm, winograd, basic_vN, basic_async_vN, comp_async, compvN"),
     ("grouped_conv_forward_fp16_2d_64x64x64_direct_intrawave", "unknown dtype 'fp16'"),
     ("grouped_conv_forward_fp32_2d_64x64x64_direct", "lacks the wave mode"),
     ("grouped_conv_forward_fp32_2d_64x64x64_dw_intrawave_si", "pipeline variant dw_intrawave_si"),
@@ -185,6 +190,27 @@ def test_unsupported_and_applicable():
     assert "empty output along h" in FORWARD.unsupported_reason(im2col, empty)
     with pytest.raises(FamilyError, match="empty output"):
         FORWARD.prepare(empty, Path("/nonexistent"), seed=0)
+
+
+def test_winograd_runs_3x3_stride_1_undilated_2d_layers_forward_and_bwd_data_only():
+    winograd = GroupedConvConfig("forward", "fp32", 2, 96, 512, 256, "winograd", "intrawave", False, False)
+    dense = FORWARD.problem(BASE)
+    assert FORWARD.applicable(winograd, dense) and FORWARD.unsupported_reason(winograd, dense) is None
+    for change, said in (({"stride_h": 2}, "stride 2x1"), ({"dilation_w": 2}, "dilation 1x2"),
+                         ({"X": 5, "pad_w": 2}, "got 3x5")):
+        other = FORWARD.problem({**BASE, **change})
+        assert not FORWARD.applicable(winograd, other)
+        assert said in FORWARD.unsupported_reason(winograd, other)
+        # applicable reads the winograd geometry: the key tells the problems apart
+        assert FORWARD.applicability_key(other) != FORWARD.applicability_key(dense)
+    assert not FORWARD.applicable(winograd, FORWARD.problem(BASE_3D))
+    for direction, ndim in (("bwd_weight", 2), ("forward", 3)):
+        with pytest.raises(FamilyError, match="winograd pipeline is 2D forward and bwd_data only"):
+            validate_config(GroupedConvConfig(direction, "fp32", ndim, 96, 512, 256, "winograd",
+                                              "intrawave", False, False))
+    with pytest.raises(FamilyError, match="pipeline variant winograd_intrawave_si"):
+        validate_config(GroupedConvConfig("forward", "fp32", 2, 96, 512, 256, "winograd",
+                                          "intrawave", False, True))
 
 
 def test_flops_and_bytes_known_answer():
@@ -314,12 +340,20 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(G=12, C=1, K=1, Hi=10, Wi=7, Y=3, X=3, stride_w=2, pad_h=1, pad_w=1),
                      # im2col of all four images outgrows the gemm pipeline's scratch (2^23
                      # floats): it takes them three, then one (bwd_weight sums the chunks)
-                     dict(N=4, C=64, K=16, Hi=64, Wi=64, Y=3, X=3, pad_h=1, pad_w=1)],
+                     dict(N=4, C=64, K=16, Hi=64, Wi=64, Y=3, X=3, pad_h=1, pad_w=1),
+                     # winograd's: no padding, odd outputs (edge tiles of one row or column)
+                     dict(N=2, G=2, C=5, K=7, Hi=9, Wi=8, Y=3, X=3),
+                     # pad 2 and 3: bwd_data's forward-equivalent offsets 0 and -1
+                     dict(C=3, K=20, Hi=5, Wi=7, Y=3, X=3, pad_h=2, pad_w=3),
+                     # 576 tiles of C + K = 1008 channels outgrow winograd's scratch (2^23
+                     # floats of V and M): it takes them 520, then 56
+                     dict(C=1000, K=8, Hi=48, Wi=48, Y=3, X=3, pad_h=1, pad_w=1)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,
                           pad_h=1, pad_w=2, dilation_w=2)]}
-# every pipeline in every direction, each pipeline in 2D and 3D, both waves, dsb and si
+# every pipeline in every direction, each pipeline in 2D and 3D (winograd: 2D forward and
+# bwd_data), both waves, dsb and si
 KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                    for d, ndim, bm, bn, bk, variant in (
                        ("forward", 2, 16, 16, 16, ("im2col", "interwave", True, True)),
@@ -337,7 +371,12 @@ KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                        ("bwd_data", 2, 16, 16, 8, ("gemm", "interwave", False, False)),
                        ("bwd_data", 3, 96, 512, 256, ("gemm", "intrawave", False, True)),
                        ("bwd_weight", 2, 32, 32, 16, ("gemm", "intrawave", False, False)),
-                       ("bwd_weight", 3, 16, 16, 8, ("gemm", "interwave", False, False)))]
+                       ("bwd_weight", 3, 16, 16, 8, ("gemm", "interwave", False, False)),
+                       # winograd: small blocks (every GEMM loop turns) and the default's
+                       ("forward", 2, 16, 32, 8, ("winograd", "intrawave", False, False)),
+                       ("forward", 2, 192, 512, 256, ("winograd", "interwave", False, False)),
+                       ("bwd_data", 2, 16, 16, 8, ("winograd", "interwave", False, False)),
+                       ("bwd_data", 2, 192, 512, 256, ("winograd", "intrawave", False, False)))]
 
 
 @pytest.fixture(scope="module")

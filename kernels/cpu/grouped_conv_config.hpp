@@ -14,15 +14,17 @@
 //   TC_PIPELINE  0 direct, 1 im2col, 2 dw (depthwise: C == K == 1 per group), 3 gemm (one
 //                GEMM per group on tilecast's GEMM library, grouped_conv_gemm.hpp: BM, BN, BK
 //                are its cache blocks MC, NC, KC; the register tile is the ISA's, 8 x 32 with
-//                AVX-512 (8 x 16 when BN % 32 != 0), 6 x 16 with AVX2)
+//                AVX-512 (8 x 16 when BN % 32 != 0), 6 x 16 with AVX2), 4 winograd
+//                (F(2x2, 3x3) for 3x3 stride-1 2D layers, forward and bwd_data, its 16
+//                GEMMs on the GEMM library as gemm's: grouped_conv_winograd.hpp)
 //   TC_WAVE      0 intra (threads share one group's GEMM), 1 inter (threads take whole
 //                (group, image) GEMMs; bwd_weight: whole groups)
 //   TC_DSB       1: pack the next im2col block while computing the current one (im2col only)
 //   TC_SI        1: split the K_gemm reduction over threads into partial outputs, then reduce
 //
 // Valid (pipeline, wave, dsb, si): direct {dsb 0} x wave x si (4), im2col all 8,
-// dw {dsb 0, si 0} x wave (2), gemm {intra, dsb 0} x si and {inter, dsb 0, si 0} (3): 17 in
-// all. The Python family holds the same table.
+// dw {dsb 0, si 0} x wave (2), gemm {intra, dsb 0} x si and {inter, dsb 0, si 0} (3),
+// winograd {dsb 0, si 0} x wave (2): 19 in all. The Python family holds the same table.
 #pragma once
 
 #include <cstddef>
@@ -55,8 +57,8 @@
 #if TC_BK < 1 || TC_BK > 4096
 #error "TC_BK must be in [1, 4096]"
 #endif
-#if TC_PIPELINE != 0 && TC_PIPELINE != 1 && TC_PIPELINE != 2 && TC_PIPELINE != 3
-#error "TC_PIPELINE must be 0 (direct), 1 (im2col), 2 (dw) or 3 (gemm)"
+#if TC_PIPELINE < 0 || TC_PIPELINE > 4
+#error "TC_PIPELINE must be 0 (direct), 1 (im2col), 2 (dw), 3 (gemm) or 4 (winograd)"
 #endif
 #if TC_WAVE != 0 && TC_WAVE != 1
 #error "TC_WAVE must be 0 (intra) or 1 (inter)"
@@ -76,9 +78,16 @@
 #if TC_PIPELINE == 3 && TC_SI == 1 && TC_WAVE == 1
 #error "TC_PIPELINE=3 (gemm) with TC_WAVE=1 runs each group's GEMM on one thread: no split-K (TC_SI=1)"
 #endif
+#if TC_PIPELINE == 4 && TC_SI == 1
+#error "TC_SI=1 is not implemented for TC_PIPELINE=4 (winograd)"
+#endif
+#if TC_PIPELINE == 4 && TC_DIR == 2
+#error "TC_PIPELINE=4 (winograd) runs forward and bwd_data only"
+#endif
 
-// The gemm pipeline's GEMM parameters (kernels/cpu/gemm_config.hpp), from this variant's.
-#if TC_PIPELINE == 3
+// The gemm and winograd pipelines' GEMM parameters (kernels/cpu/gemm_config.hpp), from this
+// variant's.
+#if TC_PIPELINE == 3 || TC_PIPELINE == 4
 #define TC_DTYPE 0
 #ifdef __AVX512F__
 #define TC_ISA 1
@@ -102,7 +111,7 @@ namespace tc::gconv {
 using index_t = std::ptrdiff_t;
 
 enum Direction { kForward = 0, kBwdData = 1, kBwdWeight = 2 };
-enum Pipeline { kDirect = 0, kIm2col = 1, kDw = 2, kGemm = 3 };
+enum Pipeline { kDirect = 0, kIm2col = 1, kDw = 2, kGemm = 3, kWinograd = 4 };
 
 constexpr int kDir = TC_DIR;
 constexpr int kNdim = TC_NDIM;

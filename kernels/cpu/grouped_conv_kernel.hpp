@@ -13,6 +13,8 @@
 #include "grouped_conv_wgrad.hpp"
 #if TC_PIPELINE == 3
 #include "grouped_conv_gemm.hpp"
+#elif TC_PIPELINE == 4
+#include "grouped_conv_winograd.hpp"
 #endif
 
 namespace tc::gconv {
@@ -27,6 +29,9 @@ decltype(auto) with_kernel(const ConvShape& shape, const float* in1, const float
                            int threads, Body&& body) {
 #if TC_PIPELINE == 3
   const GemmConv<Dir> kernel(shape, in1, in2, threads);
+  return body([&] { kernel.run(out); });
+#elif TC_PIPELINE == 4
+  const WinogradConv<Dir> kernel(shape, in1, in2, threads);
   return body([&] { kernel.run(out); });
 #else
   const FloatBuffer zeros(std::max({shape.c, shape.k, shape.g}) + 2 * kNR);

@@ -103,6 +103,14 @@ inline std::string check_supported(ConvShape& shape) {
   if (kPipeline == kDw && (shape.c != 1 || shape.k != 1))
     return "dw pipeline needs C == 1 and K == 1 per group, got C=" + std::to_string(shape.c) +
            ", K=" + std::to_string(shape.k);
+  if (kPipeline == kWinograd && (shape.filt[1] != 3 || shape.filt[2] != 3 || shape.stride[1] != 1 ||
+                                 shape.stride[2] != 1 || shape.dil[1] != 1 || shape.dil[2] != 1 ||
+                                 shape.in[0] != 1 || shape.filt[0] != 1))
+    return "winograd pipeline needs a 2D 3x3 filter with stride 1 and dilation 1, got " +
+           std::to_string(shape.filt[0]) + "x" + std::to_string(shape.filt[1]) + "x" +
+           std::to_string(shape.filt[2]) + " stride " + std::to_string(shape.stride[1]) + "x" +
+           std::to_string(shape.stride[2]) + " dilation " + std::to_string(shape.dil[1]) + "x" +
+           std::to_string(shape.dil[2]) + " Di=" + std::to_string(shape.in[0]);
   return "";
 }
 

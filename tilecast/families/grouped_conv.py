@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError, PreparedProblem,
                                     integer_field, library_timer, reject_unknown, table_choice)
-from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, NDIMS, PIPELINE_VARIANTS, PIPELINES,
+from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, GEMM_PIPELINES, NDIMS, PIPELINE_VARIANTS, PIPELINES,
                                    REQUIRED_FLAGS, TILE_ENGINE_DTYPES, WAVE_MODES,
                                    GroupedConvConfig, kernel_name, parse_kernel_name,
                                    validate_config)
@@ -62,6 +62,11 @@ class GroupedConvProblem:
 
     def is_depthwise(self) -> bool:
         return self.C == 1 and self.K == 1
+
+    def is_winograd(self) -> bool:
+        """A 2D 3x3 layer with stride 1 and dilation 1: what the winograd pipeline runs."""
+        return (self.ndim == 2 and self.Y == self.X == 3 and self.stride_h == self.stride_w == 1
+                and self.dilation_h == self.dilation_w == 1)
 
     def _axes(self):
         return ((self.Di, self.pad_d, self.dilation_d, self.Z, self.stride_d),
@@ -191,7 +196,8 @@ class GroupedConvFamily(FamilyBase):
     # -- candidate space ----------------------------------------------------------------
     CANDIDATE_OPTIONS = {"dtype": ["fp32"], "ndim": list(NDIMS),
                          "tiles": ["32x32x32", "64x32x32", "32x64x32", "64x64x64", "128x64x32"],
-                         # the gemm pipeline's tiles are its GEMM cache blocks MC x NC x KC
+                         # the gemm and winograd pipelines' tiles are their GEMM cache blocks
+                         # MC x NC x KC
                          "gemm_tiles": ["192x512x256"],
                          "pipeline": list(PIPELINES), "wave_mode": list(WAVE_MODES),
                          "has_dsb": [False, True], "has_si": [False, True]}
@@ -216,7 +222,9 @@ class GroupedConvFamily(FamilyBase):
             if (pipeline not in opt["pipeline"] or wave not in opt["wave_mode"]
                     or dsb not in opt["has_dsb"] or si not in opt["has_si"]):
                 continue
-            for tile in opt["gemm_tiles" if pipeline == "gemm" else "tiles"]:
+            if pipeline == "winograd" and (self.direction == "bwd_weight" or int(ndim) != 2):
+                continue   # 2D forward and bwd_data only
+            for tile in opt["gemm_tiles" if pipeline in GEMM_PIPELINES else "tiles"]:
                 try:
                     bm, bn, bk = (int(v) for v in str(tile).split("x"))
                 except ValueError:
@@ -252,15 +260,18 @@ class GroupedConvFamily(FamilyBase):
 
     def applicable(self, cfg, problem: GroupedConvProblem) -> bool:
         """Whether the kernel is a candidate for the problem at all: same direction, dtype
-        and ndim, and a pipeline that handles it (dw only for depthwise problems), so a
-        dispatcher never picks a kernel that cannot run the problem."""
+        and ndim, and a pipeline that handles it (dw only for depthwise problems, winograd
+        only for 3x3 stride-1 undilated 2D ones), so a dispatcher never picks a kernel that
+        cannot run the problem."""
         return (cfg.direction == problem.direction and cfg.dtype == problem.dtype
                 and cfg.ndim_spatial == problem.ndim
-                and (cfg.pipeline != "dw" or problem.is_depthwise()))
+                and (cfg.pipeline != "dw" or problem.is_depthwise())
+                and (cfg.pipeline != "winograd" or problem.is_winograd()))
 
     def applicability_key(self, problem: GroupedConvProblem):
         """What `applicable` reads of a problem: equal keys, equal candidate masks."""
-        return problem.direction, problem.dtype, problem.ndim, problem.is_depthwise()
+        return (problem.direction, problem.dtype, problem.ndim, problem.is_depthwise(),
+                problem.is_winograd())
 
     def unsupported_reason(self, cfg, problem: GroupedConvProblem) -> str | None:
         for field, kernel_value, problem_value in (
@@ -271,6 +282,10 @@ class GroupedConvFamily(FamilyBase):
         if cfg.pipeline == "dw" and not problem.is_depthwise():
             return (f"the dw pipeline needs a depthwise problem (C = K = 1 per group), "
                     f"got C={problem.C}, K={problem.K}")
+        if cfg.pipeline == "winograd" and not problem.is_winograd():
+            return (f"the winograd pipeline needs a 2D 3x3 filter with stride 1 and dilation 1, "
+                    f"got {problem.Y}x{problem.X} stride {problem.stride_h}x{problem.stride_w} "
+                    f"dilation {problem.dilation_h}x{problem.dilation_w}")
         return geometry_reason(problem)
 
     def slices(self, problem: GroupedConvProblem) -> tuple[str, ...]:

@@ -16,13 +16,15 @@ DIRECTIONS = {"forward": 0, "bwd_data": 1, "bwd_weight": 2}   # name -> TC_DIR
 NDIMS = (2, 3)
 DTYPES = ("fp32",)                                # dtypes tilecast's kernels compute in
 TILE_ENGINE_DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8")   # dtypes of foreign records
-PIPELINES = {"direct": 0, "im2col": 1, "dw": 2, "gemm": 3}   # name -> TC_PIPELINE
+PIPELINES = {"direct": 0, "im2col": 1, "dw": 2, "gemm": 3, "winograd": 4}   # name -> TC_PIPELINE
 WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
 
 # The single source of truth for valid (pipeline, wave_mode, has_dsb, has_si) combinations:
 # direct has no double-buffered staging (dsb), dw (depthwise) neither dsb nor split-input;
 # gemm (one GEMM per group on the GEMM library, kernels/cpu/grouped_conv_gemm.hpp) shares a
-# group's GEMM m-split or split-K (si) intrawave, or runs whole groups per thread interwave.
+# group's GEMM m-split or split-K (si) intrawave, or runs whole groups per thread interwave;
+# winograd (F(2x2, 3x3), kernels/cpu/grouped_conv_winograd.hpp) shares each of its 16 GEMMs
+# intrawave, or deals them out whole interwave.
 PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
     (pipeline, wave, dsb, si)
     for pipeline, dsb_values, si_values in (("direct", (False,), (False, True)),
@@ -30,7 +32,11 @@ PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
                                             ("dw", (False,), (False,)))
     for wave in WAVE_MODES for dsb in dsb_values for si in si_values) + (
     ("gemm", "intrawave", False, False), ("gemm", "intrawave", False, True),
-    ("gemm", "interwave", False, False))
+    ("gemm", "interwave", False, False),
+    ("winograd", "intrawave", False, False), ("winograd", "interwave", False, False))
+
+# The pipelines that run on the GEMM library and take its cache blocks (gemm_tiles) as tiles.
+GEMM_PIPELINES = ("gemm", "winograd")
 
 # The tile engine's pipelines, N a digit (e.g. compv3, basic_async_v1, preshufflev2).
 TILE_ENGINE_PIPELINES = ("basic_vN", "basic_async_vN", "comp_async", "compvN", "mem",
@@ -138,6 +144,9 @@ def validate_config(cfg) -> Any:
             valid = ", ".join(_variant_label(*v) for v in PIPELINE_VARIANTS)
             raise FamilyError(f"pipeline variant {_variant_label(*variant)} (pipeline, wave_mode, "
                               f"has_dsb, has_si) is not valid; valid: {valid}")
+        if cfg.pipeline == "winograd" and (cfg.direction == "bwd_weight" or cfg.ndim_spatial != 2):
+            raise FamilyError(f"the winograd pipeline is 2D forward and bwd_data only; {ctx} is "
+                              f"{cfg.ndim_spatial}D {cfg.direction}")
     return cfg
 
 
