@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/conv_peers.py                        # held-out layers, 3 directions
     .venv/bin/python benchmarks/conv_peers.py --directions forward --rounds 5
     .venv/bin/python benchmarks/conv_peers.py --match Y=3,X=3 --set train
+    .venv/bin/python benchmarks/conv_peers.py --directions forward --by-pipeline   # each pipeline's best
 
 The variants are a config's candidates per direction (default: the grouped_conv config's 24,
 those this CPU runs), built as in-process libraries like the benchmark stage builds them. Each
@@ -12,7 +13,9 @@ operands, each variant into its own output, whose error against the float64 torc
 is checked every round: a fast and wrong variant is dropped from that layer, never the best.
 Medians over the rounds; per layer the best variant and best / torch; per direction the
 geometric mean of best / torch over its layers and over the slices the issue names
-(depthwise, 3x3 stride 1, pointwise, the rest). Figures, not a test: a shared machine's
+(depthwise, 3x3 stride 1, pointwise, the rest). --by-pipeline adds each pipeline's best / torch
+per layer, and per pair of pipelines the geometric mean of one's best over the other's on the
+layers both run: what a pipeline adds, read in the same rounds. Figures, not a test: a shared machine's
 timings are not a pass/fail matter.
 """
 from __future__ import annotations
@@ -86,7 +89,8 @@ def geomean(values) -> float:
 
 
 def run_direction(direction: str, args, machine: dict, cfg) -> list[tuple]:
-    """[(problem, slice, best kernel, best GFLOP/s, torch GFLOP/s)] for one direction."""
+    """[(problem, slice, best kernel, best GFLOP/s, torch GFLOP/s, {pipeline: its best
+    GFLOP/s})] for one direction."""
     name = f"grouped_conv_{direction}"
     family, fc = get_family(name), cfg.families[name]
     configs = budgeted(family, family.candidate_space(fc.candidates, machine), fc.seed, fc.budget)
@@ -135,18 +139,37 @@ def run_direction(direction: str, args, machine: dict, cfg) -> list[tuple]:
         median = {k: statistics.median(v) for (n, k), v in samples.items() if n == number}
         best = min(outputs, key=lambda k: median.get(k, math.inf), default=None)
         flops = family.flops(problem)
-        best_rate = flops / median[best] / 1e9 if best and math.isfinite(median[best]) else 0.0
-        rows.append((problem, slice_of(problem), best, best_rate, flops / median[peer_name] / 1e9))
+        rate = {k: flops / median[k] / 1e9 for k in outputs if math.isfinite(median.get(k, math.inf))}
+        by_pipeline: dict[str, float] = {}
+        for kernel, value in rate.items():
+            pipeline = libraries[kernel][0].pipeline
+            by_pipeline[pipeline] = max(by_pipeline.get(pipeline, 0.0), value)
+        rows.append((problem, slice_of(problem), best, rate.get(best, 0.0),
+                     flops / median[peer_name] / 1e9, by_pipeline))
     return rows
 
 
-def report(direction: str, rows: list[tuple]) -> None:
+def report(direction: str, rows: list[tuple], by_pipeline: bool = False) -> None:
     print(f"\n{direction}: best variant against torch (medians)")
-    print(f"{'layer':>62} {'slice':>12} {'best GFLOP/s':>12} {'torch':>8} {'best/torch':>10}  best variant")
-    for problem, part, best, rate, torch_rate in rows:
+    pipelines = sorted({p for row in rows for p in row[5]})
+    extra = "".join(f" {p + '/torch':>14}" for p in pipelines) if by_pipeline else ""
+    print(f"{'layer':>62} {'slice':>12} {'best GFLOP/s':>12} {'torch':>8} {'best/torch':>10}{extra}"
+          f"  best variant")
+    for problem, part, best, rate, torch_rate, best_of in rows:
+        extra = "".join(f" {best_of[p] / torch_rate:14.2f}" if p in best_of else f" {'-':>14}"
+                        for p in pipelines) if by_pipeline else ""
         print(f"{label(problem):>62} {part:>12} {rate:12.1f} {torch_rate:8.1f} "
-              f"{rate / torch_rate:10.2f}  {(best or 'none').replace('grouped_conv_', '')}")
-    ratios = [(part, max(rate, 1e-9) / torch_rate) for _, part, _, rate, torch_rate in rows]
+              f"{rate / torch_rate:10.2f}{extra}  {(best or 'none').replace('grouped_conv_', '')}")
+    if by_pipeline:
+        for first in pipelines:
+            for second in pipelines:
+                shared = [r[5][first] / r[5][second] for r in rows
+                          if first < second and first in r[5] and second in r[5]]
+                if shared:
+                    print(f"{direction}: {first} / {second}, best against best: geometric mean "
+                          f"{geomean(shared):.2f} over the {len(shared)} layers both run "
+                          f"(range {min(shared):.2f}-{max(shared):.2f})")
+    ratios = [(part, max(rate, 1e-9) / torch_rate) for _, part, _, rate, torch_rate, _ in rows]
     parts = sorted({p for p, _ in ratios})
     print(f"{direction}: geometric mean best/torch {geomean(r for _, r in ratios):.3f} over "
           f"{len(ratios)} layers; " + ", ".join(
@@ -162,6 +185,8 @@ def main() -> None:
     parser.add_argument("--match", default="", help="only layers whose dims key contains this (e.g. 'Y=3,X=3')")
     parser.add_argument("--pipelines", nargs="*", default=None,
                         help="only variants of these pipelines (default: all)")
+    parser.add_argument("--by-pipeline", action="store_true",
+                        help="each pipeline's best per layer, and pipelines against each other")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sample-ms", type=float, default=20.0)
@@ -174,7 +199,7 @@ def main() -> None:
     cfg = load_config(args.config)
     for direction in args.directions:
         rows = run_direction(direction, args, machine, cfg)
-        report(direction, rows)
+        report(direction, rows, args.by_pipeline)
 
 
 if __name__ == "__main__":
