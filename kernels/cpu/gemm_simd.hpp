@@ -28,6 +28,12 @@ struct VecAvx2 {
   static TC_INLINE reg broadcast(const float* p) { return _mm256_broadcast_ss(p); }
   static TC_INLINE reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static TC_INLINE reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
+  /// The sum of the lanes.
+  static TC_INLINE float sum(reg v) {
+    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+  }
 };
 
 #ifdef __AVX512F__
@@ -47,6 +53,7 @@ struct VecAvx512 {
   static TC_INLINE reg broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static TC_INLINE reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static TC_INLINE reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
+  static TC_INLINE float sum(reg v) { return _mm512_reduce_add_ps(v); }
 };
 #endif
 

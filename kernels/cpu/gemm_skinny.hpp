@@ -1,4 +1,5 @@
-// GEMV-class problems: C = A * B with M <= kSkinnyMax or N <= kSkinnyMax (fp32).
+// GEMV-class problems: C = A * B with M <= kSkinnyMax or N <= kSkinnyMax (fp32), and the
+// few-row products the cols form below runs as dot products (M or N up to kDotsMax).
 //
 // Such a product does 2 flops per element of its large operand, so it runs at the rate
 // that operand streams from memory: packing it first (the blocked path) reads it twice
@@ -12,7 +13,14 @@
 //         chunk of columns, each step one broadcast of S(r, p) per row of S (axpys) in the
 //         variant's vectors (zmm or ymm), the chunk's sums kept in L1-L2 between sweeps;
 //   cols  T's columns contiguous (t_rs == 1): R x CB dot products down CB columns at once,
-//         S's rows read as vectors (packed first when they are strided).
+//         S's rows read as vectors (packed first when they are strided). Up to kDotsMax rows
+//         (R > kSkinnyMax: dots_range) when the dots are at least kDotsMinDepth long: a few
+//         columns of T at a time against S a few rows at a time, in the variant's vectors,
+//         the columns staying in L1-L2 while S's row blocks pass, so T is still read once.
+//         A product of 9-24 rows, a column-major B (the forward convolution's weight) or a
+//         row-major A seen from C^T, then streams its large operand once instead of
+//         transposing it into packed panels, and wastes no lanes of a register tile on a
+//         short edge (n = 20 fills 20 of a 32-wide tile).
 // The variant's parallel scheme shares the work: "k" splits K (per-thread partial outputs,
 // then a reduction over columns), "m" and "n" split the N columns; TC_PREFETCH adds
 // software prefetches: kPrefetchBytes ahead in the cols form's streams, the next group of
@@ -45,6 +53,12 @@ constexpr index_t kPrefetchBytes = 512;
 /// the number of rows of T read side by side.
 constexpr index_t kRowsSums = 16384;
 constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024)
+/// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
+/// reduction of each dot's vector, a few adds, is then under 2 % of its multiply-adds).
+/// Measured against the blocked path in paired runs (AVX-512, 2 threads): 1.1-3x at 12-24
+/// rows, 0.86-0.89x at 32: hence the limit.
+constexpr index_t kDotsMax = 24;
+constexpr index_t kDotsMinDepth = 256;
 
 struct Task {
   index_t rows, cols, depth;  // R, N, K
@@ -63,12 +77,18 @@ inline bool task_of(const P& p, Task& task) {
     (void)p, (void)task;
     return false;
   } else {
+    const Task by_rows{p.m, p.n, p.k, p.a.data, p.a.row_stride, p.a.col_stride,
+                       p.b.data, p.b.row_stride, p.b.col_stride, p.c, p.ldc, 1};
+    const Task by_cols{p.n, p.m, p.k, p.b.data, p.b.col_stride, p.b.row_stride,
+                       p.a.data, p.a.col_stride, p.a.row_stride, p.c, 1, p.ldc};
     if (p.m <= kSkinnyMax && p.m <= p.n) {
-      task = {p.m, p.n, p.k, p.a.data, p.a.row_stride, p.a.col_stride,
-              p.b.data, p.b.row_stride, p.b.col_stride, p.c, p.ldc, 1};
+      task = by_rows;
     } else if (p.n <= kSkinnyMax) {
-      task = {p.n, p.m, p.k, p.b.data, p.b.col_stride, p.b.row_stride,
-              p.a.data, p.a.col_stride, p.a.row_stride, p.c, 1, p.ldc};
+      task = by_cols;
+    } else if (p.k >= kDotsMinDepth && p.m <= kDotsMax && p.m <= p.n && by_rows.t_rs == 1) {
+      task = by_rows;   // few rows of C, B's columns contiguous: dots
+    } else if (p.k >= kDotsMinDepth && p.n <= kDotsMax && by_cols.t_rs == 1) {
+      task = by_cols;   // few columns of C, A's rows contiguous: dots of C^T
     } else {
       return false;
     }
@@ -194,6 +214,75 @@ void cols_range(const Task& t, const float* s, index_t s_rs, index_t c0, index_t
   for (; c < c1; ++c) cols_block<R, 1>(t, s, s_rs, c, p0, p1, out, o_rs, o_cs);
 }
 
+/// cols form past kSkinnyMax rows: out[r0:r0+RB, c:c+CB] over K steps [p0, p1), in the
+/// variant's vectors; S rows contiguous (s_rs apart).
+template <int RB, int CB>
+TC_INLINE void dots_block(const Task& t, const float* s, index_t s_rs, index_t r0, index_t c,
+                          index_t p0, index_t p1, float* out, index_t o_rs, index_t o_cs) {
+  using V = Vec;
+  constexpr int W = V::width;
+  typename V::reg acc[RB][CB];
+  for (int r = 0; r < RB; ++r)
+    for (int j = 0; j < CB; ++j) acc[r][j] = V::zero();
+  const float* col[CB];
+  for (int j = 0; j < CB; ++j) col[j] = t.t + (c + j) * t.t_cs;
+  const float* row[RB];
+  for (int r = 0; r < RB; ++r) row[r] = s + (r0 + r) * s_rs;
+  index_t p = p0;
+  for (; p + W <= p1; p += W) {
+    if constexpr (kPrefetch)
+      for (int j = 0; j < CB; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(col[j] + p + kPrefetchBytes / 4), _MM_HINT_T0);
+    typename V::reg tv[CB];
+    for (int j = 0; j < CB; ++j) tv[j] = V::load(col[j] + p);
+    for (int r = 0; r < RB; ++r) {
+      const typename V::reg sv = V::load(row[r] + p);
+      for (int j = 0; j < CB; ++j) acc[r][j] = V::fma(sv, tv[j], acc[r][j]);
+    }
+  }
+  if (p < p1) {
+    const int rest = int(p1 - p);
+    typename V::reg tv[CB];
+    for (int j = 0; j < CB; ++j) tv[j] = V::load_first(col[j] + p, rest);
+    for (int r = 0; r < RB; ++r) {
+      const typename V::reg sv = V::load_first(row[r] + p, rest);
+      for (int j = 0; j < CB; ++j) acc[r][j] = V::fma(sv, tv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int j = 0; j < CB; ++j) put(out, o_rs, o_cs, r0 + r, c + j, V::sum(acc[r][j]));
+}
+
+/// The register block of dots_range: RB rows of S x CB columns of T, RB * CB accumulators
+/// beside CB column vectors and one row vector (AVX-512: 6 x 4 of 32 zmm; AVX2: 3 x 3 of 16).
+constexpr int kDotsRows = Vec::width == 16 ? 6 : 3;
+constexpr int kDotsCols = Vec::width == 16 ? 4 : 3;
+
+/// The rows [r0, r0 + rb) of S (rb <= kDotsRows) against CB columns of T.
+template <int CB, int RB = kDotsRows>
+TC_INLINE void dots_rows(const Task& t, const float* s, index_t s_rs, index_t r0, index_t rb,
+                         index_t c, index_t p0, index_t p1, float* out, index_t o_rs, index_t o_cs) {
+  if constexpr (RB > 1) {
+    if (rb < RB) return dots_rows<CB, RB - 1>(t, s, s_rs, r0, rb, c, p0, p1, out, o_rs, o_cs);
+  }
+  dots_block<RB, CB>(t, s, s_rs, r0, c, p0, p1, out, o_rs, o_cs);
+}
+
+/// cols form for kSkinnyMax < R <= kDotsMax: kDotsCols columns of T at a time, each block
+/// against S kDotsRows rows at a time; the block's columns are read from memory once and
+/// from L1-L2 for the later row blocks.
+inline void dots_range(const Task& t, const float* s, index_t s_rs, index_t c0, index_t c1, index_t p0,
+                       index_t p1, float* out, index_t o_rs, index_t o_cs) {
+  constexpr index_t CB = kDotsCols, RB = kDotsRows;
+  index_t c = c0;
+  for (; c + CB <= c1; c += CB)
+    for (index_t r0 = 0; r0 < t.rows; r0 += RB)
+      dots_rows<CB>(t, s, s_rs, r0, std::min(RB, t.rows - r0), c, p0, p1, out, o_rs, o_cs);
+  for (; c < c1; ++c)
+    for (index_t r0 = 0; r0 < t.rows; r0 += RB)
+      dots_rows<1>(t, s, s_rs, r0, std::min(RB, t.rows - r0), c, p0, p1, out, o_rs, o_cs);
+}
+
 /// out[0:R, c0:c1] of the K steps [p0, p1), written at (o_rs, o_cs); `s_rows` is S with
 /// contiguous rows (s_rs apart) when the cols form needs them.
 template <int R>
@@ -224,7 +313,7 @@ struct Scratch {
 
 /// out = S * T for one task, on `threads` threads by the variant's scheme.
 inline void run(const Task& t, Scratch& scratch, int threads) {
-  const RangeFn fn = kRanges[t.rows - 1];
+  const RangeFn fn = t.rows <= kSkinnyMax ? kRanges[t.rows - 1] : dots_range;
   const float* s_rows = t.s;
   index_t s_rs = t.s_rs;
   if (t.t_cs != 1 && t.s_cs != 1) {  // cols form reads S's rows as vectors: make them contiguous
