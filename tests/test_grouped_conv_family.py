@@ -307,6 +307,19 @@ def test_feature_engine_shape_and_finite(hw):
     assert (row["is_te_compv"], row["te_pipeline_version"], row["is_depthwise"], row["Do"]) == (1, 3, 1, 3)
 
 
+def test_feature_engine_describes_every_pipeline_of_the_forward_space(hw):
+    engine = FORWARD.feature_engine(hw)
+    names = engine.feature_names()
+    configs = FORWARD.candidate_space({}, hw)
+    assert {c.pipeline for c in configs} == {"direct", "im2col", "dw", "gemm", "winograd"}
+    problem = FORWARD.problem(BASE)
+    matrix = engine.matrix(problem, configs)
+    assert matrix.shape == (len(configs), len(names)) and np.all(np.isfinite(matrix))
+    for config, row in zip(configs, matrix):
+        flags = {p: row[names.index(f"is_{p}")] for p in ("direct", "im2col", "dw", "gemm", "winograd")}
+        assert flags == {p: float(p == config.pipeline) for p in flags}, config
+
+
 # -- the problem sets ----------------------------------------------------------------------
 
 def test_problem_sets_are_valid_small_and_disjoint():

@@ -102,7 +102,7 @@ PROBLEM_FEATURES = names(PROBLEM_COLUMNS)
 # the ones their kernels have; the rest are 0. Derived ones are added in kernel_features.
 KERNEL_FEATURES = (
     "bm", "bn", "bk", "te_block", "log2_tile_area", "is_direct", "is_im2col", "is_dw", "is_gemm",
-    "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
+    "is_winograd", "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
     "is_te_preshuffle", "te_pipeline_version", "is_intrawave", "is_interwave", "has_dsb",
     "has_si", "log2_a_block_bytes", "log2_b_block_bytes", "log2_c_block_bytes",
 )
@@ -162,8 +162,10 @@ def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace
     out_spatial = max(2.0 ** pf["log2_out_spatial"], 1.0)
     in_spatial = 2.0 ** pf["log2_in_spatial"]
     t.expansion = kf["is_im2col"] * pf["filter_volume"] * out_spatial / in_spatial
-    t.est_s = flops / (threads * 16 * max(hw["hw_clock_mhz"], 1.0) * 1e6 * t.busy * t.m_eff
-                       * t.n_eff + 1.0)
+    # winograd F(2x2, 3x3) does 16 multiply-adds where the direct 3x3 convolution does 36
+    winograd = np.where(kf["is_winograd"] > 0, 16.0 / 36.0, 1.0)
+    t.est_s = winograd * flops / (threads * 16 * max(hw["hw_clock_mhz"], 1.0) * 1e6 * t.busy
+                                  * t.m_eff * t.n_eff + 1.0)
     return t
 
 
