@@ -134,6 +134,14 @@ class WinogradConv {
     }
   }
 
+  /// Tile `tile` of the N x tiles_h x tiles_w tiles as (image, tile row, tile column).
+  struct TileAt {
+    index_t n, th, tw;
+  };
+  TileAt tile_at(index_t tile) const {
+    return {tile / (tiles_h_ * tiles_w_), tile / tiles_w_ % tiles_h_, tile % tiles_w_};
+  }
+
   /// V = B^T d B for tiles [first, first + rows) of group g: d is the 4x4 block of source
   /// pixels at (2 th - pad_h, 2 tw - pad_w), zeros outside the source.
   /// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
@@ -142,9 +150,7 @@ class WinogradConv {
     const index_t plane = chunk_ * ci_;
 #pragma omp parallel for num_threads(threads_) schedule(static)
     for (index_t row = 0; row < rows; ++row) {
-      const index_t tile = first + row;
-      const index_t n = tile / (tiles_h_ * tiles_w_), th = tile / tiles_w_ % tiles_h_,
-                    tw = tile % tiles_w_;
+      const auto [n, th, tw] = tile_at(first + row);
       const float* at[4][4];
       for (int a = 0; a < 4; ++a)
         for (int b = 0; b < 4; ++b) {
@@ -182,9 +188,7 @@ class WinogradConv {
     const index_t plane = chunk_ * ko_;
 #pragma omp parallel for num_threads(threads_) schedule(static)
     for (index_t row = 0; row < rows; ++row) {
-      const index_t tile = first + row;
-      const index_t n = tile / (tiles_h_ * tiles_w_), th = tile / tiles_w_ % tiles_h_,
-                    tw = tile % tiles_w_;
+      const auto [n, th, tw] = tile_at(first + row);
       const float* m = m_.get() + row * ko_;
       const index_t h0 = 2 * th, w0 = 2 * tw;
       const bool h1 = h0 + 1 < dst_h_, w1 = w0 + 1 < dst_w_;
