@@ -55,8 +55,8 @@ constexpr index_t kRowsSums = 16384;
 constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024)
 /// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
 /// reduction of each dot's vector, a few adds, is then under 2 % of its multiply-adds).
-/// Measured against the blocked path in paired runs (AVX-512, 2 threads): 1.1-3x at 12-24
-/// rows, 0.86-0.89x at 32: hence the limit.
+/// Measured against the blocked path in paired runs (AVX-512, 2 threads): 1.02-3x at 12-25
+/// rows, 0.86-0.90x on some shapes of 28-32 rows: hence the limit.
 constexpr index_t kDotsMax = 24;
 constexpr index_t kDotsMinDepth = 256;
 

@@ -18,7 +18,8 @@
 //                (F(2x2, 3x3) for 3x3 stride-1 2D layers, forward and bwd_data, its 16
 //                GEMMs on the GEMM library as gemm's: grouped_conv_winograd.hpp)
 //   TC_WAVE      0 intra (threads share one group's GEMM), 1 inter (threads take whole
-//                (group, image) GEMMs; bwd_weight: whole groups)
+//                (group, image) GEMMs; bwd_weight: whole groups; winograd: whole GEMMs of
+//                its 16)
 //   TC_DSB       1: pack the next im2col block while computing the current one (im2col only)
 //   TC_SI        1: split the K_gemm reduction over threads into partial outputs, then reduce
 //

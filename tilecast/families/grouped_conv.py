@@ -20,10 +20,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError, PreparedProblem,
                                     integer_field, library_timer, reject_unknown, table_choice)
-from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, GEMM_PIPELINES, NDIMS, PIPELINE_VARIANTS, PIPELINES,
-                                   REQUIRED_FLAGS, TILE_ENGINE_DTYPES, WAVE_MODES,
-                                   GroupedConvConfig, kernel_name, parse_kernel_name,
-                                   validate_config)
+from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, GEMM_PIPELINES, NDIMS,
+                                                    PIPELINE_VARIANTS, PIPELINES, REQUIRED_FLAGS,
+                                                    TILE_ENGINE_DTYPES, WAVE_MODES,
+                                                    GroupedConvConfig, kernel_name,
+                                                    parse_kernel_name, validate_config)
 
 TOLERANCE = {"fp32": 1e-4}   # norm-relative error vs a float64 torch reference
 ELEMENT_BYTES = 4
