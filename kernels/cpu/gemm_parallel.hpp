@@ -13,6 +13,8 @@
 
 #include <omp.h>
 
+#include <map>
+#include <memory>
 #include <tuple>
 
 #include "gemm_buffers.hpp"
@@ -56,6 +58,18 @@ struct Workspace {
     if (kParScheme == 2 && threads > 1) c_partial = SlicedBuffer(threads - 1, problem.m * problem.n);
   }
 };
+
+/// Workspaces for a product taken `chunk` rows at a time out of `total`: one per distinct
+/// chunk size (the last chunk may be smaller), keyed by rows; problem(rows) gives its shape.
+template <class MakeProblem>
+std::map<index_t, std::unique_ptr<Workspace>> chunk_workspaces(index_t chunk, index_t total,
+                                                               int threads, MakeProblem problem) {
+  std::map<index_t, std::unique_ptr<Workspace>> by_rows;
+  for (index_t rows : {chunk, total % chunk})
+    if (rows > 0 && !by_rows.count(rows))
+      by_rows.emplace(rows, std::make_unique<Workspace>(problem(rows), threads));
+  return by_rows;
+}
 
 /// The A block (ic, pc) of `mc` x `kc` as the macro-kernel reads it. With
 /// packing, panels [panel_begin, panel_end) are packed by this caller.

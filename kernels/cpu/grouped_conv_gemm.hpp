@@ -62,12 +62,9 @@ class GemmConv {
       Worker& worker = workers_list_.emplace_back();
       if (!in_place_) worker.scratch = FloatBuffer(chunk_rows_ * row_floats);
       if (Dir == kBwdWeight && chunk_rows_ < rows) worker.partial = FloatBuffer(s_.k * row_floats);
-      // one GEMM workspace per distinct chunk size: the last chunk may be smaller
-      for (index_t count : {chunk_rows_, rows % chunk_rows_}) {
-        if (count == 0 || worker.workspace.count(count)) continue;
-        worker.workspace.emplace(count, std::make_unique<gemm::Workspace>(
-                                            problem(0, 0, count, worker, nullptr), gemm_threads));
-      }
+      worker.workspace = gemm::chunk_workspaces(
+          chunk_rows_, rows, gemm_threads,
+          [&](index_t count) { return problem(0, 0, count, worker, nullptr); });
     }
   }
 

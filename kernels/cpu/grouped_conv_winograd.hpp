@@ -59,14 +59,10 @@ class WinogradConv {
     v_ = FloatBuffer(kElems * chunk_ * ci_);
     m_ = FloatBuffer(kElems * chunk_ * ko_);
     zeros_ = FloatBuffer(ci_);
-    // one GEMM workspace per (worker, distinct chunk size): the last chunk may be smaller
-    workers_ = kInterWave ? threads_ : 1;
-    workspaces_.resize(workers_);
-    for (auto& by_rows : workspaces_)
-      for (index_t rows : {chunk_, tiles_ % chunk_}) {
-        if (rows == 0 || by_rows.count(rows)) continue;
-        by_rows.emplace(rows, std::make_unique<gemm::Workspace>(problem(0, rows), kInterWave ? 1 : threads_));
-      }
+    // interwave: one set of GEMM workspaces per thread, each GEMM on one thread
+    for (int w = 0; w < (kInterWave ? threads_ : 1); ++w)
+      workspaces_.push_back(gemm::chunk_workspaces(chunk_, tiles_, kInterWave ? 1 : threads_,
+                                                   [&](index_t rows) { return problem(0, rows); }));
   }
 
   void run(float* out) const {
@@ -223,7 +219,6 @@ class WinogradConv {
   index_t pad_h_ = 0, pad_w_ = 0, tiles_h_ = 0, tiles_w_ = 0, tiles_ = 0, chunk_ = 1;
   FloatBuffer u_, v_, m_;
   FloatBuffer zeros_;   // Ci zeros: what a tile's pixels outside the source read
-  int workers_ = 1;
   std::vector<std::map<index_t, std::unique_ptr<gemm::Workspace>>> workspaces_;
 };
 
