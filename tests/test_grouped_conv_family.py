@@ -36,12 +36,13 @@ def test_families_are_registered_under_their_names():
 
 # -- names ---------------------------------------------------------------------------------
 
-def test_variant_table_holds_the_19_valid_combinations():
-    assert len(PIPELINE_VARIANTS) == len(set(PIPELINE_VARIANTS)) == 19
+def test_variant_table_holds_the_21_valid_combinations():
+    assert len(PIPELINE_VARIANTS) == len(set(PIPELINE_VARIANTS)) == 21
     assert Counter(v[0] for v in PIPELINE_VARIANTS) == {"direct": 4, "im2col": 8, "dw": 2, "gemm": 3,
-                                                         "winograd": 2}
-    assert not any(dsb for p, _, dsb, _ in PIPELINE_VARIANTS if p in ("direct", "dw", "gemm", "winograd"))
-    assert not any(si for p, _, _, si in PIPELINE_VARIANTS if p in ("dw", "winograd"))
+                                                         "winograd": 2, "gvec": 2}
+    assert not any(dsb for p, _, dsb, _ in PIPELINE_VARIANTS
+                   if p in ("direct", "dw", "gemm", "winograd", "gvec"))
+    assert not any(si for p, _, _, si in PIPELINE_VARIANTS if p in ("dw", "winograd", "gvec"))
     # gemm interwave runs each group's GEMM on one thread: nothing to split K over
     assert ("gemm", "interwave", False, True) not in PIPELINE_VARIANTS
 
@@ -51,11 +52,12 @@ def test_space_is_every_variant_of_the_table_for_every_tile():
     for family in FAMILIES.values():
         space = family.candidate_space({"tiles": tiles, "gemm_tiles": gemm_tiles}, {"flags": []})
         # variants x their tiles x (2D, 3D): the gemm pipeline takes gemm_tiles; so does
-        # winograd, 2D forward and bwd_data only
+        # winograd, 2D forward and bwd_data only; gvec takes tiles, forward and bwd_data only
         winograd = family.direction != "bwd_weight"
-        assert len(space) == (14 * len(tiles) + 3 * len(gemm_tiles)) * 2 + 2 * len(gemm_tiles) * winograd
+        assert len(space) == ((14 + 2 * winograd) * len(tiles) + 3 * len(gemm_tiles)) * 2 \
+            + 2 * len(gemm_tiles) * winograd
         assert {(c.pipeline, c.wave_mode, c.has_dsb, c.has_si) for c in space} == \
-            {v for v in PIPELINE_VARIANTS if winograd or v[0] != "winograd"}
+            {v for v in PIPELINE_VARIANTS if winograd or v[0] not in ("winograd", "gvec")}
         assert {(c.bm, c.bn, c.bk) for c in space if c.pipeline in ("gemm", "winograd")} == {(96, 512, 256)}
         assert {c.ndim_spatial for c in space if c.pipeline == "winograd"} <= {2}
     assert FORWARD.kernel_name(GroupedConvConfig("forward", "fp32", 3, 64, 32, 16, "im2col",
@@ -105,7 +107,7 @@ def test_seed_tile_engine_name():
 @pytest.mark.parametrize("name, fragment", [
     ("grouped_conv_forward_bf16_2d_64x64x64_compv9x_intrawave_dsb",
      "unknown pipeline 'compv9x' in kernel name 'grouped_conv_forward_bf16_2d_64x64x64_compv9x"
-     "_intrawave_dsb'; valid: direct, im2col, dw, gemm, winograd, basic_vN, basic_async_vN, comp_async, compvN"),
+     "_intrawave_dsb'; valid: direct, im2col, dw, gemm, winograd, gvec, basic_vN, basic_async_vN, comp_async, compvN"),
     ("grouped_conv_forward_fp16_2d_64x64x64_direct_intrawave", "unknown dtype 'fp16'"),
     ("grouped_conv_forward_fp32_2d_64x64x64_direct", "lacks the wave mode"),
     ("grouped_conv_forward_fp32_2d_64x64x64_dw_intrawave_si", "pipeline variant dw_intrawave_si"),
@@ -213,6 +215,27 @@ def test_winograd_runs_3x3_stride_1_undilated_2d_layers_forward_and_bwd_data_onl
                                           "intrawave", False, True))
 
 
+def test_gvec_runs_layers_whose_destination_channels_per_group_divide_16():
+    for family, channel in ((FORWARD, "K"), (FAMILIES["bwd_data"], "C")):
+        gvec = GroupedConvConfig(family.direction, "fp32", 2, 32, 32, 32, "gvec", "interwave",
+                                 False, False)
+        for per_group in (1, 2, 4, 8, 16):
+            fits = family.problem({**BASE, "G": 32, channel: per_group})
+            assert family.applicable(gvec, fits) and family.unsupported_reason(gvec, fits) is None
+        for per_group in (3, 12, 32):
+            other = family.problem({**BASE, "G": 32, channel: per_group})
+            assert not family.applicable(gvec, other)
+            assert f"{channel}={per_group}" in family.unsupported_reason(gvec, other)
+            assert family.applicability_key(other) != family.applicability_key(fits)
+        # the other channel count is free
+        other_channel = "C" if channel == "K" else "K"
+        assert family.applicable(gvec, family.problem({**BASE, "G": 8, channel: 4, other_channel: 24}))
+    with pytest.raises(FamilyError, match="gvec pipeline is forward and bwd_data only"):
+        validate_config(GroupedConvConfig("bwd_weight", "fp32", 2, 32, 32, 32, "gvec", "intrawave",
+                                          False, False))
+    assert not any(c.pipeline == "gvec" for c in FAMILIES["bwd_weight"].candidate_space({}, {}))
+
+
 def test_flops_and_bytes_known_answer():
     p = FORWARD.problem({**BASE_3D, "N": 2, "stride_w": 2, "pad_h": 1})
     assert p.output_dims() == (3, 9, 3)
@@ -311,12 +334,13 @@ def test_feature_engine_describes_every_pipeline_of_the_forward_space(hw):
     engine = FORWARD.feature_engine(hw)
     names = engine.feature_names()
     configs = FORWARD.candidate_space({}, hw)
-    assert {c.pipeline for c in configs} == {"direct", "im2col", "dw", "gemm", "winograd"}
+    assert {c.pipeline for c in configs} == {"direct", "im2col", "dw", "gemm", "winograd", "gvec"}
     problem = FORWARD.problem(BASE)
     matrix = engine.matrix(problem, configs)
     assert matrix.shape == (len(configs), len(names)) and np.all(np.isfinite(matrix))
     for config, row in zip(configs, matrix):
-        flags = {p: row[names.index(f"is_{p}")] for p in ("direct", "im2col", "dw", "gemm", "winograd")}
+        flags = {p: row[names.index(f"is_{p}")]
+                 for p in ("direct", "im2col", "dw", "gemm", "winograd", "gvec")}
         assert flags == {p: float(p == config.pipeline) for p in flags}, config
 
 
@@ -360,13 +384,20 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(C=3, K=20, Hi=5, Wi=7, Y=3, X=3, pad_h=2, pad_w=3),
                      # 576 tiles of C + K = 1008 channels outgrow winograd's scratch (2^23
                      # floats of V and M): it takes them 520, then 56
-                     dict(C=1000, K=8, Hi=48, Wi=48, Y=3, X=3, pad_h=1, pad_w=1)],
+                     dict(C=1000, K=8, Hi=48, Wi=48, Y=3, X=3, pad_h=1, pad_w=1),
+                     # gvec's: 4 groups of 4 channels a vector (its source relaid out), 8 of 2
+                     # (bwd_data 2 of 8) with the last vector's groups partly past G, and one
+                     # group of 16 channels a vector (the source read in place)
+                     dict(N=2, G=8, C=4, K=4, Hi=9, Wi=10, Y=3, X=3, pad_h=1, pad_w=1),
+                     dict(G=5, C=8, K=2, Hi=7, Wi=9, Y=3, X=3, stride_h=2, stride_w=2, pad_h=1,
+                          pad_w=1, dilation_w=2),
+                     dict(G=2, C=16, K=16, Hi=6, Wi=5, Y=3, X=3, pad_h=1, pad_w=1)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,
                           pad_h=1, pad_w=2, dilation_w=2)]}
 # every pipeline in every direction, each pipeline in 2D and 3D (winograd: 2D forward and
-# bwd_data), both waves, dsb and si
+# bwd_data; gvec: forward and bwd_data), both waves, dsb and si
 KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                    for d, ndim, bm, bn, bk, variant in (
                        ("forward", 2, 16, 16, 16, ("im2col", "interwave", True, True)),
@@ -389,7 +420,12 @@ KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                        ("forward", 2, 16, 32, 8, ("winograd", "intrawave", False, False)),
                        ("forward", 2, 192, 512, 256, ("winograd", "interwave", False, False)),
                        ("bwd_data", 2, 16, 16, 8, ("winograd", "interwave", False, False)),
-                       ("bwd_data", 2, 192, 512, 256, ("winograd", "intrawave", False, False)))]
+                       ("bwd_data", 2, 192, 512, 256, ("winograd", "intrawave", False, False)),
+                       # gvec: 2-tap passes and two group blocks a block; whole 3D filters
+                       ("forward", 2, 16, 32, 2, ("gvec", "intrawave", False, False)),
+                       ("forward", 3, 64, 16, 16, ("gvec", "interwave", False, False)),
+                       ("bwd_data", 2, 24, 16, 4, ("gvec", "interwave", False, False)),
+                       ("bwd_data", 3, 8, 64, 27, ("gvec", "intrawave", False, False)))]
 
 
 @pytest.fixture(scope="module")

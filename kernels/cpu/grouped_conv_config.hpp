@@ -16,16 +16,19 @@
 //                are its cache blocks MC, NC, KC; the register tile is the ISA's, 8 x 32 with
 //                AVX-512 (8 x 16 when BN % 32 != 0), 6 x 16 with AVX2), 4 winograd
 //                (F(2x2, 3x3) for 3x3 stride-1 2D layers, forward and bwd_data, its 16
-//                GEMMs on the GEMM library as gemm's: grouped_conv_winograd.hpp)
+//                GEMMs on the GEMM library as gemm's: grouped_conv_winograd.hpp), 5 gvec
+//                (few channels per group, forward and bwd_data: whole groups side by side in
+//                each 16-lane vector, grouped_conv_gvec.hpp; BM = pixels per block,
+//                BN / 16 = group blocks per block, BK = taps per pass)
 //   TC_WAVE      0 intra (threads share one group's GEMM), 1 inter (threads take whole
 //                (group, image) GEMMs; bwd_weight: whole groups; winograd: whole GEMMs of
-//                its 16)
+//                its 16; dw and gvec: whole (group block, image) units)
 //   TC_DSB       1: pack the next im2col block while computing the current one (im2col only)
 //   TC_SI        1: split the K_gemm reduction over threads into partial outputs, then reduce
 //
 // Valid (pipeline, wave, dsb, si): direct {dsb 0} x wave x si (4), im2col all 8,
 // dw {dsb 0, si 0} x wave (2), gemm {intra, dsb 0} x si and {inter, dsb 0, si 0} (3),
-// winograd {dsb 0, si 0} x wave (2): 19 in all. The Python family holds the same table.
+// winograd {dsb 0, si 0} x wave (2), gvec {dsb 0, si 0} x wave (2): 21 in all. The Python family holds the same table.
 #pragma once
 
 #include <cstddef>
@@ -58,8 +61,8 @@
 #if TC_BK < 1 || TC_BK > 4096
 #error "TC_BK must be in [1, 4096]"
 #endif
-#if TC_PIPELINE < 0 || TC_PIPELINE > 4
-#error "TC_PIPELINE must be 0 (direct), 1 (im2col), 2 (dw), 3 (gemm) or 4 (winograd)"
+#if TC_PIPELINE < 0 || TC_PIPELINE > 5
+#error "TC_PIPELINE must be 0 (direct), 1 (im2col), 2 (dw), 3 (gemm), 4 (winograd) or 5 (gvec)"
 #endif
 #if TC_WAVE != 0 && TC_WAVE != 1
 #error "TC_WAVE must be 0 (intra) or 1 (inter)"
@@ -84,6 +87,12 @@
 #endif
 #if TC_PIPELINE == 4 && TC_DIR == 2
 #error "TC_PIPELINE=4 (winograd) runs forward and bwd_data only"
+#endif
+#if TC_PIPELINE == 5 && TC_SI == 1
+#error "TC_SI=1 is not implemented for TC_PIPELINE=5 (gvec)"
+#endif
+#if TC_PIPELINE == 5 && TC_DIR == 2
+#error "TC_PIPELINE=5 (gvec) runs forward and bwd_data only"
 #endif
 
 // The gemm and winograd pipelines' GEMM parameters (kernels/cpu/gemm_config.hpp), from this
@@ -112,7 +121,7 @@ namespace tc::gconv {
 using index_t = std::ptrdiff_t;
 
 enum Direction { kForward = 0, kBwdData = 1, kBwdWeight = 2 };
-enum Pipeline { kDirect = 0, kIm2col = 1, kDw = 2, kGemm = 3, kWinograd = 4 };
+enum Pipeline { kDirect = 0, kIm2col = 1, kDw = 2, kGemm = 3, kWinograd = 4, kGvec = 5 };
 
 constexpr int kDir = TC_DIR;
 constexpr int kNdim = TC_NDIM;

@@ -15,6 +15,8 @@
 #include "grouped_conv_gemm.hpp"
 #elif TC_PIPELINE == 4
 #include "grouped_conv_winograd.hpp"
+#elif TC_PIPELINE == 5
+#include "grouped_conv_gvec.hpp"
 #endif
 
 namespace tc::gconv {
@@ -32,6 +34,9 @@ decltype(auto) with_kernel(const ConvShape& shape, const float* in1, const float
   return body([&] { kernel.run(out); });
 #elif TC_PIPELINE == 4
   const WinogradConv<Dir> kernel(shape, in1, in2, threads);
+  return body([&] { kernel.run(out); });
+#elif TC_PIPELINE == 5
+  const GroupVectorConv<Dir> kernel(shape, in1, in2, threads);
   return body([&] { kernel.run(out); });
 #else
   const FloatBuffer zeros(std::max({shape.c, shape.k, shape.g}) + 2 * kNR);

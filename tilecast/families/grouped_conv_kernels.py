@@ -16,7 +16,8 @@ DIRECTIONS = {"forward": 0, "bwd_data": 1, "bwd_weight": 2}   # name -> TC_DIR
 NDIMS = (2, 3)
 DTYPES = ("fp32",)                                # dtypes tilecast's kernels compute in
 TILE_ENGINE_DTYPES = ("fp16", "bf16", "fp32", "fp8", "bf8")   # dtypes of foreign records
-PIPELINES = {"direct": 0, "im2col": 1, "dw": 2, "gemm": 3, "winograd": 4}   # name -> TC_PIPELINE
+PIPELINES = {"direct": 0, "im2col": 1, "dw": 2, "gemm": 3, "winograd": 4,
+             "gvec": 5}                          # name -> TC_PIPELINE
 WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
 
 # The single source of truth for valid (pipeline, wave_mode, has_dsb, has_si) combinations:
@@ -24,7 +25,8 @@ WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
 # gemm (one GEMM per group on the GEMM library, kernels/cpu/grouped_conv_gemm.hpp) shares a
 # group's GEMM m-split or split-K (si) intrawave, or runs whole groups per thread interwave;
 # winograd (F(2x2, 3x3), kernels/cpu/grouped_conv_winograd.hpp) shares each of its 16 GEMMs
-# intrawave, or deals them out whole interwave.
+# intrawave, or deals them out whole interwave; gvec (few channels per group, whole groups side
+# by side in each vector, kernels/cpu/grouped_conv_gvec.hpp) has the dw pipeline's two waves.
 PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
     (pipeline, wave, dsb, si)
     for pipeline, dsb_values, si_values in (("direct", (False,), (False, True)),
@@ -33,7 +35,8 @@ PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
     for wave in WAVE_MODES for dsb in dsb_values for si in si_values) + (
     ("gemm", "intrawave", False, False), ("gemm", "intrawave", False, True),
     ("gemm", "interwave", False, False),
-    ("winograd", "intrawave", False, False), ("winograd", "interwave", False, False))
+    ("winograd", "intrawave", False, False), ("winograd", "interwave", False, False),
+    ("gvec", "intrawave", False, False), ("gvec", "interwave", False, False))
 
 # The pipelines that run on the GEMM library and take its cache blocks (gemm_tiles) as tiles.
 GEMM_PIPELINES = ("gemm", "winograd")
@@ -147,6 +150,9 @@ def validate_config(cfg) -> Any:
         if cfg.pipeline == "winograd" and (cfg.direction == "bwd_weight" or cfg.ndim_spatial != 2):
             raise FamilyError(f"the winograd pipeline is 2D forward and bwd_data only; {ctx} is "
                               f"{cfg.ndim_spatial}D {cfg.direction}")
+        if cfg.pipeline == "gvec" and cfg.direction == "bwd_weight":
+            raise FamilyError(f"the gvec pipeline is forward and bwd_data only; {ctx} is "
+                              f"{cfg.direction}")
     return cfg
 
 

@@ -102,7 +102,7 @@ PROBLEM_FEATURES = names(PROBLEM_COLUMNS)
 # the ones their kernels have; the rest are 0. Derived ones are added in kernel_features.
 KERNEL_FEATURES = (
     "bm", "bn", "bk", "te_block", "log2_tile_area", "is_direct", "is_im2col", "is_dw", "is_gemm",
-    "is_winograd", "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
+    "is_winograd", "is_gvec", "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
     "is_te_preshuffle", "te_pipeline_version", "is_intrawave", "is_interwave", "has_dsb",
     "has_si", "log2_a_block_bytes", "log2_b_block_bytes", "log2_c_block_bytes",
 )
@@ -146,10 +146,17 @@ def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace
     t.k_blocks = _ceil_div(max(gk, 1.0), bk)
     t.m_eff, t.n_eff = gm / (t.m_tiles * bm), gn / (t.n_tiles * bn)
     t.k_eff = gk / (t.k_blocks * bk)
-    # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp)
-    t.intra = t.m_tiles * t.n_tiles                # block grid of one group at a time
+    # gvec (grouped_conv_gvec.hpp) puts 16 / D whole groups in each 16-lane vector: its
+    # columns are every group's D channels, in blocks of bn lanes
+    gvec = kf["is_gvec"] > 0
+    lanes = max(groups * gn, 1.0)
+    gvec_blocks = _ceil_div(lanes, bn)
+    t.n_eff = np.where(gvec, lanes / (_ceil_div(lanes, 16.0) * 16.0), t.n_eff)
+    # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp; gvec
+    # shares each block's pixel tiles intrawave)
+    t.intra = np.where(gvec, t.m_tiles, t.m_tiles * t.n_tiles)   # block grid of one group
     images = 1.0 if problem.direction == "bwd_weight" else pf["N"]
-    group_units = np.where(kf["is_dw"] > 0, _ceil_div(groups, bn), groups)
+    group_units = np.where(kf["is_dw"] > 0, _ceil_div(groups, bn), np.where(gvec, gvec_blocks, groups))
     t.inter = group_units * images                 # whole (group, image) GEMMs
     t.si_units = np.full_like(bm, min(threads, max(gk, 1.0)))   # K split over threads
     t.k_splits = np.where(kf["has_si"] > 0, t.si_units, 1.0)

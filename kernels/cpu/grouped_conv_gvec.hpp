@@ -1,0 +1,409 @@
+// The "gvec" pipeline: layers with few channels per group (ResNeXt's 4-16, RegNet's 8-16),
+// forward and bwd_data, with whole groups side by side in each vector.
+//
+// Per group, a layer of D destination channels (forward K, bwd_data C) and S source channels
+// (forward C, bwd_data K) is a GEMM with D columns: a 16-lane vector would hold 4 of them at
+// D = 4 and the per-group GEMM wastes the rest, which is why the gemm and direct pipelines
+// run such layers at 5-15 % of the machine. Here one 16-lane row (a zmm, or two ymm) holds
+// Gv = 16 / D whole groups, lanes in channel-major order (lane = d * Gv + gi), so
+//
+//   dst[m, gi, d] += src[source(m, t), gi, s] * w[gi, d, t, s]
+//
+// needs, for each (tap, source channel), one weight row and, per pixel, the Gv source values
+// of its groups repeated D times: a broadcast of Gv consecutive floats (a 128-bit broadcast at
+// Gv = 4), once the source is laid out [pixel][group block][s][gi]. That layout is a copy
+// taken each call (S > 1 and Gv > 1; the source itself otherwise). Weights are packed each
+// call to [group block][tap][s][lane]; lanes go back to [gi][d] order when the tile is
+// stored. D must divide 16: 1, 2, 4, 8 or 16.
+//
+// Tile: MR destination pixels x one 16-lane row, reduced over (tap, source channel), source
+// channels SB at a time with their weight rows in registers. Blocks: BM pixels x BN / 16
+// group blocks, BK taps per pass. Waves as in the dw pipeline: intra splits each group block's
+// pixel blocks among the threads, inter deals out whole (group block, image) units.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "grouped_conv_microkernel.hpp"
+#include "grouped_conv_shape.hpp"
+
+namespace tc::gconv {
+
+namespace gvec {
+
+constexpr int kRowLanes = 16;
+
+/// Sixteen lanes: one zmm, or two ymm with AVX2.
+#ifdef __AVX512F__
+constexpr int kMR = 12;     // 12 accumulators + up to 8 weight rows + a broadcast of 32 zmm
+constexpr int kMaxSB = 8;
+struct Row {
+  __m512 v;
+  static TC_INLINE Row zero() { return {_mm512_setzero_ps()}; }
+  static TC_INLINE Row load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  TC_INLINE void fma(Row a, Row b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
+  TC_INLINE void store(float* p) const { _mm512_storeu_ps(p, v); }
+  /// Gv consecutive floats at p, repeated over the 16 lanes.
+  template <int Gv>
+  static TC_INLINE Row broadcast(const float* p) {
+    if constexpr (Gv == 16) return {_mm512_loadu_ps(p)};
+    else if constexpr (Gv == 8) return {_mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(reinterpret_cast<const double*>(p))))};
+    else if constexpr (Gv == 4) return {_mm512_broadcast_f32x4(_mm_loadu_ps(p))};
+    else if constexpr (Gv == 2) {
+      double pair;
+      std::memcpy(&pair, p, sizeof(pair));
+      return {_mm512_castpd_ps(_mm512_set1_pd(pair))};
+    } else {
+      return {_mm512_set1_ps(*p)};
+    }
+  }
+};
+#else
+constexpr int kMR = 4;      // 4 x 2 accumulators + 2 x 2 weight rows + a broadcast of 16 ymm
+constexpr int kMaxSB = 2;
+struct Row {
+  __m256 lo, hi;
+  static TC_INLINE Row zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static TC_INLINE Row load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  TC_INLINE void fma(Row a, Row b) {
+    lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
+    hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
+  }
+  TC_INLINE void store(float* p) const {
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+  }
+  template <int Gv>
+  static TC_INLINE Row broadcast(const float* p) {
+    if constexpr (Gv == 16) {
+      return load(p);
+    } else {
+      __m256 half;
+      if constexpr (Gv == 8) half = _mm256_loadu_ps(p);
+      else if constexpr (Gv == 4) half = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p));
+      else if constexpr (Gv == 2) half = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(p)));
+      else half = _mm256_broadcast_ss(p);
+      return {half, half};
+    }
+  }
+};
+#endif
+
+/// Whether a layer with `dst_channels` per group runs here: they must divide the 16 lanes.
+inline bool supports(index_t dst_channels) { return dst_channels >= 1 && kRowLanes % dst_channels == 0; }
+
+}  // namespace gvec
+
+/// Forward (Dir 0) or bwd_data (Dir 1) with whole groups in each vector.
+template <int Dir>
+class GroupVectorConv {
+  static_assert(Dir == kForward || Dir == kBwdData, "the gvec pipeline is forward / bwd_data only");
+  using Row = gvec::Row;
+  static constexpr int L = gvec::kRowLanes;
+  static constexpr int MR = gvec::kMR;
+
+ public:
+  /// `src` is the input (forward) or dout (bwd_data); `weight` is [G][K][taps][C].
+  GroupVectorConv(const ConvShape& shape, const float* src, const float* weight, int threads)
+      : s_(shape), src_(src), weight_(weight), threads_(std::max(threads, 1)) {
+    const bool fwd = Dir == kForward;
+    dst_ch_ = fwd ? s_.k : s_.c;
+    src_ch_ = fwd ? s_.c : s_.k;
+    gv_ = L / dst_ch_;
+    group_blocks_ = ceil_div(s_.g, gv_);
+    for (int dim = 0; dim < 3; ++dim) {
+      dst_dims_[dim] = fwd ? s_.out[dim] : s_.in[dim];
+      src_dims_[dim] = fwd ? s_.in[dim] : s_.out[dim];
+    }
+    dst_pixels_ = dst_dims_[0] * dst_dims_[1] * dst_dims_[2];
+    src_pixels_ = src_dims_[0] * src_dims_[1] * src_dims_[2];
+    // the source is already [pixel][group block][s][gi] when one of s, gi is trivial and no
+    // group block is partial
+    relayout_ = (src_ch_ > 1 && gv_ > 1) || s_.g % gv_ != 0;
+    src_row_ = group_blocks_ * src_ch_ * gv_;
+    // forward always copies its source, into a zero-padded image: every tap of every output
+    // pixel then reads inside it, at the pixel's offset plus one offset per tap
+    for (int dim = 0; dim < 3; ++dim) padded_[dim] = src_dims_[dim] + (Dir == kForward ? 2 * s_.pad[dim] : 0);
+    if (Dir == kForward) {
+      relayout_ = true;
+      for (index_t t = 0; t < s_.taps(); ++t) {
+        const Pixel f = split_tap(t, s_.filt);
+        tap_offsets_.push_back(((f.d * s_.dil[0] * padded_[1] + f.h * s_.dil[1]) * padded_[2] +
+                                f.w * s_.dil[2]) * src_row_);
+      }
+    }
+    // each (destination coordinate, filter offset)'s source coordinate along each dim, as an
+    // offset in floats, kOutside where it falls in the padding: a source pixel's offset is
+    // the sum of its three, negative when any is outside
+    index_t pitch = src_row_;
+    for (int dim = 2; dim >= 0; --dim) {
+      offsets_[dim].resize(dst_dims_[dim] * s_.filt[dim]);
+      for (index_t d = 0; d < dst_dims_[dim]; ++d)
+        for (index_t f = 0; f < s_.filt[dim]; ++f) {
+          const index_t source = gather_source<Dir>(s_, dim, d, f);
+          offsets_[dim][d * s_.filt[dim] + f] = source >= 0 ? source * pitch : kOutside;
+        }
+      pitch *= src_dims_[dim];
+    }
+    for (index_t t = 0; t < s_.taps(); ++t) taps_.push_back(split_tap(t, s_.filt));
+    if (relayout_) relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
+    packed_ = FloatBuffer(group_blocks_ * s_.taps() * src_ch_ * L);
+    zeros_ = FloatBuffer(src_row_);
+    sb_ = 1;
+    while (sb_ * 2 <= gvec::kMaxSB && src_ch_ % (sb_ * 2) == 0) sb_ *= 2;
+  }
+
+  void run(float* out) const {
+    switch (gv_) {
+      case 16: return dispatch_sb<16>(out);
+      case 8: return dispatch_sb<8>(out);
+      case 4: return dispatch_sb<4>(out);
+      case 2: return dispatch_sb<2>(out);
+      default: return dispatch_sb<1>(out);
+    }
+  }
+
+ private:
+  template <int Gv>
+  void dispatch_sb(float* out) const {
+    switch (sb_) {
+      case 8: if constexpr (gvec::kMaxSB >= 8) return run_with<Gv, 8>(out); [[fallthrough]];
+      case 4: if constexpr (gvec::kMaxSB >= 4) return run_with<Gv, 4>(out); [[fallthrough]];
+      case 2: return run_with<Gv, 2>(out);
+      default: return run_with<Gv, 1>(out);
+    }
+  }
+
+  template <int Gv, int SB>
+  void run_with(float* out) const {
+    const index_t taps = s_.taps(), rows = s_.n * dst_pixels_;
+    const index_t per_block = std::max<index_t>(1, kBN / L);
+    const index_t blocks = ceil_div(group_blocks_, per_block), m_blocks = ceil_div(rows, kBM);
+    const float* src = relayout_ ? relaid_.get() : src_;
+#pragma omp parallel num_threads(threads_)
+    {
+      pack_weight<Gv>();
+      if (relayout_) relayout<Gv>();
+#pragma omp barrier
+      if constexpr (!kInterWave) {
+        for (index_t b = 0; b < blocks; ++b) {
+#pragma omp for schedule(static) nowait
+          for (index_t mb = 0; mb < m_blocks; ++mb)
+            block<Gv, SB>(out, src, b * per_block, std::min(group_blocks_, (b + 1) * per_block),
+                          mb * kBM, std::min(rows, (mb + 1) * kBM));
+        }
+      } else {
+#pragma omp for schedule(dynamic, 1)
+        for (index_t unit = 0; unit < blocks * s_.n; ++unit) {
+          const index_t b = unit / s_.n, n = unit % s_.n;
+          block<Gv, SB>(out, src, b * per_block, std::min(group_blocks_, (b + 1) * per_block),
+                        n * dst_pixels_, (n + 1) * dst_pixels_);
+        }
+      }
+    }
+  }
+
+  /// packed[gb][t][s][d * Gv + gi] = w[g = gb * Gv + gi][d or s][t][s or d], zero past G.
+  template <int Gv>
+  void pack_weight() const {
+    const index_t taps = s_.taps(), S = src_ch_;
+#pragma omp for schedule(static) nowait
+    for (index_t unit = 0; unit < group_blocks_ * taps; ++unit) {
+      const index_t gb = unit / taps, t = unit % taps;
+      float* dst = packed_.get() + unit * S * L;
+      for (index_t s = 0; s < S; ++s)
+        for (index_t d = 0; d < dst_ch_; ++d)
+          for (int gi = 0; gi < Gv; ++gi) {
+            const index_t g = gb * Gv + gi;
+            float value = 0.0f;
+            if (g < s_.g) {
+              const index_t k = Dir == kForward ? d : s, c = Dir == kForward ? s : d;
+              value = weight_[((g * s_.k + k) * taps + t) * s_.c + c];
+            }
+            dst[s * L + d * Gv + gi] = value;
+          }
+    }
+  }
+
+  /// relaid[pixel][gb][s][gi] = src[pixel][g = gb * Gv + gi][s], zero past G. A block of
+  /// Gv groups x S channels is a transpose: one permutation of a vector when it fills one.
+  template <int Gv>
+  void relayout() const {
+    const index_t S = src_ch_, G = s_.g, full_blocks = G / Gv;
+#ifdef __AVX512F__
+    const bool one_vector = Gv * S == L;
+    alignas(64) int order[L];
+    for (int j = 0; j < L; ++j) order[j] = one_vector ? (j % Gv) * int(S) + j / Gv : 0;
+    const __m512i permutation = _mm512_load_si512(order);
+#else
+    const bool one_vector = false;
+#endif
+#pragma omp for schedule(static)
+    for (index_t pixel = 0; pixel < s_.n * src_pixels_; ++pixel) {
+      const float* row = src_ + pixel * G * S;
+      float* dst = relaid_.get() + padded_pixel(split_pixel(pixel, src_dims_), 0) * src_row_;
+      index_t gb = 0;
+      if (Gv == 1 || S == 1) {  // the same layout: a copy, zeros past G
+        std::copy(row, row + G * S, dst);
+        std::fill(dst + G * S, dst + src_row_, 0.0f);
+        continue;
+      }
+#ifdef __AVX512F__
+      if (one_vector)
+        for (; gb < full_blocks; ++gb)
+          _mm512_storeu_ps(dst + gb * L, _mm512_permutexvar_ps(permutation, _mm512_loadu_ps(row + gb * L)));
+#endif
+      for (; gb < group_blocks_; ++gb)
+        for (index_t s = 0; s < S; ++s)
+          for (int gi = 0; gi < Gv; ++gi) {
+            const index_t g = gb * Gv + gi;
+            dst[(gb * S + s) * Gv + gi] = g < G ? row[g * S + s] : 0.0f;
+          }
+    }
+  }
+
+  /// Group blocks [gb_begin, gb_end) x destination rows [m_begin, m_end).
+  template <int Gv, int SB>
+  void block(float* out, const float* src, index_t gb_begin, index_t gb_end, index_t m_begin,
+             index_t m_end) const {
+    const index_t taps = s_.taps();
+    for (index_t gb = gb_begin; gb < gb_end; ++gb)
+      for (index_t t0 = 0; t0 < taps; t0 += kBK) {
+        Pixel first = split_pixel(m_begin, dst_dims_);
+        for (index_t m0 = m_begin; m0 < m_end; m0 += MR) {
+          tile<Gv, SB>(out, src, gb, m0, first, std::min<index_t>(MR, m_end - m0), t0,
+                       std::min(taps, t0 + kBK));
+          advance(first, MR);
+        }
+      }
+  }
+
+  /// The index of the padded source's pixel: forward (the source is padded) at `scale` 0 a
+  /// source pixel's place, at scale 1 the pixel under tap 0 of destination pixel p; bwd_data
+  /// (unpadded) source pixel p.
+  index_t padded_pixel(const Pixel& p, int scale) const {
+    index_t at[3] = {p.d, p.h, p.w};
+    if (Dir == kForward)
+      for (int dim = 0; dim < 3; ++dim) at[dim] = scale ? at[dim] * s_.stride[dim] : at[dim] + s_.pad[dim];
+    return ((p.n * padded_[0] + at[0]) * padded_[1] + at[1]) * padded_[2] + at[2];
+  }
+
+  /// The pixel `count` past p along the destination's (n, d, h, w) order.
+  TC_INLINE void advance(Pixel& p, index_t count) const {
+    p.w += count;
+    while (p.w >= dst_dims_[2]) {
+      p.w -= dst_dims_[2];
+      if (++p.h < dst_dims_[1]) continue;
+      p.h = 0;
+      if (kNdim == 3 && ++p.d < dst_dims_[0]) continue;
+      p.d = 0;
+      ++p.n;
+    }
+  }
+
+  template <int Gv, int SB>
+  TC_INLINE void tile(float* out, const float* src, index_t gb, index_t m0, Pixel first,
+                      index_t rows, index_t t_begin, index_t t_end) const {
+    const index_t S = src_ch_, column = gb * S * Gv;
+    // per row: its image's offset (kOutside past the last row) and its index into each
+    // dim's offset table, the filter offset still to add
+    index_t image[MR], at_d[MR], at_h[MR], at_w[MR];
+    const float* origin[MR];   // forward: the source pixel under tap 0
+    Pixel p = first;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      origin[i] = src + padded_pixel(p, 1) * src_row_ + column;
+      image[i] = i < rows ? p.n * src_pixels_ * src_row_ + column : kOutside;
+      at_d[i] = p.d * s_.filt[0];
+      at_h[i] = p.h * s_.filt[1];
+      at_w[i] = p.w * s_.filt[2];
+      if (i + 1 < rows) advance(p, 1);
+    }
+    Row acc[MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) acc[i] = Row::zero();
+    for (index_t t = t_begin; t < t_end; ++t) {
+      const Pixel f = taps_[t];
+      const float* row[MR];
+      if constexpr (Dir == kForward) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) row[i] = origin[i] + tap_offsets_[t];
+      } else {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const index_t offset = image[i] + offsets_[0][at_d[i] + f.d] + offsets_[1][at_h[i] + f.h] +
+                               offsets_[2][at_w[i] + f.w];
+        // a select, not a branch: which rows fall in the padding changes from tile to tile
+        const std::uintptr_t outside = std::uintptr_t(offset >> 63);
+        row[i] = reinterpret_cast<const float*>(
+            (reinterpret_cast<std::uintptr_t>(src + offset) & ~outside) |
+            (reinterpret_cast<std::uintptr_t>(zeros_.get()) & outside));
+      }
+      }
+      const float* w = packed_.get() + (gb * s_.taps() + t) * S * L;
+      for (index_t s0 = 0; s0 < S; s0 += SB) {
+        Row weights[SB];
+#pragma GCC unroll 8
+        for (int j = 0; j < SB; ++j) weights[j] = Row::load(w + (s0 + j) * L);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+          for (int j = 0; j < SB; ++j)
+            acc[i].fma(Row::template broadcast<Gv>(row[i] + (s0 + j) * Gv), weights[j]);
+      }
+    }
+    store<Gv>(acc, out, gb, m0, rows, t_begin > 0);
+  }
+
+  /// Rows [0, rows) of the tile to dst[m0 + i][gb * Gv + gi][d], lanes back in [gi][d] order
+  /// (output lane j = gi * D + d holds tile lane d * Gv + gi); only groups below G are written.
+  template <int Gv>
+  TC_INLINE void store(const Row* acc, float* out, index_t gb, index_t m0, index_t rows,
+                       bool accumulate) const {
+    constexpr int D = L / Gv;
+    const index_t ld = s_.g * D;
+    const index_t valid = std::min<index_t>(Gv, s_.g - gb * Gv) * D;
+#ifdef __AVX512F__
+    alignas(64) int order[L];
+    for (int j = 0; j < L; ++j) order[j] = (j % D) * Gv + j / D;
+    const __m512i permutation = _mm512_load_si512(order);
+    const LaneMask mask = lane_mask(valid);
+    for (index_t i = 0; i < rows; ++i) {
+      float* dst = out + (m0 + i) * ld + gb * Gv * D;
+      reg value = Gv == 1 || Gv == L ? acc[i].v : _mm512_permutexvar_ps(permutation, acc[i].v);
+      if (accumulate) value = Vec::add(value, masked_load(mask, dst));
+      masked_store(dst, mask, value);
+    }
+#else
+    alignas(64) float lanes[L];
+    for (index_t i = 0; i < rows; ++i) {
+      float* dst = out + (m0 + i) * ld + gb * Gv * D;
+      acc[i].store(lanes);
+      for (index_t j = 0; j < valid; ++j) {
+        const float value = lanes[(j % D) * Gv + j / D];
+        dst[j] = accumulate ? dst[j] + value : value;
+      }
+    }
+#endif
+  }
+
+  ConvShape s_;
+  const float* src_;
+  const float* weight_;
+  int threads_;
+  index_t dst_ch_, src_ch_, gv_, group_blocks_, src_row_, sb_;
+  index_t dst_dims_[3], src_dims_[3], padded_[3], dst_pixels_, src_pixels_;
+  std::vector<index_t> tap_offsets_;
+  bool relayout_;
+  static constexpr index_t kOutside = -(index_t(1) << 60);   // three sum to > -2^63
+  std::vector<index_t> offsets_[3];
+  std::vector<Pixel> taps_;
+  FloatBuffer relaid_, packed_, zeros_;
+};
+
+}  // namespace tc::gconv
