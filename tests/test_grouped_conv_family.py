@@ -391,11 +391,16 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(N=2, G=8, C=4, K=4, Hi=9, Wi=10, Y=3, X=3, pad_h=1, pad_w=1),
                      dict(G=5, C=8, K=2, Hi=7, Wi=9, Y=3, X=3, stride_h=2, stride_w=2, pad_h=1,
                           pad_w=1, dilation_w=2),
-                     dict(G=2, C=16, K=16, Hi=6, Wi=5, Y=3, X=3, pad_h=1, pad_w=1)],
+                     dict(G=2, C=16, K=16, Hi=6, Wi=5, Y=3, X=3, pad_h=1, pad_w=1),
+                     # pad 3 past the 3-wide filter: gvec's bwd_data looks its sources up
+                     dict(G=4, C=2, K=4, Hi=5, Wi=7, Y=3, X=3, pad_h=2, pad_w=3)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,
-                          pad_h=1, pad_w=2, dilation_w=2)]}
+                          pad_h=1, pad_w=2, dilation_w=2),
+                     # gvec at stride 1 in 3D: bwd_data reads a padded dout too
+                     dict(G=4, C=4, K=2, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, pad_d=1, pad_h=1,
+                          pad_w=1, dilation_w=2)]}
 # every pipeline in every direction, each pipeline in 2D and 3D (winograd: 2D forward and
 # bwd_data; gvec: forward and bwd_data), both waves, dsb and si
 KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
