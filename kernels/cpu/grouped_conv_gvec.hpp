@@ -45,8 +45,10 @@ constexpr int kRowLanes = 16;
 constexpr int kMR = 8;      // 8 accumulators + up to 8 weight rows + a broadcast: the rows' pointers
                             // stay in registers (12 rows measured 0.89-1.0x)
 constexpr int kMaxSB = 8;
+constexpr int kChains = 2;
 struct Row {
   __m512 v;
+  TC_INLINE void add(Row other) { v = _mm512_add_ps(v, other.v); }
   static TC_INLINE Row zero() { return {_mm512_setzero_ps()}; }
   static TC_INLINE Row load(const float* p) { return {_mm512_loadu_ps(p)}; }
   TC_INLINE void fma(Row a, Row b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
@@ -69,8 +71,13 @@ struct Row {
 #else
 constexpr int kMR = 4;      // 4 x 2 accumulators + 2 x 2 weight rows + a broadcast of 16 ymm
 constexpr int kMaxSB = 2;
+constexpr int kChains = 1;  // 16 ymm hold no second set
 struct Row {
   __m256 lo, hi;
+  TC_INLINE void add(Row other) {
+    lo = _mm256_add_ps(lo, other.lo);
+    hi = _mm256_add_ps(hi, other.hi);
+  }
   static TC_INLINE Row zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static TC_INLINE Row load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
   TC_INLINE void fma(Row a, Row b) {
@@ -283,15 +290,15 @@ class GroupVectorConv {
   void block(float* out, const float* src, index_t gb_begin, index_t gb_end, index_t m_begin,
              index_t m_end) const {
     const index_t taps = s_.taps();
-    for (index_t gb = gb_begin; gb < gb_end; ++gb)
-      for (index_t t0 = 0; t0 < taps; t0 += kBK) {
-        Pixel first = split_pixel(m_begin, dst_dims_);
-        for (index_t m0 = m_begin; m0 < m_end; m0 += MR) {
+    for (index_t t0 = 0; t0 < taps; t0 += kBK) {
+      Pixel first = split_pixel(m_begin, dst_dims_);
+      for (index_t m0 = m_begin; m0 < m_end; m0 += MR) {
+        for (index_t gb = gb_begin; gb < gb_end; ++gb)
           tile<Gv, SB>(out, src, gb, m0, first, std::min<index_t>(MR, m_end - m0), t0,
                        std::min(taps, t0 + kBK));
-          advance(first, MR);
-        }
+        advance(first, MR);
       }
+    }
   }
 
   /// The index of a pixel of the source as the tiles read it: affine (the source padded) at
@@ -336,9 +343,13 @@ class GroupVectorConv {
       at_w[i] = p.w * s_.filt[2];
       if (i + 1 < rows) advance(p, 1);
     }
-    Row acc[MR];
+    // kChains accumulators a row, the source channels dealt out among them: one chain of
+    // taps x S dependent FMAs a row would hold 8 rows to the FMA latency
+    Row acc[gvec::kChains][MR];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) acc[i] = Row::zero();
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+      for (int c = 0; c < gvec::kChains; ++c) acc[c][i] = Row::zero();
     for (index_t t = t_begin; t < t_end; ++t) {
       const Pixel f = taps_[t];
       const float* row[MR];
@@ -366,10 +377,13 @@ class GroupVectorConv {
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
           for (int j = 0; j < SB; ++j)
-            acc[i].fma(Row::template broadcast<Gv>(row[i] + (s0 + j) * Gv), weights[j]);
+            acc[j % gvec::kChains][i].fma(Row::template broadcast<Gv>(row[i] + (s0 + j) * Gv), weights[j]);
       }
     }
-    store<Gv>(acc, out, gb, m0, rows, t_begin > 0);
+    if constexpr (gvec::kChains == 2)
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) acc[0][i].add(acc[1][i]);
+    store<Gv>(acc[0], out, gb, m0, rows, t_begin > 0);
   }
 
   /// Rows [0, rows) of the tile to dst[m0 + i][gb * Gv + gi][d], lanes back in [gi][d] order
