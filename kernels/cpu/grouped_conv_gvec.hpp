@@ -1,27 +1,31 @@
-// The "gvec" pipeline: layers with few channels per group (ResNeXt's 4-16, RegNet's 8-16),
-// forward and bwd_data, with whole groups side by side in each vector.
+// The "gvec" pipeline: a direct convolution, forward and bwd_data, whose vectors hold whole
+// groups when they have few channels (ResNeXt's 4-16, RegNet's 8-16) and a group's channels
+// otherwise (stems of 1-3 input channels and the like).
 //
 // Per group, a layer of D destination channels (forward K, bwd_data C) and S source channels
 // (forward C, bwd_data K) is a GEMM with D columns: a 16-lane vector would hold 4 of them at
 // D = 4 and the per-group GEMM wastes the rest, which is why the gemm and direct pipelines
-// run such layers at 5-15 % of the machine. Here one 16-lane row (a zmm, or two ymm) holds
-// Gv = 16 / D whole groups, lanes in channel-major order (lane = d * Gv + gi), so
+// run such layers at 5-15 % of the machine. When D divides 16, one 16-lane row (a zmm, or two
+// ymm) holds Gv = 16 / D whole groups, lanes in channel-major order (lane = d * Gv + gi), so
 //
 //   dst[m, gi, d] += src[source(m, t), gi, s] * w[gi, d, t, s]
 //
 // needs, for each (tap, source channel), one weight row and, per pixel, the Gv source values
 // of its groups repeated D times: a broadcast of Gv consecutive floats (a 128-bit broadcast at
-// Gv = 4), once the source is laid out [pixel][group block][s][gi]. That layout is a copy
-// taken each call: forward and stride-1 bwd_data copy into a zero-padded image, where a
-// destination pixel's source under each tap is its pixel's offset plus the tap's (bwd_data
-// other strides copy only when S > 1 and Gv > 1, and look each source pixel up). Weights are
-// packed each call to [group block][tap][s][lane]; lanes go back to [gi][d] order when the
-// tile is stored. D must divide 16: 1, 2, 4, 8 or 16.
+// Gv = 4), once the source is laid out [pixel][group block][s][gi]. Otherwise (Gv = 1) a pixel
+// has NV = ceil(D / 16) rows (up to kMaxNV, more in further column blocks) of one group's
+// channels, the last masked, and each broadcast source value feeds all NV rows.
 //
-// Tile: MR destination pixels x one 16-lane row, reduced over (tap, source channel), source
-// channels SB at a time with their weight rows in registers. Blocks: BM pixels x BN / 16
-// group blocks, BK taps per pass. Waves as in the dw pipeline: intra splits each group block's
-// pixel blocks among the threads, inter deals out whole (group block, image) units.
+// The source layout is a copy taken each call: forward and stride-1 bwd_data copy into a
+// zero-padded image, where a destination pixel's source under each tap is its pixel's offset
+// plus the tap's (bwd_data at other strides copies only when S > 1 and Gv > 1, and looks each
+// source pixel up). Weights are packed each call to [column block][tap][s][lane]; with Gv > 1
+// lanes go back to [gi][d] order when the tile is stored.
+//
+// Tile: MR destination pixels x NV 16-lane rows, reduced over (tap, source channel), source
+// channels SB at a time with their weight rows in registers. Blocks: BM pixels x BN / (16 NV)
+// column blocks, BK taps per pass. Waves as in the dw pipeline: intra splits each block's
+// pixel blocks among the threads, inter deals out whole (column block, image) units.
 #pragma once
 
 #include <omp.h>
@@ -46,8 +50,17 @@ constexpr int kMR = 8;      // 8 accumulators + up to 8 weight rows + a broadcas
                             // stay in registers (12 rows measured 0.89-1.0x)
 constexpr int kMaxSB = 8;
 constexpr int kChains = 2;
+constexpr int kMaxNV = 4;
+/// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
+constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
 struct Row {
   __m512 v;
+  /// Lanes [0, n) (all when n >= 16) to p, added to what is there when `accumulate`.
+  TC_INLINE void store_first(float* p, index_t n, bool accumulate) const {
+    const __mmask16 mask = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    const __m512 value = accumulate ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p)) : v;
+    _mm512_mask_storeu_ps(p, mask, value);
+  }
   TC_INLINE void add(Row other) { v = _mm512_add_ps(v, other.v); }
   static TC_INLINE Row zero() { return {_mm512_setzero_ps()}; }
   static TC_INLINE Row load(const float* p) { return {_mm512_loadu_ps(p)}; }
@@ -72,8 +85,16 @@ struct Row {
 constexpr int kMR = 4;      // 4 x 2 accumulators + 2 x 2 weight rows + a broadcast of 16 ymm
 constexpr int kMaxSB = 2;
 constexpr int kChains = 1;  // 16 ymm hold no second set
+constexpr int kMaxNV = 2;
+constexpr int rows_for(int nv) { return nv == 1 ? kMR : 2; }
 struct Row {
   __m256 lo, hi;
+  TC_INLINE void store_first(float* p, index_t n, bool accumulate) const {
+    alignas(32) float lanes[16];
+    _mm256_store_ps(lanes, lo);
+    _mm256_store_ps(lanes + 8, hi);
+    for (index_t j = 0; j < std::min<index_t>(n, 16); ++j) p[j] = accumulate ? p[j] + lanes[j] : lanes[j];
+  }
   TC_INLINE void add(Row other) {
     lo = _mm256_add_ps(lo, other.lo);
     hi = _mm256_add_ps(hi, other.hi);
@@ -104,9 +125,6 @@ struct Row {
 };
 #endif
 
-/// Whether a layer with `dst_channels` per group runs here: they must divide the 16 lanes.
-inline bool supports(index_t dst_channels) { return dst_channels >= 1 && kRowLanes % dst_channels == 0; }
-
 }  // namespace gvec
 
 /// Forward (Dir 0) or bwd_data (Dir 1) with whole groups in each vector.
@@ -115,7 +133,6 @@ class GroupVectorConv {
   static_assert(Dir == kForward || Dir == kBwdData, "the gvec pipeline is forward / bwd_data only");
   using Row = gvec::Row;
   static constexpr int L = gvec::kRowLanes;
-  static constexpr int MR = gvec::kMR;
 
  public:
   /// `src` is the input (forward) or dout (bwd_data); `weight` is [G][K][taps][C].
@@ -124,8 +141,13 @@ class GroupVectorConv {
     const bool fwd = Dir == kForward;
     dst_ch_ = fwd ? s_.k : s_.c;
     src_ch_ = fwd ? s_.c : s_.k;
-    gv_ = L / dst_ch_;
+    // D dividing 16: 16 / D groups a row. Otherwise one group's channels, up to kMaxNV rows
+    // of them a column block (channel blocks of one group share its broadcasts).
+    gv_ = L % dst_ch_ == 0 ? L / dst_ch_ : 1;
+    nv_ = gv_ > 1 ? 1 : std::min<index_t>(ceil_div(dst_ch_, L), gvec::kMaxNV);
+    channel_blocks_ = gv_ > 1 ? 1 : ceil_div(dst_ch_, nv_ * L);
     group_blocks_ = ceil_div(s_.g, gv_);
+    col_blocks_ = group_blocks_ * channel_blocks_;
     for (int dim = 0; dim < 3; ++dim) {
       dst_dims_[dim] = fwd ? s_.out[dim] : s_.in[dim];
       src_dims_[dim] = fwd ? s_.in[dim] : s_.out[dim];
@@ -170,10 +192,10 @@ class GroupVectorConv {
     }
     for (index_t t = 0; t < s_.taps(); ++t) taps_.push_back(split_tap(t, s_.filt));
     if (relayout_) relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
-    packed_ = FloatBuffer(group_blocks_ * s_.taps() * src_ch_ * L);
+    packed_ = FloatBuffer(col_blocks_ * s_.taps() * src_ch_ * nv_ * L);
     zeros_ = FloatBuffer(src_row_);
     sb_ = 1;
-    while (sb_ * 2 <= gvec::kMaxSB && src_ch_ % (sb_ * 2) == 0) sb_ *= 2;
+    while (nv_ == 1 && sb_ * 2 <= gvec::kMaxSB && src_ch_ % (sb_ * 2) == 0) sb_ *= 2;
   }
 
   void run(float* out) const {
@@ -182,6 +204,12 @@ class GroupVectorConv {
       case 8: return dispatch_sb<8>(out);
       case 4: return dispatch_sb<4>(out);
       case 2: return dispatch_sb<2>(out);
+      default: break;
+    }
+    switch (nv_) {
+      case 4: if constexpr (gvec::kMaxNV >= 4) return run_with<1, 1, 4>(out); [[fallthrough]];
+      case 3: if constexpr (gvec::kMaxNV >= 3) return run_with<1, 1, 3>(out); [[fallthrough]];
+      case 2: return run_with<1, 1, 2>(out);
       default: return dispatch_sb<1>(out);
     }
   }
@@ -190,18 +218,19 @@ class GroupVectorConv {
   template <int Gv>
   void dispatch_sb(float* out) const {
     switch (sb_) {
-      case 8: if constexpr (gvec::kMaxSB >= 8) return run_with<Gv, 8>(out); [[fallthrough]];
-      case 4: if constexpr (gvec::kMaxSB >= 4) return run_with<Gv, 4>(out); [[fallthrough]];
-      case 2: return run_with<Gv, 2>(out);
-      default: return run_with<Gv, 1>(out);
+      case 8: if constexpr (gvec::kMaxSB >= 8) return run_with<Gv, 8, 1>(out); [[fallthrough]];
+      case 4: if constexpr (gvec::kMaxSB >= 4) return run_with<Gv, 4, 1>(out); [[fallthrough]];
+      case 2: return run_with<Gv, 2, 1>(out);
+      default: return run_with<Gv, 1, 1>(out);
     }
   }
 
-  template <int Gv, int SB>
+  template <int Gv, int SB, int NV>
   void run_with(float* out) const {
+    constexpr int MR = gvec::rows_for(NV);
     const index_t taps = s_.taps(), rows = s_.n * dst_pixels_;
-    const index_t per_block = std::max<index_t>(1, kBN / L);
-    const index_t blocks = ceil_div(group_blocks_, per_block), m_blocks = ceil_div(rows, kBM);
+    const index_t per_block = std::max<index_t>(1, kBN / (NV * L));
+    const index_t blocks = ceil_div(col_blocks_, per_block), m_blocks = ceil_div(rows, kBM);
     const float* src = relayout_ ? relaid_.get() : src_;
 #pragma omp parallel num_threads(threads_)
     {
@@ -212,39 +241,47 @@ class GroupVectorConv {
         for (index_t b = 0; b < blocks; ++b) {
 #pragma omp for schedule(static) nowait
           for (index_t mb = 0; mb < m_blocks; ++mb)
-            block<Gv, SB>(out, src, b * per_block, std::min(group_blocks_, (b + 1) * per_block),
-                          mb * kBM, std::min(rows, (mb + 1) * kBM));
+            block<Gv, SB, NV, MR>(out, src, b * per_block, std::min(col_blocks_, (b + 1) * per_block),
+                                  mb * kBM, std::min(rows, (mb + 1) * kBM), taps);
         }
       } else {
 #pragma omp for schedule(dynamic, 1)
         for (index_t unit = 0; unit < blocks * s_.n; ++unit) {
           const index_t b = unit / s_.n, n = unit % s_.n;
-          block<Gv, SB>(out, src, b * per_block, std::min(group_blocks_, (b + 1) * per_block),
-                        n * dst_pixels_, (n + 1) * dst_pixels_);
+          block<Gv, SB, NV, MR>(out, src, b * per_block, std::min(col_blocks_, (b + 1) * per_block),
+                                n * dst_pixels_, (n + 1) * dst_pixels_, taps);
         }
       }
     }
   }
 
-  /// packed[gb][t][s][d * Gv + gi] = w[g = gb * Gv + gi][d or s][t][s or d], zero past G.
+  /// packed[cb][t][s][lane], the lanes of column block cb: with Gv > 1 lane d * Gv + gi of
+  /// group cb * Gv + gi, zero past G; with Gv = 1 channel c0 + lane of group cb / channel
+  /// blocks, from c0 = (cb % channel blocks) * lanes, zero past D.
   template <int Gv>
   void pack_weight() const {
-    const index_t taps = s_.taps(), S = src_ch_;
+    const index_t taps = s_.taps(), S = src_ch_, lanes = nv_ * L;
 #pragma omp for schedule(static) nowait
-    for (index_t unit = 0; unit < group_blocks_ * taps; ++unit) {
-      const index_t gb = unit / taps, t = unit % taps;
-      float* dst = packed_.get() + unit * S * L;
+    for (index_t unit = 0; unit < col_blocks_ * taps; ++unit) {
+      const index_t cb = unit / taps, t = unit % taps;
+      float* dst = packed_.get() + unit * S * lanes;
       for (index_t s = 0; s < S; ++s)
-        for (index_t d = 0; d < dst_ch_; ++d)
-          for (int gi = 0; gi < Gv; ++gi) {
-            const index_t g = gb * Gv + gi;
-            float value = 0.0f;
-            if (g < s_.g) {
-              const index_t k = Dir == kForward ? d : s, c = Dir == kForward ? s : d;
-              value = weight_[((g * s_.k + k) * taps + t) * s_.c + c];
-            }
-            dst[s * L + d * Gv + gi] = value;
+        for (index_t lane = 0; lane < lanes; ++lane) {
+          index_t g, d;
+          if (Gv > 1) {
+            g = cb * Gv + lane % Gv;
+            d = lane / Gv;
+          } else {
+            g = cb / channel_blocks_;
+            d = (cb % channel_blocks_) * lanes + lane;
           }
+          float value = 0.0f;
+          if (g < s_.g && d < dst_ch_) {
+            const index_t k = Dir == kForward ? d : s, c = Dir == kForward ? s : d;
+            value = weight_[((g * s_.k + k) * taps + t) * s_.c + c];
+          }
+          dst[s * lanes + lane] = value;
+        }
     }
   }
 
@@ -285,17 +322,17 @@ class GroupVectorConv {
     }
   }
 
-  /// Group blocks [gb_begin, gb_end) x destination rows [m_begin, m_end).
-  template <int Gv, int SB>
-  void block(float* out, const float* src, index_t gb_begin, index_t gb_end, index_t m_begin,
-             index_t m_end) const {
-    const index_t taps = s_.taps();
+  /// Column blocks [cb_begin, cb_end) x destination rows [m_begin, m_end): each pixel tile runs
+  /// all of the block's column blocks while its source rows are in cache.
+  template <int Gv, int SB, int NV, int MR>
+  void block(float* out, const float* src, index_t cb_begin, index_t cb_end, index_t m_begin,
+             index_t m_end, index_t taps) const {
     for (index_t t0 = 0; t0 < taps; t0 += kBK) {
       Pixel first = split_pixel(m_begin, dst_dims_);
       for (index_t m0 = m_begin; m0 < m_end; m0 += MR) {
-        for (index_t gb = gb_begin; gb < gb_end; ++gb)
-          tile<Gv, SB>(out, src, gb, m0, first, std::min<index_t>(MR, m_end - m0), t0,
-                       std::min(taps, t0 + kBK));
+        for (index_t cb = cb_begin; cb < cb_end; ++cb)
+          tile<Gv, SB, NV, MR>(out, src, cb, m0, first, std::min<index_t>(MR, m_end - m0), t0,
+                               std::min(taps, t0 + kBK));
         advance(first, MR);
       }
     }
@@ -325,10 +362,16 @@ class GroupVectorConv {
     }
   }
 
-  template <int Gv, int SB>
-  TC_INLINE void tile(float* out, const float* src, index_t gb, index_t m0, Pixel first,
+  template <int Gv, int SB, int NV, int MR>
+  TC_INLINE void tile(float* out, const float* src, index_t cb, index_t m0, Pixel first,
                       index_t rows, index_t t_begin, index_t t_end) const {
-    const index_t S = src_ch_, column = gb * S * Gv;
+    // one row a pixel: kChains accumulators, the source channels dealt out among them (one
+    // chain of taps x S dependent FMAs a row would hold 8 rows to the FMA latency); NV rows
+    // a pixel are independent chains already
+    constexpr int kChains = NV == 1 ? gvec::kChains : 1;
+    constexpr int lanes = NV * L;
+    const index_t S = src_ch_;
+    const index_t column = Gv > 1 ? cb * S * Gv : cb / channel_blocks_ * S;
     // per row: its image's offset (kOutside past the last row) and its index into each
     // dim's offset table, the filter offset still to add
     index_t image[MR], at_d[MR], at_h[MR], at_w[MR];
@@ -343,86 +386,101 @@ class GroupVectorConv {
       at_w[i] = p.w * s_.filt[2];
       if (i + 1 < rows) advance(p, 1);
     }
-    // kChains accumulators a row, the source channels dealt out among them: one chain of
-    // taps x S dependent FMAs a row would hold 8 rows to the FMA latency
-    Row acc[gvec::kChains][MR];
+    Row acc[kChains][MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < NV; ++r)
 #pragma GCC unroll 2
-      for (int c = 0; c < gvec::kChains; ++c) acc[c][i] = Row::zero();
+        for (int c = 0; c < kChains; ++c) acc[c][i][r] = Row::zero();
     for (index_t t = t_begin; t < t_end; ++t) {
-      const Pixel f = taps_[t];
       const float* row[MR];
       if (affine_) {
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) row[i] = origin[i] + tap_offsets_[t];
       } else {
+        const Pixel f = taps_[t];
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const index_t offset = image[i] + offsets_[0][at_d[i] + f.d] + offsets_[1][at_h[i] + f.h] +
-                               offsets_[2][at_w[i] + f.w];
-        // a select, not a branch: which rows fall in the padding changes from tile to tile
-        const std::uintptr_t outside = std::uintptr_t(offset >> 63);
-        row[i] = reinterpret_cast<const float*>(
-            (reinterpret_cast<std::uintptr_t>(src + offset) & ~outside) |
-            (reinterpret_cast<std::uintptr_t>(zeros_.get()) & outside));
+        for (int i = 0; i < MR; ++i) {
+          const index_t offset = image[i] + offsets_[0][at_d[i] + f.d] + offsets_[1][at_h[i] + f.h] +
+                                 offsets_[2][at_w[i] + f.w];
+          // a select, not a branch: which rows fall in the padding changes from tile to tile
+          const std::uintptr_t outside = std::uintptr_t(offset >> 63);
+          row[i] = reinterpret_cast<const float*>(
+              (reinterpret_cast<std::uintptr_t>(src + offset) & ~outside) |
+              (reinterpret_cast<std::uintptr_t>(zeros_.get()) & outside));
+        }
       }
-      }
-      const float* w = packed_.get() + (gb * s_.taps() + t) * S * L;
+      const float* w = packed_.get() + (cb * s_.taps() + t) * S * lanes;
       for (index_t s0 = 0; s0 < S; s0 += SB) {
-        Row weights[SB];
+        Row weights[SB][NV];
 #pragma GCC unroll 8
-        for (int j = 0; j < SB; ++j) weights[j] = Row::load(w + (s0 + j) * L);
+        for (int j = 0; j < SB; ++j)
+#pragma GCC unroll 4
+          for (int r = 0; r < NV; ++r) weights[j][r] = Row::load(w + (s0 + j) * lanes + r * L);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-          for (int j = 0; j < SB; ++j)
-            acc[j % gvec::kChains][i].fma(Row::template broadcast<Gv>(row[i] + (s0 + j) * Gv), weights[j]);
+          for (int j = 0; j < SB; ++j) {
+            const Row source = Row::template broadcast<Gv>(row[i] + (s0 + j) * Gv);
+#pragma GCC unroll 4
+            for (int r = 0; r < NV; ++r) acc[j % kChains][i][r].fma(source, weights[j][r]);
+          }
       }
     }
-    if constexpr (gvec::kChains == 2)
+    if constexpr (kChains == 2)
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) acc[0][i].add(acc[1][i]);
-    store<Gv>(acc[0], out, gb, m0, rows, t_begin > 0);
+      for (int i = 0; i < MR; ++i) acc[0][i][0].add(acc[1][i][0]);
+    store<Gv, NV, MR>(acc[0], out, cb, m0, rows, t_begin > 0);
   }
 
-  /// Rows [0, rows) of the tile to dst[m0 + i][gb * Gv + gi][d], lanes back in [gi][d] order
-  /// (output lane j = gi * D + d holds tile lane d * Gv + gi); only groups below G are written.
-  template <int Gv>
-  TC_INLINE void store(const Row* acc, float* out, index_t gb, index_t m0, index_t rows,
+  /// Rows [0, rows) of the tile to the destination. Gv > 1: dst[m0 + i][cb * Gv + gi][d], lanes
+  /// back in [gi][d] order (output lane j = gi * D + d holds tile lane d * Gv + gi), only groups
+  /// below G. Gv = 1: row r to channels c0 + 16 r.. of group cb / channel blocks, only those
+  /// below D.
+  template <int Gv, int NV, int MR>
+  TC_INLINE void store(const Row (*acc)[NV], float* out, index_t cb, index_t m0, index_t rows,
                        bool accumulate) const {
-    constexpr int D = L / Gv;
-    const index_t ld = s_.g * D;
-    const index_t valid = std::min<index_t>(Gv, s_.g - gb * Gv) * D;
+    const index_t D = dst_ch_, ld = s_.g * D;
+    if constexpr (Gv == 1) {
+      const index_t g = cb / channel_blocks_, c0 = cb % channel_blocks_ * NV * L;
+      for (index_t i = 0; i < rows; ++i)
+#pragma GCC unroll 4
+        for (int r = 0; r < NV; ++r) {
+          const index_t first = c0 + r * L;
+          if (first >= D) break;
+          acc[i][r].store_first(out + (m0 + i) * ld + g * D + first, D - first, accumulate);
+        }
+    } else {
+      constexpr int Dv = L / Gv;
+      const index_t valid = std::min<index_t>(Gv, s_.g - cb * Gv) * Dv;
 #ifdef __AVX512F__
-    alignas(64) int order[L];
-    for (int j = 0; j < L; ++j) order[j] = (j % D) * Gv + j / D;
-    const __m512i permutation = _mm512_load_si512(order);
-    const LaneMask mask = lane_mask(valid);
-    for (index_t i = 0; i < rows; ++i) {
-      float* dst = out + (m0 + i) * ld + gb * Gv * D;
-      reg value = Gv == 1 || Gv == L ? acc[i].v : _mm512_permutexvar_ps(permutation, acc[i].v);
-      if (accumulate) value = Vec::add(value, masked_load(mask, dst));
-      masked_store(dst, mask, value);
-    }
-#else
-    alignas(64) float lanes[L];
-    for (index_t i = 0; i < rows; ++i) {
-      float* dst = out + (m0 + i) * ld + gb * Gv * D;
-      acc[i].store(lanes);
-      for (index_t j = 0; j < valid; ++j) {
-        const float value = lanes[(j % D) * Gv + j / D];
-        dst[j] = accumulate ? dst[j] + value : value;
+      alignas(64) int order[L];
+      for (int j = 0; j < L; ++j) order[j] = (j % Dv) * Gv + j / Dv;
+      const __m512i permutation = _mm512_load_si512(order);
+      for (index_t i = 0; i < rows; ++i) {
+        const Row value{_mm512_permutexvar_ps(permutation, acc[i][0].v)};
+        value.store_first(out + (m0 + i) * ld + cb * Gv * Dv, valid, accumulate);
       }
-    }
+#else
+      alignas(64) float lanes[L];
+      for (index_t i = 0; i < rows; ++i) {
+        float* dst = out + (m0 + i) * ld + cb * Gv * Dv;
+        acc[i][0].store(lanes);
+        for (index_t j = 0; j < valid; ++j) {
+          const float value = lanes[(j % Dv) * Gv + j / Dv];
+          dst[j] = accumulate ? dst[j] + value : value;
+        }
+      }
 #endif
+    }
   }
 
   ConvShape s_;
   const float* src_;
   const float* weight_;
   int threads_;
-  index_t dst_ch_, src_ch_, gv_, group_blocks_, src_row_, sb_;
+  index_t dst_ch_, src_ch_, gv_, nv_, channel_blocks_, group_blocks_, col_blocks_, src_row_, sb_;
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
   std::vector<index_t> tap_offsets_;
   bool relayout_, affine_;

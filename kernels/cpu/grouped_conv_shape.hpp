@@ -111,13 +111,6 @@ inline std::string check_supported(ConvShape& shape) {
            std::to_string(shape.filt[2]) + " stride " + std::to_string(shape.stride[1]) + "x" +
            std::to_string(shape.stride[2]) + " dilation " + std::to_string(shape.dil[1]) + "x" +
            std::to_string(shape.dil[2]) + " Di=" + std::to_string(shape.in[0]);
-  if (kPipeline == kGvec) {
-    const index_t dst_channels = kDir == 1 ? shape.c : shape.k;
-    if (dst_channels < 1 || 16 % dst_channels != 0)
-      return std::string("gvec pipeline needs ") + (kDir == 1 ? "C" : "K") +
-             " per group (the destination's channels) to divide 16, got " +
-             std::to_string(dst_channels);
-  }
   return "";
 }
 

@@ -69,12 +69,6 @@ class GroupedConvProblem:
         return (self.ndim == 2 and self.Y == self.X == 3 and self.stride_h == self.stride_w == 1
                 and self.dilation_h == self.dilation_w == 1)
 
-    def gvec_fits(self) -> bool:
-        """The destination's channels per group (forward K, bwd_data C) divide 16: what the
-        gvec pipeline runs (bwd_weight never)."""
-        channels = self.C if self.direction == "bwd_data" else self.K
-        return self.direction != "bwd_weight" and 16 % channels == 0
-
     def _axes(self):
         return ((self.Di, self.pad_d, self.dilation_d, self.Z, self.stride_d),
                 (self.Hi, self.pad_h, self.dilation_h, self.Y, self.stride_h),
@@ -270,19 +264,17 @@ class GroupedConvFamily(FamilyBase):
     def applicable(self, cfg, problem: GroupedConvProblem) -> bool:
         """Whether the kernel is a candidate for the problem at all: same direction, dtype
         and ndim, and a pipeline that handles it (dw only for depthwise problems, winograd
-        only for 3x3 stride-1 undilated 2D ones, gvec only where the destination's channels
-        per group divide 16), so a dispatcher never picks a kernel that cannot run the
-        problem."""
+        only for 3x3 stride-1 undilated 2D ones), so a dispatcher never picks a kernel that
+        cannot run the problem."""
         return (cfg.direction == problem.direction and cfg.dtype == problem.dtype
                 and cfg.ndim_spatial == problem.ndim
                 and (cfg.pipeline != "dw" or problem.is_depthwise())
-                and (cfg.pipeline != "winograd" or problem.is_winograd())
-                and (cfg.pipeline != "gvec" or problem.gvec_fits()))
+                and (cfg.pipeline != "winograd" or problem.is_winograd()))
 
     def applicability_key(self, problem: GroupedConvProblem):
         """What `applicable` reads of a problem: equal keys, equal candidate masks."""
         return (problem.direction, problem.dtype, problem.ndim, problem.is_depthwise(),
-                problem.is_winograd(), problem.gvec_fits())
+                problem.is_winograd())
 
     def unsupported_reason(self, cfg, problem: GroupedConvProblem) -> str | None:
         for field, kernel_value, problem_value in (
@@ -297,10 +289,6 @@ class GroupedConvFamily(FamilyBase):
             return (f"the winograd pipeline needs a 2D 3x3 filter with stride 1 and dilation 1, "
                     f"got {problem.Y}x{problem.X} stride {problem.stride_h}x{problem.stride_w} "
                     f"dilation {problem.dilation_h}x{problem.dilation_w}")
-        if cfg.pipeline == "gvec" and not problem.gvec_fits():
-            name = "C" if problem.direction == "bwd_data" else "K"
-            return (f"the gvec pipeline needs {name} per group (the destination's channels) "
-                    f"to divide 16, got {name}={getattr(problem, name)}")
         return geometry_reason(problem)
 
     def slices(self, problem: GroupedConvProblem) -> tuple[str, ...]:

@@ -25,8 +25,9 @@ WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
 # gemm (one GEMM per group on the GEMM library, kernels/cpu/grouped_conv_gemm.hpp) shares a
 # group's GEMM m-split or split-K (si) intrawave, or runs whole groups per thread interwave;
 # winograd (F(2x2, 3x3), kernels/cpu/grouped_conv_winograd.hpp) shares each of its 16 GEMMs
-# intrawave, or deals them out whole interwave; gvec (few channels per group, whole groups side
-# by side in each vector, kernels/cpu/grouped_conv_gvec.hpp) has the dw pipeline's two waves.
+# intrawave, or deals them out whole interwave; gvec (a direct convolution with whole groups
+# side by side in each vector when they have few channels, kernels/cpu/grouped_conv_gvec.hpp)
+# has the dw pipeline's two waves.
 PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
     (pipeline, wave, dsb, si)
     for pipeline, dsb_values, si_values in (("direct", (False,), (False, True)),
