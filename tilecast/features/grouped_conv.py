@@ -146,12 +146,17 @@ def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace
     t.k_blocks = _ceil_div(max(gk, 1.0), bk)
     t.m_eff, t.n_eff = gm / (t.m_tiles * bm), gn / (t.n_tiles * bn)
     t.k_eff = gk / (t.k_blocks * bk)
-    # gvec (grouped_conv_gvec.hpp) puts 16 / D whole groups in each 16-lane vector: its
-    # columns are every group's D channels, in blocks of bn lanes
+    # gvec (grouped_conv_gvec.hpp) puts 16 / D whole groups in each 16-lane vector when D
+    # divides 16, else up to 4 rows of one group's D channels (its column blocks), in blocks of
+    # bn lanes
     gvec = kf["is_gvec"] > 0
-    lanes = max(groups * gn, 1.0)
-    gvec_blocks = _ceil_div(lanes, bn)
-    t.n_eff = np.where(gvec, lanes / (_ceil_div(lanes, 16.0) * 16.0), t.n_eff)
+    d = max(gn, 1.0)
+    if 16 % d == 0:
+        lanes_used, gvec_cols = groups * d, _ceil_div(groups * d, 16.0)
+    else:
+        lanes_used, gvec_cols = groups * d, groups * _ceil_div(d, 16.0)
+    gvec_blocks = _ceil_div(gvec_cols * 16.0, bn)
+    t.n_eff = np.where(gvec, lanes_used / (gvec_cols * 16.0), t.n_eff)
     # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp; gvec
     # shares each block's pixel tiles intrawave)
     t.intra = np.where(gvec, t.m_tiles, t.m_tiles * t.n_tiles)   # block grid of one group
