@@ -265,23 +265,25 @@ class GroupVectorConv {
     for (index_t unit = 0; unit < col_blocks_ * taps; ++unit) {
       const index_t cb = unit / taps, t = unit % taps;
       float* dst = packed_.get() + unit * S * lanes;
-      for (index_t s = 0; s < S; ++s)
-        for (index_t lane = 0; lane < lanes; ++lane) {
-          index_t g, d;
-          if (Gv > 1) {
-            g = cb * Gv + lane % Gv;
-            d = lane / Gv;
-          } else {
-            g = cb / channel_blocks_;
-            d = (cb % channel_blocks_) * lanes + lane;
-          }
-          float value = 0.0f;
-          if (g < s_.g && d < dst_ch_) {
-            const index_t k = Dir == kForward ? d : s, c = Dir == kForward ? s : d;
-            value = weight_[((g * s_.k + k) * taps + t) * s_.c + c];
-          }
-          dst[s * lanes + lane] = value;
+      for (index_t lane = 0; lane < lanes; ++lane) {
+        index_t g, d;
+        if (Gv > 1) {
+          g = cb * Gv + lane % Gv;
+          d = lane / Gv;
+        } else {
+          g = cb / channel_blocks_;
+          d = (cb % channel_blocks_) * lanes + lane;
         }
+        if (g >= s_.g || d >= dst_ch_) {
+          for (index_t s = 0; s < S; ++s) dst[s * lanes + lane] = 0.0f;
+          continue;
+        }
+        // w[g][k][t][c]: forward (k = d, c = s) reads along c, bwd_data (k = s, c = d) along k
+        const float* from = weight_ + (g * s_.k * taps + t) * s_.c +
+                            (Dir == kForward ? d * taps * s_.c : d);
+        const index_t step = Dir == kForward ? 1 : taps * s_.c;
+        for (index_t s = 0; s < S; ++s) dst[s * lanes + lane] = from[s * step];
+      }
     }
   }
 
