@@ -46,10 +46,12 @@ constexpr int kRowLanes = 16;
 
 /// Sixteen lanes: one zmm, or two ymm with AVX2.
 #ifdef __AVX512F__
-constexpr int kMR = 8;      // 2 x 8 accumulators + up to 4 weight rows + a broadcast: the rows' pointers
-                            // stay in registers (12 rows measured 0.89-1.0x)
-constexpr int kMaxSB = 4;  // source channels a step: 4 or 1 (8 and 2 measured 0.98-1.05x, and
-                            // doubled the build time)
+// A tile's pixels: 2 x 8 accumulators + up to 4 weight rows + a broadcast, and the rows'
+// pointers stay in registers (12 pixels measured 0.89-1.0x).
+constexpr int kMR = 8;
+// Source channels a step: 4, or 1 when they do not divide by 4 (steps of 8 and 2 measured
+// 0.98-1.05x and doubled the build time).
+constexpr int kMaxSB = 4;
 constexpr int kChains = 2;
 constexpr int kMaxNV = 4;
 /// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
@@ -178,11 +180,11 @@ class GroupVectorConv {
                                 f.w * s_.dil[2]) * src_row_);
       }
     }
-    // each (destination coordinate, filter offset)'s source coordinate along each dim, as an
-    // offset in floats, kOutside where it falls in the padding: a source pixel's offset is
-    // the sum of its three, negative when any is outside
+    // otherwise each (destination coordinate, filter offset)'s source coordinate along each
+    // dim, as an offset in floats, kOutside where it falls in the padding: a source pixel's
+    // offset is the sum of its three, negative when any is outside
     index_t pitch = src_row_;
-    for (int dim = 2; dim >= 0; --dim) {
+    for (int dim = 2; dim >= 0 && !affine_; --dim) {
       offsets_[dim].resize(dst_dims_[dim] * s_.filt[dim]);
       for (index_t d = 0; d < dst_dims_[dim]; ++d)
         for (index_t f = 0; f < s_.filt[dim]; ++f) {
@@ -377,7 +379,7 @@ class GroupVectorConv {
     Pixel p = first;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      origin[i] = src + padded_pixel(p, 1) * src_row_ + column;
+      origin[i] = affine_ ? src + padded_pixel(p, 1) * src_row_ + column : nullptr;
       image[i] = i < rows ? p.n * src_pixels_ * src_row_ + column : kOutside;
       at_d[i] = p.d * s_.filt[0];
       at_h[i] = p.h * s_.filt[1];
