@@ -102,9 +102,9 @@ PROBLEM_FEATURES = names(PROBLEM_COLUMNS)
 # the ones their kernels have; the rest are 0. Derived ones are added in kernel_features.
 KERNEL_FEATURES = (
     "bm", "bn", "bk", "te_block", "log2_tile_area", "is_direct", "is_im2col", "is_dw", "is_gemm",
-    "is_winograd", "is_gvec", "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv", "is_te_mem",
-    "is_te_preshuffle", "te_pipeline_version", "is_intrawave", "is_interwave", "has_dsb",
-    "has_si", "log2_a_block_bytes", "log2_b_block_bytes", "log2_c_block_bytes",
+    "is_winograd", "is_gvec", "is_tile_engine", "is_te_basic", "is_te_async", "is_te_compv",
+    "is_te_mem", "is_te_preshuffle", "te_pipeline_version", "is_intrawave", "is_interwave",
+    "has_dsb", "has_si", "log2_a_block_bytes", "log2_b_block_bytes", "log2_c_block_bytes",
 )
 _KERNEL_FEATURE_SET = frozenset(KERNEL_FEATURES)
 
@@ -151,17 +151,16 @@ def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace
     # bn lanes
     gvec = kf["is_gvec"] > 0
     d = max(gn, 1.0)
-    if 16 % d == 0:
-        lanes_used, gvec_cols = groups * d, _ceil_div(groups * d, 16.0)
-    else:
-        lanes_used, gvec_cols = groups * d, groups * _ceil_div(d, 16.0)
+    lanes_used = groups * d
+    gvec_cols = _ceil_div(lanes_used, 16.0) if 16 % d == 0 else groups * _ceil_div(d, 16.0)
     gvec_blocks = _ceil_div(gvec_cols * 16.0, bn)
     t.n_eff = np.where(gvec, lanes_used / (gvec_cols * 16.0), t.n_eff)
     # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp; gvec
     # shares each block's pixel tiles intrawave)
     t.intra = np.where(gvec, t.m_tiles, t.m_tiles * t.n_tiles)   # block grid of one group
     images = 1.0 if problem.direction == "bwd_weight" else pf["N"]
-    group_units = np.where(kf["is_dw"] > 0, _ceil_div(groups, bn), np.where(gvec, gvec_blocks, groups))
+    group_units = np.where(kf["is_dw"] > 0, _ceil_div(groups, bn),
+                           np.where(gvec, gvec_blocks, groups))
     t.inter = group_units * images                 # whole (group, image) GEMMs
     t.si_units = np.full_like(bm, min(threads, max(gk, 1.0)))   # K split over threads
     t.k_splits = np.where(kf["has_si"] > 0, t.si_units, 1.0)
