@@ -52,12 +52,11 @@ def test_space_is_every_variant_of_the_table_for_every_tile():
     for family in FAMILIES.values():
         space = family.candidate_space({"tiles": tiles, "gemm_tiles": gemm_tiles}, {"flags": []})
         # variants x their tiles x (2D, 3D): the gemm pipeline takes gemm_tiles; so does
-        # winograd, 2D forward and bwd_data only; gvec takes tiles, forward and bwd_data only
+        # winograd, 2D forward and bwd_data only
         winograd = family.direction != "bwd_weight"
-        assert len(space) == ((14 + 2 * winograd) * len(tiles) + 3 * len(gemm_tiles)) * 2 \
-            + 2 * len(gemm_tiles) * winograd
+        assert len(space) == (16 * len(tiles) + 3 * len(gemm_tiles)) * 2 + 2 * len(gemm_tiles) * winograd
         assert {(c.pipeline, c.wave_mode, c.has_dsb, c.has_si) for c in space} == \
-            {v for v in PIPELINE_VARIANTS if winograd or v[0] not in ("winograd", "gvec")}
+            {v for v in PIPELINE_VARIANTS if winograd or v[0] != "winograd"}
         assert {(c.bm, c.bn, c.bk) for c in space if c.pipeline in ("gemm", "winograd")} == {(96, 512, 256)}
         assert {c.ndim_spatial for c in space if c.pipeline == "winograd"} <= {2}
     assert FORWARD.kernel_name(GroupedConvConfig("forward", "fp32", 3, 64, 32, 16, "im2col",
@@ -215,8 +214,8 @@ def test_winograd_runs_3x3_stride_1_undilated_2d_layers_forward_and_bwd_data_onl
                                           "intrawave", False, True))
 
 
-def test_gvec_runs_every_forward_and_bwd_data_layer():
-    for family, channel in ((FORWARD, "K"), (FAMILIES["bwd_data"], "C")):
+def test_gvec_runs_every_layer():
+    for family, channel in ((FORWARD, "K"), (FAMILIES["bwd_data"], "C"), (FAMILIES["bwd_weight"], "K")):
         gvec = GroupedConvConfig(family.direction, "fp32", 2, 32, 32, 32, "gvec", "interwave",
                                  False, False)
         # whole groups a vector where the destination's channels divide 16, channel rows of
@@ -224,10 +223,6 @@ def test_gvec_runs_every_forward_and_bwd_data_layer():
         for per_group in (1, 2, 4, 8, 16, 3, 12, 40, 200):
             problem = family.problem({**BASE, "G": 4, channel: per_group})
             assert family.applicable(gvec, problem) and family.unsupported_reason(gvec, problem) is None
-    with pytest.raises(FamilyError, match="gvec pipeline is forward and bwd_data only"):
-        validate_config(GroupedConvConfig("bwd_weight", "fp32", 2, 32, 32, 32, "gvec", "intrawave",
-                                          False, False))
-    assert not any(c.pipeline == "gvec" for c in FAMILIES["bwd_weight"].candidate_space({}, {}))
 
 
 def test_flops_and_bytes_known_answer():
@@ -401,7 +396,7 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(G=4, C=4, K=2, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, pad_d=1, pad_h=1,
                           pad_w=1, dilation_w=2)]}
 # every pipeline in every direction, each pipeline in 2D and 3D (winograd: 2D forward and
-# bwd_data; gvec: forward and bwd_data), both waves, dsb and si
+# bwd_data), both waves, dsb and si
 KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                    for d, ndim, bm, bn, bk, variant in (
                        ("forward", 2, 16, 16, 16, ("im2col", "interwave", True, True)),
@@ -429,7 +424,9 @@ KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                        ("forward", 2, 16, 32, 2, ("gvec", "intrawave", False, False)),
                        ("forward", 3, 64, 16, 16, ("gvec", "interwave", False, False)),
                        ("bwd_data", 2, 24, 16, 4, ("gvec", "interwave", False, False)),
-                       ("bwd_data", 3, 8, 64, 27, ("gvec", "intrawave", False, False)))]
+                       ("bwd_data", 3, 8, 64, 27, ("gvec", "intrawave", False, False)),
+                       ("bwd_weight", 2, 16, 32, 16, ("gvec", "interwave", False, False)),
+                       ("bwd_weight", 3, 32, 64, 32, ("gvec", "intrawave", False, False)))]
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@
 //                AVX-512 (8 x 16 when BN % 32 != 0), 6 x 16 with AVX2), 4 winograd
 //                (F(2x2, 3x3) for 3x3 stride-1 2D layers, forward and bwd_data, its 16
 //                GEMMs on the GEMM library as gemm's: grouped_conv_winograd.hpp), 5 gvec
-//                (direct convolution, forward and bwd_data, whole groups side by side in each
-//                16-lane vector when they have few channels, grouped_conv_gvec.hpp; BM = pixels
-//                per block, BN = lanes per block, BK = taps per pass)
+//                (direct convolution, whole groups side by side in each 16-lane vector when
+//                they have few channels, grouped_conv_gvec.hpp; forward and bwd_data: BM =
+//                pixels per block, BN = lanes per block, BK = taps per pass; bwd_weight: BN
+//                only, as its interwave block)
 //   TC_WAVE      0 intra (threads share one group's GEMM), 1 inter (threads take whole
 //                (group, image) GEMMs; bwd_weight: whole groups; winograd: whole GEMMs of
 //                its 16; dw and gvec: whole (group block, image) units)
@@ -90,9 +91,6 @@
 #endif
 #if TC_PIPELINE == 5 && TC_SI == 1
 #error "TC_SI=1 is not implemented for TC_PIPELINE=5 (gvec)"
-#endif
-#if TC_PIPELINE == 5 && TC_DIR == 2
-#error "TC_PIPELINE=5 (gvec) runs forward and bwd_data only"
 #endif
 
 // The gemm and winograd pipelines' GEMM parameters (kernels/cpu/gemm_config.hpp), from this

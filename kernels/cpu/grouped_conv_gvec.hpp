@@ -1,6 +1,7 @@
-// The "gvec" pipeline: a direct convolution, forward and bwd_data, whose vectors hold whole
+// The "gvec" pipeline: a direct convolution, all three directions, whose vectors hold whole
 // groups when they have few channels (ResNeXt's 4-16, RegNet's 8-16) and a group's channels
-// otherwise (stems of 1-3 input channels and the like).
+// otherwise (stems of 1-3 input channels and the like). bwd_weight reads the input and dout
+// as forward reads the input and writes dout (D = K, S = C; see run_weight_grad).
 //
 // Per group, a layer of D destination channels (forward K, bwd_data C) and S source channels
 // (forward C, bwd_data K) is a GEMM with D columns: a 16-lane vector would hold 4 of them at
@@ -56,6 +57,9 @@ constexpr int kChains = 2;
 constexpr int kMaxNV = 4;
 /// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
 constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
+/// bwd_weight's (tap, channel) pairs a unit: pairs x NV (x 2 pixel chains at NV = 1)
+/// accumulators + NV dout rows + a broadcast fit.
+constexpr int pairs_for(int nv) { return nv == 1 ? 8 : nv == 2 ? 6 : 4; }
 struct Row {
   __m512 v;
   /// Lanes [0, n) (all when n >= 16) to p, added to what is there when `accumulate`.
@@ -90,6 +94,7 @@ constexpr int kMaxSB = 2;
 constexpr int kChains = 1;  // 16 ymm hold no second set
 constexpr int kMaxNV = 2;
 constexpr int rows_for(int nv) { return nv == 1 ? kMR : 2; }
+constexpr int pairs_for(int nv) { return nv == 1 ? 4 : 2; }
 struct Row {
   __m256 lo, hi;
   TC_INLINE void store_first(float* p, index_t n, bool accumulate) const {
@@ -130,18 +135,19 @@ struct Row {
 
 }  // namespace gvec
 
-/// Forward (Dir 0) or bwd_data (Dir 1) with whole groups in each vector.
+/// Forward (Dir 0), bwd_data (Dir 1) or bwd_weight (Dir 2) with whole groups in each vector.
 template <int Dir>
 class GroupVectorConv {
-  static_assert(Dir == kForward || Dir == kBwdData, "the gvec pipeline is forward / bwd_data only");
   using Row = gvec::Row;
   static constexpr int L = gvec::kRowLanes;
 
  public:
-  /// `src` is the input (forward) or dout (bwd_data); `weight` is [G][K][taps][C].
-  GroupVectorConv(const ConvShape& shape, const float* src, const float* weight, int threads)
-      : s_(shape), src_(src), weight_(weight), threads_(std::max(threads, 1)) {
-    const bool fwd = Dir == kForward;
+  /// `src` is the input (forward, bwd_weight) or dout (bwd_data); `other` the weight,
+  /// [G][K][taps][C] (forward, bwd_data), or dout (bwd_weight, which writes the weight's
+  /// gradient and reads the input and dout as forward reads the input and writes dout).
+  GroupVectorConv(const ConvShape& shape, const float* src, const float* other, int threads)
+      : s_(shape), src_(src), weight_(other), threads_(std::max(threads, 1)) {
+    const bool fwd = Dir != kBwdData;
     dst_ch_ = fwd ? s_.k : s_.c;
     src_ch_ = fwd ? s_.c : s_.k;
     // D dividing 16: 16 / D groups a row. Otherwise one group's channels, up to kMaxNV rows
@@ -195,9 +201,20 @@ class GroupVectorConv {
     }
     for (index_t t = 0; t < s_.taps(); ++t) taps_.push_back(split_tap(t, s_.filt));
     if (relayout_) relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
-    packed_ = FloatBuffer(col_blocks_ * s_.taps() * src_ch_ * nv_ * L);
+    // forward, bwd_data: the packed weight; bwd_weight: dout, [pixel][column block][lane]
+    packed_ = FloatBuffer(Dir == kBwdWeight ? s_.n * dst_pixels_ * col_blocks_ * nv_ * L
+                                            : col_blocks_ * s_.taps() * src_ch_ * nv_ * L);
     zeros_ = FloatBuffer(src_row_);
     sb_ = nv_ == 1 && src_ch_ % gvec::kMaxSB == 0 ? gvec::kMaxSB : 1;
+    // each lane of each column block: its (group, destination channel)'s offset in a
+    // destination pixel, -1 past G or D
+    const index_t lanes = nv_ * L;
+    for (index_t cb = 0; cb < col_blocks_; ++cb)
+      for (index_t lane = 0; lane < lanes; ++lane) {
+        const index_t g = gv_ > 1 ? cb * gv_ + lane % gv_ : cb / channel_blocks_;
+        const index_t d = gv_ > 1 ? lane / gv_ : cb % channel_blocks_ * lanes + lane;
+        lane_channel_.push_back(g < s_.g && d < dst_ch_ ? g * dst_ch_ + d : -1);
+      }
   }
 
   void run(float* out) const {
@@ -219,12 +236,21 @@ class GroupVectorConv {
  private:
   template <int Gv>
   void dispatch_sb(float* out) const {
-    if (sb_ == gvec::kMaxSB) return run_with<Gv, gvec::kMaxSB, 1>(out);
+    if (Dir != kBwdWeight && sb_ == gvec::kMaxSB) return run_with<Gv, gvec::kMaxSB, 1>(out);
     return run_with<Gv, 1, 1>(out);
   }
 
   template <int Gv, int SB, int NV>
   void run_with(float* out) const {
+    if constexpr (Dir == kBwdWeight) {
+      return run_weight_grad<Gv, NV>(out);
+    } else {
+      return run_gather<Gv, SB, NV>(out);
+    }
+  }
+
+  template <int Gv, int SB, int NV>
+  void run_gather(float* out) const {
     constexpr int MR = gvec::rows_for(NV);
     const index_t taps = s_.taps(), rows = s_.n * dst_pixels_;
     const index_t per_block = std::max<index_t>(1, kBN / (NV * L));
@@ -250,6 +276,112 @@ class GroupVectorConv {
                                 n * dst_pixels_, (n + 1) * dst_pixels_, taps);
         }
       }
+    }
+  }
+
+  /// bwd_weight: dwei[g, k, t, c] = sum over output pixels p of dout[p, g, k] * in[source(p, t),
+  /// g, c], lanes as forward's with K the destination. A unit is R (tap, channel) pairs of one
+  /// column block, each an accumulator row reduced over every output pixel: dout's row (read
+  /// once a pixel from its packed copy) times a broadcast of the input under the pair's tap.
+  /// intrawave deals out (column block, pair chunk) units, interwave whole blocks of BN lanes.
+  template <int Gv, int NV>
+  void run_weight_grad(float* out) const {
+    constexpr int R = gvec::pairs_for(NV);
+    const index_t chunks = ceil_div(s_.taps() * src_ch_, R);
+#pragma omp parallel num_threads(threads_)
+    {
+      pack_dout<NV>();
+      relayout<Gv>();
+#pragma omp barrier
+      if constexpr (!kInterWave) {
+#pragma omp for schedule(dynamic, 1)
+        for (index_t unit = 0; unit < col_blocks_ * chunks; ++unit)
+          weight_grad_pairs<Gv, NV, R>(out, unit / chunks, unit % chunks * R);
+      } else {
+        const index_t per_block = std::max<index_t>(1, kBN / (NV * L));
+#pragma omp for schedule(dynamic, 1)
+        for (index_t block = 0; block < ceil_div(col_blocks_, per_block); ++block)
+          for (index_t chunk = 0; chunk < chunks; ++chunk)
+            for (index_t cb = block * per_block; cb < std::min(col_blocks_, (block + 1) * per_block); ++cb)
+              weight_grad_pairs<Gv, NV, R>(out, cb, chunk * R);
+      }
+    }
+  }
+
+  /// packed[pixel][cb][lane] = dout[pixel][the lane's group and channel], zero past G or K.
+  template <int NV>
+  void pack_dout() const {
+    const index_t row = col_blocks_ * NV * L, ld = s_.g * dst_ch_;
+#pragma omp for schedule(static) nowait
+    for (index_t pixel = 0; pixel < s_.n * dst_pixels_; ++pixel) {
+      const float* from = weight_ + pixel * ld;
+      float* to = packed_.get() + pixel * row;
+      for (index_t i = 0; i < row; ++i) to[i] = lane_channel_[i] >= 0 ? from[lane_channel_[i]] : 0.0f;
+    }
+  }
+
+  /// Pairs [pair_begin, pair_begin + R) of column block cb (those past taps x C ignored).
+  template <int Gv, int NV, int R>
+  void weight_grad_pairs(float* out, index_t cb, index_t pair_begin) const {
+    constexpr int kPixels = NV == 1 ? gvec::kChains : 1;   // pixels a step, each its own chain
+    constexpr int lanes = NV * L;
+    const index_t S = src_ch_, pairs = s_.taps() * S, row = col_blocks_ * lanes;
+    const index_t column = Gv > 1 ? cb * S * Gv : cb / channel_blocks_ * S;
+    index_t offset[R];
+#pragma GCC unroll 16
+    for (int j = 0; j < R; ++j) {
+      const index_t pair = std::min(pair_begin + j, pairs - 1);
+      offset[j] = tap_offsets_[pair / S] + pair % S * Gv + column;
+    }
+    Row acc[kPixels][R][NV];
+#pragma GCC unroll 2
+    for (int q = 0; q < kPixels; ++q)
+#pragma GCC unroll 16
+      for (int j = 0; j < R; ++j)
+#pragma GCC unroll 4
+        for (int r = 0; r < NV; ++r) acc[q][j][r] = Row::zero();
+    const float* src = relaid_.get();
+    const index_t step = s_.stride[2] * src_row_, width = dst_dims_[2];
+    for (index_t line = 0; line < s_.n * dst_pixels_ / width; ++line) {   // (n, d, h) rows
+      const Pixel first = split_pixel(line * width, dst_dims_);
+      const float* base = src + padded_pixel(first, 1) * src_row_;
+      const float* dout = packed_.get() + line * width * row + cb * lanes;
+      index_t w = 0;
+      for (; w + kPixels <= width; w += kPixels)
+#pragma GCC unroll 2
+        for (int q = 0; q < kPixels; ++q) {
+          Row d[NV];
+#pragma GCC unroll 4
+          for (int r = 0; r < NV; ++r) d[r] = Row::load(dout + (w + q) * row + r * L);
+          const float* at = base + (w + q) * step;
+#pragma GCC unroll 16
+          for (int j = 0; j < R; ++j) {
+            const Row source = Row::template broadcast<Gv>(at + offset[j]);
+#pragma GCC unroll 4
+            for (int r = 0; r < NV; ++r) acc[q][j][r].fma(source, d[r]);
+          }
+        }
+      for (; w < width; ++w) {
+        Row d[NV];
+        for (int r = 0; r < NV; ++r) d[r] = Row::load(dout + w * row + r * L);
+        const float* at = base + w * step;
+        for (int j = 0; j < R; ++j) {
+          const Row source = Row::template broadcast<Gv>(at + offset[j]);
+          for (int r = 0; r < NV; ++r) acc[0][j][r].fma(source, d[r]);
+        }
+      }
+    }
+    alignas(64) float sums[lanes];
+    for (int j = 0; j < R && pair_begin + j < pairs; ++j) {
+      const index_t t = (pair_begin + j) / S, c = (pair_begin + j) % S;
+      for (int r = 0; r < NV; ++r) {
+        if constexpr (kPixels == 2) acc[0][j][r].add(acc[1][j][r]);
+        acc[0][j][r].store(sums + r * L);
+      }
+      // lane -> (g, k): dwei[(g K + k) taps + t][c]
+      const index_t* channel = lane_channel_.data() + cb * lanes;
+      for (int lane = 0; lane < lanes; ++lane)
+        if (channel[lane] >= 0) out[(channel[lane] * s_.taps() + t) * s_.c + c] = sums[lane];
     }
   }
 
@@ -345,7 +477,7 @@ class GroupVectorConv {
     index_t at[3] = {p.d, p.h, p.w};
     if (affine_)
       for (int dim = 0; dim < 3; ++dim)
-        at[dim] = scale ? at[dim] * (Dir == kForward ? s_.stride[dim] : 1) : at[dim] + lead_[dim];
+        at[dim] = scale ? at[dim] * (Dir != kBwdData ? s_.stride[dim] : 1) : at[dim] + lead_[dim];
     return ((p.n * padded_[0] + at[0]) * padded_[1] + at[1]) * padded_[2] + at[2];
   }
 
@@ -483,6 +615,7 @@ class GroupVectorConv {
   index_t dst_ch_, src_ch_, gv_, nv_, channel_blocks_, group_blocks_, col_blocks_, src_row_, sb_;
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
   std::vector<index_t> tap_offsets_;
+  std::vector<index_t> lane_channel_;
   bool relayout_, affine_;
   static constexpr index_t kOutside = -(index_t(1) << 60);   // three sum to > -2^63
   std::vector<index_t> offsets_[3];

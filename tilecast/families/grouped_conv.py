@@ -225,8 +225,6 @@ class GroupedConvFamily(FamilyBase):
                 continue
             if pipeline == "winograd" and (self.direction == "bwd_weight" or int(ndim) != 2):
                 continue   # 2D forward and bwd_data only
-            if pipeline == "gvec" and self.direction == "bwd_weight":
-                continue   # forward and bwd_data only
             for tile in opt["gemm_tiles" if pipeline in GEMM_PIPELINES else "tiles"]:
                 try:
                     bm, bn, bk = (int(v) for v in str(tile).split("x"))

@@ -27,7 +27,7 @@ WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
 # winograd (F(2x2, 3x3), kernels/cpu/grouped_conv_winograd.hpp) shares each of its 16 GEMMs
 # intrawave, or deals them out whole interwave; gvec (a direct convolution with whole groups
 # side by side in each vector when they have few channels, kernels/cpu/grouped_conv_gvec.hpp)
-# has the dw pipeline's two waves.
+# has the dw pipeline's two waves, in every direction.
 PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
     (pipeline, wave, dsb, si)
     for pipeline, dsb_values, si_values in (("direct", (False,), (False, True)),
@@ -151,9 +151,6 @@ def validate_config(cfg) -> Any:
         if cfg.pipeline == "winograd" and (cfg.direction == "bwd_weight" or cfg.ndim_spatial != 2):
             raise FamilyError(f"the winograd pipeline is 2D forward and bwd_data only; {ctx} is "
                               f"{cfg.ndim_spatial}D {cfg.direction}")
-        if cfg.pipeline == "gvec" and cfg.direction == "bwd_weight":
-            raise FamilyError(f"the gvec pipeline is forward and bwd_data only; {ctx} is "
-                              f"{cfg.direction}")
     return cfg
 
 

@@ -148,9 +148,9 @@ def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace
     t.k_eff = gk / (t.k_blocks * bk)
     # gvec (grouped_conv_gvec.hpp) puts 16 / D whole groups in each 16-lane vector when D
     # divides 16, else up to 4 rows of one group's D channels (its column blocks), in blocks of
-    # bn lanes
+    # bn lanes; D is the GEMM's columns, K in bwd_weight (whose GEMM is K x (taps C))
     gvec = kf["is_gvec"] > 0
-    d = max(gn, 1.0)
+    d = max(gm if problem.direction == "bwd_weight" else gn, 1.0)
     lanes_used = groups * d
     gvec_cols = _ceil_div(lanes_used, 16.0) if 16 % d == 0 else groups * _ceil_div(d, 16.0)
     gvec_blocks = _ceil_div(gvec_cols * 16.0, bn)
