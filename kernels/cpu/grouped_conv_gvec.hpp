@@ -133,6 +133,17 @@ struct Row {
 };
 #endif
 
+/// Every accumulator of a tile, [chains][rows][vectors], to zero.
+template <int A, int B, int C>
+TC_INLINE void zero_all(Row (&acc)[A][B][C]) {
+#pragma GCC unroll 2
+  for (int a = 0; a < A; ++a)
+#pragma GCC unroll 16
+    for (int b = 0; b < B; ++b)
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[a][b][c] = Row::zero();
+}
+
 }  // namespace gvec
 
 /// Forward (Dir 0), bwd_data (Dir 1) or bwd_weight (Dir 2) with whole groups in each vector.
@@ -334,12 +345,7 @@ class GroupVectorConv {
       offset[j] = tap_offsets_[pair / S] + pair % S * Gv + column;
     }
     Row acc[kPixels][R][NV];
-#pragma GCC unroll 2
-    for (int q = 0; q < kPixels; ++q)
-#pragma GCC unroll 16
-      for (int j = 0; j < R; ++j)
-#pragma GCC unroll 4
-        for (int r = 0; r < NV; ++r) acc[q][j][r] = Row::zero();
+    gvec::zero_all(acc);
     const float* src = relaid_.get();
     const index_t step = s_.stride[2] * src_row_, width = dst_dims_[2];
     for (index_t line = 0; line < s_.n * dst_pixels_ / width; ++line) {   // (n, d, h) rows
@@ -519,12 +525,7 @@ class GroupVectorConv {
       if (i + 1 < rows) advance(p, 1);
     }
     Row acc[kChains][MR][NV];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int r = 0; r < NV; ++r)
-#pragma GCC unroll 2
-        for (int c = 0; c < kChains; ++c) acc[c][i][r] = Row::zero();
+    gvec::zero_all(acc);
     for (index_t t = t_begin; t < t_end; ++t) {
       const float* row[MR];
       if (affine_) {
