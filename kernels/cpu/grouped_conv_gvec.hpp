@@ -269,7 +269,7 @@ class GroupVectorConv {
     const float* src = relayout_ ? relaid_.get() : src_;
 #pragma omp parallel num_threads(threads_)
     {
-      pack_weight<Gv>();
+      pack_weight();
       if (relayout_) relayout<Gv>();
 #pragma omp barrier
       if constexpr (!kInterWave) {
@@ -352,30 +352,24 @@ class GroupVectorConv {
       const Pixel first = split_pixel(line * width, dst_dims_);
       const float* base = src + padded_pixel(first, 1) * src_row_;
       const float* dout = packed_.get() + line * width * row + cb * lanes;
+      // one pixel's dout row times the input under each pair's tap, into chain q
+      auto pixel = [&](int q, index_t w) __attribute__((always_inline)) {
+        Row d[NV];
+#pragma GCC unroll 4
+        for (int r = 0; r < NV; ++r) d[r] = Row::load(dout + w * row + r * L);
+        const float* at = base + w * step;
+#pragma GCC unroll 16
+        for (int j = 0; j < R; ++j) {
+          const Row source = Row::template broadcast<Gv>(at + offset[j]);
+#pragma GCC unroll 4
+          for (int r = 0; r < NV; ++r) acc[q][j][r].fma(source, d[r]);
+        }
+      };
       index_t w = 0;
       for (; w + kPixels <= width; w += kPixels)
 #pragma GCC unroll 2
-        for (int q = 0; q < kPixels; ++q) {
-          Row d[NV];
-#pragma GCC unroll 4
-          for (int r = 0; r < NV; ++r) d[r] = Row::load(dout + (w + q) * row + r * L);
-          const float* at = base + (w + q) * step;
-#pragma GCC unroll 16
-          for (int j = 0; j < R; ++j) {
-            const Row source = Row::template broadcast<Gv>(at + offset[j]);
-#pragma GCC unroll 4
-            for (int r = 0; r < NV; ++r) acc[q][j][r].fma(source, d[r]);
-          }
-        }
-      for (; w < width; ++w) {
-        Row d[NV];
-        for (int r = 0; r < NV; ++r) d[r] = Row::load(dout + w * row + r * L);
-        const float* at = base + w * step;
-        for (int j = 0; j < R; ++j) {
-          const Row source = Row::template broadcast<Gv>(at + offset[j]);
-          for (int r = 0; r < NV; ++r) acc[0][j][r].fma(source, d[r]);
-        }
-      }
+        for (int q = 0; q < kPixels; ++q) pixel(q, w + q);
+      for (; w < width; ++w) pixel(0, w);
     }
     alignas(64) float sums[lanes];
     for (int j = 0; j < R && pair_begin + j < pairs; ++j) {
@@ -391,10 +385,8 @@ class GroupVectorConv {
     }
   }
 
-  /// packed[cb][t][s][lane], the lanes of column block cb: with Gv > 1 lane d * Gv + gi of
-  /// group cb * Gv + gi, zero past G; with Gv = 1 channel c0 + lane of group cb / channel
-  /// blocks, from c0 = (cb % channel blocks) * lanes, zero past D.
-  template <int Gv>
+  /// packed[cb][t][s][lane]: the weight of each lane's (group, destination channel) (see
+  /// lane_channel_), zero past G or D.
   void pack_weight() const {
     const index_t taps = s_.taps(), S = src_ch_, lanes = nv_ * L;
 #pragma omp for schedule(static) nowait
@@ -402,18 +394,12 @@ class GroupVectorConv {
       const index_t cb = unit / taps, t = unit % taps;
       float* dst = packed_.get() + unit * S * lanes;
       for (index_t lane = 0; lane < lanes; ++lane) {
-        index_t g, d;
-        if (Gv > 1) {
-          g = cb * Gv + lane % Gv;
-          d = lane / Gv;
-        } else {
-          g = cb / channel_blocks_;
-          d = (cb % channel_blocks_) * lanes + lane;
-        }
-        if (g >= s_.g || d >= dst_ch_) {
+        const index_t channel = lane_channel_[cb * lanes + lane];
+        if (channel < 0) {
           for (index_t s = 0; s < S; ++s) dst[s * lanes + lane] = 0.0f;
           continue;
         }
+        const index_t g = channel / dst_ch_, d = channel % dst_ch_;
         // w[g][k][t][c]: forward (k = d, c = s) reads along c, bwd_data (k = s, c = d) along k
         const float* from = weight_ + (g * s_.k * taps + t) * s_.c +
                             (Dir == kForward ? d * taps * s_.c : d);
