@@ -376,7 +376,7 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(C=1000, K=8, Hi=48, Wi=48, Y=3, X=3, pad_h=1, pad_w=1),
                      # gvec's: 4 groups of 4 channels a vector (its source relaid out), 8 of 2
                      # (bwd_data 2 of 8) with the last vector's groups partly past G, and one
-                     # group of 16 channels a vector (the source read in place)
+                     # group of 16 channels a vector (the source copied as it is laid out)
                      dict(N=2, G=8, C=4, K=4, Hi=9, Wi=10, Y=3, X=3, pad_h=1, pad_w=1),
                      dict(G=5, C=8, K=2, Hi=7, Wi=9, Y=3, X=3, stride_h=2, stride_w=2, pad_h=1,
                           pad_w=1, dilation_w=2),
