@@ -21,6 +21,23 @@ namespace tc::gemm {
 /// micro-panel is mostly L1-resident after the first tile of a column.
 constexpr int kPrefetchStepsA = 16;
 constexpr int kPrefetchStepsB = 8;
+/// One line of the next B micro-panel is fetched into L2 every this many k steps
+/// (`Ahead::b_lines` of them a call); the next tile's C rows, one every two steps.
+constexpr int kAheadStepsB = 4;
+constexpr int kAheadStepsC = 2;
+
+/// What the call after this one reads, fetched while this one computes: `a` and `b`
+/// (the next A and B micro-panels) at the start; `c`, the next C tile (or null), row by
+/// row over the first steps; `b_lines` lines from `b_later`, a slice of the B micro-panel
+/// a later column of tiles reads, which would otherwise come from L3 when the B block
+/// is larger than L2.
+struct Ahead {
+  const float* a;
+  const float* b;
+  const float* c;
+  const float* b_later;
+  int b_lines;
+};
 
 /// Where the micro-kernel reads A from. Packed: MR contiguous floats per k
 /// step. Strided (TC_PACK_A=0): element (i, k) at base[i*row_stride + k*col_stride].
@@ -32,12 +49,10 @@ struct APanel {
 
 /// C[0:MR, 0:NR] (leading dimension ldc) = (accumulate ? C : 0) + A * B over kc
 /// steps. `b` is a packed NR-column micro-panel (64-byte aligned rows of NR
-/// floats); `a_next`/`b_next` are the panels the following call will read,
-/// touched early so they are in cache when it starts.
+/// floats); `next` names what the following calls will read (see Ahead).
 template <class V, int MR, int NR, bool kPackedA, bool kUsePrefetch>
 TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b,
-                           float* __restrict c, index_t ldc, bool accumulate,
-                           const float* a_next, const float* b_next) {
+                           float* __restrict c, index_t ldc, bool accumulate, const Ahead& next) {
   using reg = typename V::reg;
   constexpr int W = V::width;
   constexpr int NV = NR / W;
@@ -53,9 +68,12 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
 #pragma GCC unroll 64
       for (int line = 0; line < (NR * 4 + 63) / 64; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + line * 16), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a_next), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b_next), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(next.a), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(next.b), _MM_HINT_T0);
   }
+  constexpr int kLinesB = (NR * 4 + 63) / 64;  // 64-byte lines in one row of the B panel
+  const index_t ahead_b_steps = kUsePrefetch ? index_t(next.b_lines) * kAheadStepsB : 0;
+  const index_t ahead_c_steps = kUsePrefetch && next.c ? index_t(MR) * kAheadStepsC : 0;
 
   reg acc[MR][NV];
 #pragma GCC unroll 64
@@ -67,7 +85,16 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
   for (index_t p = 0; p < kc; ++p) {
     if constexpr (kUsePrefetch) {
       _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetchStepsA * a_cs), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchStepsB * NR), _MM_HINT_T0);
+#pragma GCC unroll 8
+      for (int line = 0; line < kLinesB; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchStepsB * NR + line * 16), _MM_HINT_T0);
+      if (p < ahead_b_steps && p % kAheadStepsB == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(next.b_later + p / kAheadStepsB * 16), _MM_HINT_T1);
+      if (p < ahead_c_steps && p % kAheadStepsC == 0) {
+#pragma GCC unroll 8
+        for (int line = 0; line < kLinesB; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(next.c + p / kAheadStepsC * ldc + line * 16), _MM_HINT_T1);
+      }
     }
     reg b_row[NV];
 #pragma GCC unroll 64
