@@ -4,8 +4,9 @@
 //   m  B block packed cooperatively; each thread owns a contiguous range of
 //      MR-row panels of M (balanced to MR granularity, not whole MC blocks,
 //      so e.g. M=512 does not split 3:2 blocks) and packs its own A blocks.
-//   n  A and B blocks packed cooperatively; the jr loop over NR panels is
-//      split across threads. Suits small M (skinny GEMMs) with wide N.
+//   n  A and B blocks packed cooperatively; threads claim the NR panels of
+//      each block a few at a time, so a core that runs slower (a busy sibling on
+//      a shared VM) takes fewer of them. Suits small M (skinny GEMMs) with wide N.
 //   k  split-K: each thread runs the whole blocked GEMM on its own K range
 //      into its own partial C (thread 0 writes C itself), then a parallel
 //      reduction. Suits small M*N with large K.
@@ -13,6 +14,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -42,6 +44,9 @@ struct Workspace {
   SlicedBuffer a_tail;     // MR x kc per thread (TC_PACK_A=0 edge rows)
   SlicedBuffer c_partial;  // m x n per thread but the first ("k" only)
   skinny::Scratch skinny;  // GEMV-class problems (gemm_skinny.hpp) need only this
+  // "n": one counter of claimed panel groups per (jc, pc, ic) block, zeroed by each call
+  std::unique_ptr<std::atomic<index_t>[]> claims;
+  index_t claim_blocks = 0;
 
   Workspace(const Problem& problem, int thread_count) : threads(thread_count) {
     skinny::Task task;
@@ -56,6 +61,14 @@ struct Workspace {
     if (kPackA) a_pack = SlicedBuffer(kParScheme == 1 ? 1 : threads, mc * kc);
     if (!kPackA) a_tail = SlicedBuffer(threads, kMR * kc);
     if (kParScheme == 2 && threads > 1) c_partial = SlicedBuffer(threads - 1, problem.m * problem.n);
+    if (kParScheme == 0) {
+      claim_blocks = ceil_div(problem.n, kNC) * ceil_div(problem.k, kKC);
+      claims.reset(new std::atomic<index_t>[claim_blocks * threads]);
+    }
+    if (kParScheme == 1) {
+      claim_blocks = ceil_div(problem.n, kNC) * ceil_div(problem.k, kKC) * ceil_div(problem.m, kMC);
+      claims.reset(new std::atomic<index_t>[claim_blocks * threads]);
+    }
   }
 };
 
@@ -95,30 +108,51 @@ inline void pack_b_share(const StridedView<InputT>& b, index_t kc, index_t nc, i
 #pragma omp barrier
 }
 
-/// "m": threads split the rows of C.
+/// Claims up to `most` of the `count` units counted by `next` (guided: a fair share of what
+/// is left, so the last claims are small); returns the first unit, or `count` when none is left.
+inline index_t claim_guided(std::atomic<index_t>& next, index_t count, index_t most, int threads,
+                            index_t& claimed) {
+  index_t first = next.load(std::memory_order_relaxed);
+  do {
+    if (first >= count) return count;
+    claimed = std::min(most, std::max<index_t>(1, ceil_div(count - first, threads)));
+  } while (!next.compare_exchange_weak(first, first + claimed, std::memory_order_relaxed));
+  return first;
+}
+
+/// "m": threads split the rows of C. Each starts on its own range of MR-row panels, in
+/// A blocks of up to MC rows that shrink towards the range's end; a thread that finishes
+/// early takes the rest of another's range, so a slower core does not hold up the block.
 struct ParallelM {
   static void run(const Problem& p, Workspace& ws) {
+    for (index_t i = 0; i < ws.claim_blocks * ws.threads; ++i) ws.claims[i].store(0, std::memory_order_relaxed);
 #pragma omp parallel num_threads(ws.threads)
     {
       const int tid = omp_get_thread_num();
       const int nt = omp_get_num_threads();
-      index_t panel_begin, panel_end;
-      split_range(ceil_div(p.m, kMR), nt, tid, panel_begin, panel_end);
-      const index_t row_begin = panel_begin * kMR;
-      const index_t row_end = std::min(panel_end * kMR, p.m);
+      const index_t panels = ceil_div(p.m, kMR);
       float* b_packed = ws.b_pack.slice(0);
+      index_t block = 0;
       for (index_t jc = 0; jc < p.n; jc += kNC) {
         const index_t nc = std::min(kNC, p.n - jc);
-        for (index_t pc = 0; pc < p.k; pc += kKC) {
+        for (index_t pc = 0; pc < p.k; pc += kKC, ++block) {
           const index_t kc = std::min(kKC, p.k - pc);
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
           pack_b_share(b, kc, nc, nt, tid, b_packed);
-          for (index_t ic = row_begin; ic < row_end; ic += kMC) {
-            const index_t mc = std::min(kMC, row_end - ic);
-            const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
-                                     kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
-            macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, 0,
-                        ceil_div(nc, kNR));
+          for (int step = 0; step < nt; ++step) {
+            const int owner = (tid + step) % nt;
+            index_t own_begin, own_end, claimed = 0;
+            split_range(panels, nt, owner, own_begin, own_end);
+            std::atomic<index_t>& next = ws.claims[block * nt + owner];
+            for (index_t first; (first = claim_guided(next, own_end - own_begin, kMC / kMR, nt, claimed)) <
+                                own_end - own_begin;) {
+              const index_t ic = (own_begin + first) * kMR;
+              const index_t mc = std::min(claimed * kMR, p.m - ic);
+              const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
+                                       kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
+              macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, 0,
+                          ceil_div(nc, kNR));
+            }
           }
           // The B block is repacked next iteration: wait until all threads are done with it.
 #pragma omp barrier
@@ -128,23 +162,26 @@ struct ParallelM {
   }
 };
 
-/// "n": threads split the NR panels of each B block.
+/// "n": threads share each A and B block and claim its NR panels in groups.
 struct ParallelN {
   static void run(const Problem& p, Workspace& ws) {
+    for (index_t i = 0; i < ws.claim_blocks * ws.threads; ++i) ws.claims[i].store(0, std::memory_order_relaxed);
 #pragma omp parallel num_threads(ws.threads)
     {
       const int tid = omp_get_thread_num();
       const int nt = omp_get_num_threads();
       float* b_packed = ws.b_pack.slice(0);
+      index_t block = 0;
       for (index_t jc = 0; jc < p.n; jc += kNC) {
         const index_t nc = std::min(kNC, p.n - jc);
-        index_t panel_begin, panel_end;
-        split_range(ceil_div(nc, kNR), nt, tid, panel_begin, panel_end);
+        const index_t panels = ceil_div(nc, kNR);
+        // About eight claims a thread: a slow core's shortfall is at most one group.
+        const index_t group = std::max<index_t>(1, panels / (8 * nt));
         for (index_t pc = 0; pc < p.k; pc += kKC) {
           const index_t kc = std::min(kKC, p.k - pc);
           const StridedView<InputT> b{p.b.at(pc, jc), p.b.row_stride, p.b.col_stride};
           pack_b_share(b, kc, nc, nt, tid, b_packed);
-          for (index_t ic = 0; ic < p.m; ic += kMC) {
+          for (index_t ic = 0; ic < p.m; ic += kMC, ++block) {
             const index_t mc = std::min(kMC, p.m - ic);
             index_t a_begin = 0, a_end = 0;
             if (kPackA) split_range(ceil_div(mc, kMR), nt, tid, a_begin, a_end);
@@ -154,8 +191,18 @@ struct ParallelN {
             if (kPackA) {
 #pragma omp barrier
             }
-            macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, panel_begin,
-                        panel_end);
+            // Each thread first takes the panels it packed (they are in its L2), then helps
+            // the others with theirs.
+            for (int step = 0; step < nt; ++step) {
+              const int owner = (tid + step) % nt;
+              index_t own_begin, own_end;
+              split_range(panels, nt, owner, own_begin, own_end);
+              std::atomic<index_t>& claim = ws.claims[block * nt + owner];
+              for (index_t first = own_begin + claim.fetch_add(group); first < own_end;
+                   first = own_begin + claim.fetch_add(group))
+                macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, first,
+                            std::min(first + group, own_end));
+            }
             // The shared A block (or B block, after the last ic) is overwritten next.
 #pragma omp barrier
           }
