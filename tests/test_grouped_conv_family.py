@@ -387,14 +387,24 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      # 4 rows) per group, strided 7x7 like a stem
                      dict(G=2, C=3, K=40, Hi=13, Wi=11, Y=7, X=7, stride_h=2, stride_w=2,
                           pad_h=3, pad_w=3),
-                     dict(C=72, K=5, Hi=6, Wi=7, Y=3, X=3, pad_h=1, pad_w=1)],
+                     dict(C=72, K=5, Hi=6, Wi=7, Y=3, X=3, pad_h=1, pad_w=1),
+                     # the gemm pipeline's forward in bands of output rows that read the same
+                     # filter rows (each of >= 24 pixels): dilated like DeepLab's ASPP (3 bands,
+                     # two images), and a pad of 3 rows where the first and last output rows
+                     # read padding only (bands of no taps)
+                     dict(N=2, G=2, C=6, K=5, Hi=9, Wi=9, Y=3, X=3, pad_h=6, pad_w=6,
+                          dilation_h=6, dilation_w=6),
+                     dict(C=2, K=3, Hi=4, Wi=30, Y=3, X=3, pad_h=3, pad_w=1)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,
                           pad_h=1, pad_w=2, dilation_w=2),
                      # gvec at stride 1 in 3D: bwd_data reads a padded dout too
                      dict(G=4, C=4, K=2, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, pad_d=1, pad_h=1,
-                          pad_w=1, dilation_w=2)]}
+                          pad_w=1, dilation_w=2),
+                     # the gemm pipeline's forward in bands of output slices (two images)
+                     dict(N=2, C=3, K=4, Di=4, Hi=5, Wi=5, Z=3, Y=3, X=3, pad_d=2, pad_h=1,
+                          pad_w=1, dilation_d=2)]}
 # every pipeline in every direction, each pipeline in 2D and 3D (winograd: 2D forward and
 # bwd_data), both waves, dsb and si
 KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
