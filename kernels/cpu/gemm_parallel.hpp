@@ -1,9 +1,10 @@
 // Loops 5, 4 and 3 (jc over NC, pc over KC, ic over MC) and the three OpenMP
 // schemes that share them out, selected by TC_PAR through one table.
 //
-//   m  B block packed cooperatively; each thread owns a contiguous range of
-//      MR-row panels of M (balanced to MR granularity, not whole MC blocks,
-//      so e.g. M=512 does not split 3:2 blocks) and packs its own A blocks.
+//   m  B block packed cooperatively; each thread starts on its own contiguous
+//      range of MR-row panels of M (balanced to MR granularity, not whole MC
+//      blocks, so e.g. M=512 does not split 3:2 blocks), claims it an A block at a
+//      time and packs its own A blocks; one done early takes the rest of another's.
 //   n  A and B blocks packed cooperatively; threads claim the NR panels of
 //      each block a few at a time, so a core that runs slower (a busy sibling on
 //      a shared VM) takes fewer of them. Suits small M (skinny GEMMs) with wide N.
@@ -44,7 +45,8 @@ struct Workspace {
   SlicedBuffer a_tail;     // MR x kc per thread (TC_PACK_A=0 edge rows)
   SlicedBuffer c_partial;  // m x n per thread but the first ("k" only)
   skinny::Scratch skinny;  // GEMV-class problems (gemm_skinny.hpp) need only this
-  // "n": one counter of claimed panel groups per (jc, pc, ic) block, zeroed by each call
+  // Claim counters, zeroed by each call, one per block and owning thread: "m" the row
+  // panels claimed in each (jc, pc) block, "n" the B panels claimed in each (jc, pc, ic).
   std::unique_ptr<std::atomic<index_t>[]> claims;
   index_t claim_blocks = 0;
 

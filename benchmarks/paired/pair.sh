@@ -1,0 +1,41 @@
+#!/bin/bash
+# Paired timing of one kernel at two revisions (docs/results.md quotes these as "paired runs"):
+#
+#   benchmarks/paired/pair.sh gemm REV_A REV_B "MR NR MC NC KC PAR PREFETCH" MxNxK...
+#   benchmarks/paired/pair.sh conv REV_A REV_B "DIR PIPELINE BM BN BK WAVE SI" GxCxKxHxW...
+#
+# REV is a git revision, or "." for the working tree. GEMM: PAR 0 m, 1 n, 2 k; environment
+# PA (pack A, default 1), ISA (1 AVX-512, default when present; 0 AVX2), BCOL=1 (B
+# column-major). conv: DIR 0 forward, 1 bwd_data, 2 bwd_weight; PIPELINE 3 gemm, 5 gvec;
+# environment N, PAD, DIL (3x3 stride 1 layers). Both: T threads (default 2), PAIRS.
+# Builds into a temporary directory; prints one line a shape.
+set -euo pipefail
+mode=$1 rev_a=$2 rev_b=$3 params=$4
+shift 4
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(git -C "$here" rev-parse --show-toplevel)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tree() {  # tree REV DIR: the kernels of REV (or the working tree) under DIR
+  mkdir -p "$2"
+  if [ "$1" = "." ]; then cp -r "$root/kernels/cpu" "$2/"; else git -C "$root" archive "$1" kernels/cpu | tar -x -C "$2" --strip-components=1; fi
+}
+tree "$rev_a" "$work/a"
+tree "$rev_b" "$work/b"
+isa=${ISA:-$(grep -q avx512f /proc/cpuinfo && echo 1 || echo 0)}
+common="-std=c++17 -O3 -march=native -fopenmp -DNDEBUG"
+if [ "$mode" = gemm ]; then
+  read -r mr nr mc nc kc par pf <<< "$params"
+  defs="-DTC_DTYPE=0 -DTC_ISA=$isa -DTC_MR=$mr -DTC_NR=$nr -DTC_MC=$mc -DTC_NC=$nc -DTC_KC=$kc -DTC_PACK_A=${PA:-1} -DTC_PAR=$par -DTC_PREFETCH=$pf"
+  src=$here/gemm_variant.cpp driver="-DPAIRED_GEMM"
+else
+  read -r dir pipeline bm bn bk wave si <<< "$params"
+  defs="-DTC_DIR=$dir -DTC_NDIM=2 -DTC_BM=$bm -DTC_BN=$bn -DTC_BK=$bk -DTC_PIPELINE=$pipeline -DTC_WAVE=$wave -DTC_DSB=0 -DTC_SI=$si"
+  src=$here/conv_variant.cpp driver=""
+fi
+g++ $common $defs -I"$work/a/cpu" -Dtc=tc_paired_a -DNAME=va -c "$src" -o "$work/a.o"
+g++ $common $defs -I"$work/b/cpu" -Dtc=tc_paired_b -DNAME=vb -c "$src" -o "$work/b.o"
+g++ $common $driver "$here/paired.cpp" "$work/a.o" "$work/b.o" -o "$work/paired"
+for shape in "$@"; do
+  OMP_NUM_THREADS=${T:-2} OMP_PROC_BIND=close "$work/paired" ${shape//x/ } ${PAIRS:-}
+done
