@@ -63,14 +63,16 @@ struct Workspace {
     if (kPackA) a_pack = SlicedBuffer(kParScheme == 1 ? 1 : threads, mc * kc);
     if (!kPackA) a_tail = SlicedBuffer(threads, kMR * kc);
     if (kParScheme == 2 && threads > 1) c_partial = SlicedBuffer(threads - 1, problem.m * problem.n);
-    if (kParScheme == 0) {
-      claim_blocks = ceil_div(problem.n, kNC) * ceil_div(problem.k, kKC);
+    if (kParScheme != 2) {
+      claim_blocks = ceil_div(problem.n, kNC) * ceil_div(problem.k, kKC) *
+                     (kParScheme == 1 ? ceil_div(problem.m, kMC) : 1);
       claims.reset(new std::atomic<index_t>[claim_blocks * threads]);
     }
-    if (kParScheme == 1) {
-      claim_blocks = ceil_div(problem.n, kNC) * ceil_div(problem.k, kKC) * ceil_div(problem.m, kMC);
-      claims.reset(new std::atomic<index_t>[claim_blocks * threads]);
-    }
+  }
+
+  /// Every claim counter back to zero, before a call's parallel region.
+  void reset_claims() {
+    for (index_t i = 0; i < claim_blocks * threads; ++i) claims[i].store(0, std::memory_order_relaxed);
   }
 };
 
@@ -127,7 +129,7 @@ inline index_t claim_guided(std::atomic<index_t>& next, index_t count, index_t m
 /// early takes the rest of another's range, so a slower core does not hold up the block.
 struct ParallelM {
   static void run(const Problem& p, Workspace& ws) {
-    for (index_t i = 0; i < ws.claim_blocks * ws.threads; ++i) ws.claims[i].store(0, std::memory_order_relaxed);
+    ws.reset_claims();
 #pragma omp parallel num_threads(ws.threads)
     {
       const int tid = omp_get_thread_num();
@@ -167,7 +169,7 @@ struct ParallelM {
 /// "n": threads share each A and B block and claim its NR panels in groups.
 struct ParallelN {
   static void run(const Problem& p, Workspace& ws) {
-    for (index_t i = 0; i < ws.claim_blocks * ws.threads; ++i) ws.claims[i].store(0, std::memory_order_relaxed);
+    ws.reset_claims();
 #pragma omp parallel num_threads(ws.threads)
     {
       const int tid = omp_get_thread_num();

@@ -109,17 +109,18 @@ class GemmConv {
     std::map<std::pair<index_t, index_t>, std::unique_ptr<gemm::Workspace>> band_workspace;
   };
 
-  /// Output pixels [first, first + rows) of each image whose windows read filter rows (2D;
-  /// depth slices in 3D) [lo, hi) of the outer filter dimension and none other: the taps
-  /// [tap0, tap0 + taps) of the tap order.
+  /// Output pixels [first, first + rows) of each image whose windows read filter slices
+  /// [z0, z1) and rows [y0, y1) (one of the two ranges is the whole extent) and none other:
+  /// the taps [tap0, tap0 + taps) of the tap order.
   struct Band {
     index_t first, rows, tap0, taps;
+    index_t z0, z1, y0, y1;
   };
 
   /// Bands over the outermost filter dimension of extent > 1 (depth in 3D, else height),
   /// kept when they skip at least kBandSaving of the products and each band that computes
-  /// has kBandRows rows. In 3D with a depth-1 filter
-  /// the rows of a height band are not one run (one per output slice): no bands then.
+  /// has kBandRows rows. In 3D with a depth-1 filter the rows of a height band are not one
+  /// run (one per output slice): no bands then.
   void plan_bands() {
     const int outer = s_.filt[0] > 1 ? 0 : 1;
     if (outer == 1 && s_.out[0] > 1) return;
@@ -131,7 +132,9 @@ class GemmConv {
       index_t lo = 0, hi = s_.filt[outer];
       while (lo < hi && forward_source(s_, outer, o, lo) < 0) ++lo;
       while (hi > lo && forward_source(s_, outer, o, hi - 1) < 0) --hi;
-      const Band step{o * pixels_a_step, pixels_a_step, lo * inner_taps, (hi - lo) * inner_taps};
+      const Band step{o * pixels_a_step, pixels_a_step, lo * inner_taps, (hi - lo) * inner_taps,
+                      outer == 0 ? lo : 0, outer == 0 ? hi : 1,
+                      outer == 1 ? lo : 0, outer == 1 ? hi : s_.filt[1]};
       if (!bands.empty() && bands.back().tap0 == step.tap0 && bands.back().taps == step.taps)
         bands.back().rows += pixels_a_step;
       else
@@ -208,8 +211,6 @@ class GemmConv {
   /// Group g's forward, band by band of every image.
   void forward_bands(index_t g, float* out, const Worker& worker, int threads) const {
     const index_t gk = s_.g * s_.k;
-    const int outer = s_.filt[0] > 1 ? 0 : 1;
-    const index_t inner_taps = outer == 0 ? s_.filt[1] * s_.filt[2] : s_.filt[2];
     for (index_t n = 0; n < s_.n; ++n)
       for (const Band& band : bands_) {
         const index_t image_first = n * s_.out_pixels() + band.first;
@@ -218,11 +219,10 @@ class GemmConv {
             std::fill_n(out + (image_first + row) * gk + g * s_.k, s_.k, 0.0f);
           continue;
         }
-        const index_t lo = band.tap0 / inner_taps, hi = lo + band.taps / inner_taps;
         for (index_t done = 0; done < band.rows; done += chunk_rows_) {
           const index_t rows = std::min(chunk_rows_, band.rows - done);
-          if (outer == 0) im2col(g, image_first + done, rows, worker.scratch.get(), threads, lo, hi, 0, s_.filt[1]);
-          else im2col(g, image_first + done, rows, worker.scratch.get(), threads, 0, 1, lo, hi);
+          im2col(g, image_first + done, rows, worker.scratch.get(), threads, band.z0, band.z1,
+                 band.y0, band.y1);
           gemm::gemm(band_problem(g, image_first + done, rows, band, worker, out),
                      *worker.band_workspace.at({rows, band.taps}));
         }
