@@ -7,7 +7,8 @@
 # REV is a git revision, or "." for the working tree. GEMM: PAR 0 m, 1 n, 2 k; environment
 # PA (pack A, default 1), ISA (1 AVX-512, default when present; 0 AVX2), BCOL=1 (B
 # column-major). conv: DIR 0 forward, 1 bwd_data, 2 bwd_weight; PIPELINE 3 gemm, 5 gvec;
-# environment N, PAD, DIL (3x3 stride 1 layers). Both: T threads (default 2), PAIRS.
+# environment N, PAD, DIL (3x3 stride 1 layers). Both: T threads (default 2), PAIRS, and
+# PARAMS_B: B's parameters when they differ from A's (two blockings of one revision).
 # Builds into a temporary directory; prints one line a shape.
 set -euo pipefail
 mode=$1 rev_a=$2 rev_b=$3 params=$4
@@ -24,17 +25,18 @@ tree "$rev_a" "$work/a"
 tree "$rev_b" "$work/b"
 isa=${ISA:-$(grep -q avx512f /proc/cpuinfo && echo 1 || echo 0)}
 common="-std=c++17 -O3 -march=native -fopenmp -DNDEBUG"
-if [ "$mode" = gemm ]; then
-  read -r mr nr mc nc kc par pf <<< "$params"
-  defs="-DTC_DTYPE=0 -DTC_ISA=$isa -DTC_MR=$mr -DTC_NR=$nr -DTC_MC=$mc -DTC_NC=$nc -DTC_KC=$kc -DTC_PACK_A=${PA:-1} -DTC_PAR=$par -DTC_PREFETCH=$pf"
-  src=$here/gemm_variant.cpp driver="-DPAIRED_GEMM"
-else
-  read -r dir pipeline bm bn bk wave si <<< "$params"
-  defs="-DTC_DIR=$dir -DTC_NDIM=2 -DTC_BM=$bm -DTC_BN=$bn -DTC_BK=$bk -DTC_PIPELINE=$pipeline -DTC_WAVE=$wave -DTC_DSB=0 -DTC_SI=$si"
-  src=$here/conv_variant.cpp driver=""
-fi
-g++ $common $defs -I"$work/a/cpu" -Dtc=tc_paired_a -DNAME=va -c "$src" -o "$work/a.o"
-g++ $common $defs -I"$work/b/cpu" -Dtc=tc_paired_b -DNAME=vb -c "$src" -o "$work/b.o"
+defines() {  # defines PARAMS: the -D flags of one build
+  if [ "$mode" = gemm ]; then
+    read -r mr nr mc nc kc par pf <<< "$1"
+    echo "-DTC_DTYPE=0 -DTC_ISA=$isa -DTC_MR=$mr -DTC_NR=$nr -DTC_MC=$mc -DTC_NC=$nc -DTC_KC=$kc -DTC_PACK_A=${PA:-1} -DTC_PAR=$par -DTC_PREFETCH=$pf"
+  else
+    read -r dir pipeline bm bn bk wave si <<< "$1"
+    echo "-DTC_DIR=$dir -DTC_NDIM=2 -DTC_BM=$bm -DTC_BN=$bn -DTC_BK=$bk -DTC_PIPELINE=$pipeline -DTC_WAVE=$wave -DTC_DSB=0 -DTC_SI=$si"
+  fi
+}
+if [ "$mode" = gemm ]; then src=$here/gemm_variant.cpp driver="-DPAIRED_GEMM"; else src=$here/conv_variant.cpp driver=""; fi
+g++ $common $(defines "$params") -I"$work/a/cpu" -Dtc=tc_paired_a -DNAME=va -c "$src" -o "$work/a.o"
+g++ $common $(defines "${PARAMS_B:-$params}") -I"$work/b/cpu" -Dtc=tc_paired_b -DNAME=vb -c "$src" -o "$work/b.o"
 g++ $common $driver "$here/paired.cpp" "$work/a.o" "$work/b.o" -o "$work/paired"
 for shape in "$@"; do
   OMP_NUM_THREADS=${T:-2} OMP_PROC_BIND=close "$work/paired" ${shape//x/ } ${PAIRS:-}

@@ -11,6 +11,8 @@
 
 #include <xmmintrin.h>
 
+#include <algorithm>
+
 #include "gemm_config.hpp"
 #include "gemm_simd.hpp"
 
@@ -62,12 +64,12 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
   const index_t a_cs = kPackedA ? MR : a_panel.col_stride;
   const float* __restrict a = a_panel.base;
 
+#pragma GCC unroll 64
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 64
+    for (int line = 0; line < (NR * 4 + 63) / 64; ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + line * 16), _MM_HINT_T0);
   if constexpr (kUsePrefetch) {
-#pragma GCC unroll 64
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 64
-      for (int line = 0; line < (NR * 4 + 63) / 64; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + line * 16), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(next.a), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(next.b), _MM_HINT_T0);
   }
@@ -81,20 +83,13 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
 #pragma GCC unroll 64
     for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
 
-#pragma GCC unroll 4
-  for (index_t p = 0; p < kc; ++p) {
+  // One k step: the B row's vectors, then each A element broadcast into its row.
+  auto step = [&]() __attribute__((always_inline)) {
     if constexpr (kUsePrefetch) {
       _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetchStepsA * a_cs), _MM_HINT_T0);
 #pragma GCC unroll 8
       for (int line = 0; line < kLinesB; ++line)
         _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchStepsB * NR + line * 16), _MM_HINT_T0);
-      if (p < ahead_b_steps && p % kAheadStepsB == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(next.b_later + p / kAheadStepsB * 16), _MM_HINT_T1);
-      if (p < ahead_c_steps && p % kAheadStepsC == 0) {
-#pragma GCC unroll 8
-        for (int line = 0; line < kLinesB; ++line)
-          _mm_prefetch(reinterpret_cast<const char*>(next.c + p / kAheadStepsC * ldc + line * 16), _MM_HINT_T1);
-      }
     }
     reg b_row[NV];
 #pragma GCC unroll 64
@@ -107,7 +102,22 @@ TC_INLINE void microkernel(index_t kc, APanel a_panel, const float* __restrict b
     }
     a += a_cs;
     b += NR;
+  };
+  // The first steps also fetch what later calls read (into L2); the rest test nothing.
+  const index_t head = std::min(kc, std::max(ahead_b_steps, ahead_c_steps));
+  index_t p = 0;
+  for (; p < head; ++p) {
+    if (p < ahead_b_steps && p % kAheadStepsB == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(next.b_later + p / kAheadStepsB * 16), _MM_HINT_T1);
+    if (p < ahead_c_steps && p % kAheadStepsC == 0) {
+#pragma GCC unroll 8
+      for (int line = 0; line < kLinesB; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(next.c + p / kAheadStepsC * ldc + line * 16), _MM_HINT_T1);
+    }
+    step();
   }
+#pragma GCC unroll 4
+  for (; p < kc; ++p) step();
 
   if (accumulate) {
 #pragma GCC unroll 64

@@ -51,7 +51,9 @@ inline void pack_lanes_contiguous(index_t len, index_t width, const T* src, inde
   for (index_t step = 0; step < len; ++step) {
     const T* line = src + step * step_stride;
     float* out = dst + step * W;
-    if (width == W) {
+    if (width == W && W % 8 == 0) {
+      for (int lane = 0; lane < W; lane += 8) _mm256_storeu_ps(out + lane, load8(line + lane));
+    } else if (width == W) {
       for (int lane = 0; lane < W; ++lane) out[lane] = to_float(line[lane]);
     } else {
       for (index_t lane = 0; lane < width; ++lane) out[lane] = to_float(line[lane]);
@@ -127,6 +129,7 @@ inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel
 template <int NR, class T>
 inline void pack_b_panels(StridedView<T> b, index_t kc, index_t nc, index_t panel_begin,
                           index_t panel_end, float* dst) {
+  static_assert(NR % 8 == 0, "a B micro-panel row is whole 8-float vectors");
   if (b.col_stride != 1) {
     for (index_t panel = panel_begin; panel < panel_end; ++panel) pack_b_panel<NR>(b, kc, nc, panel, dst);
     return;
@@ -138,7 +141,7 @@ inline void pack_b_panels(StridedView<T> b, index_t kc, index_t nc, index_t pane
       const index_t width = nc - col < NR ? nc - col : NR;
       float* out = dst + panel * NR * kc + step * NR;
       if (width == NR) {
-        for (int lane = 0; lane < NR; ++lane) out[lane] = to_float(line[col + lane]);
+        for (int lane = 0; lane < NR; lane += 8) _mm256_storeu_ps(out + lane, load8(line + col + lane));
       } else {
         for (index_t lane = 0; lane < width; ++lane) out[lane] = to_float(line[col + lane]);
         for (index_t lane = width; lane < NR; ++lane) out[lane] = 0.0f;
