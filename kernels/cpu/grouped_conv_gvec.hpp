@@ -55,8 +55,9 @@ constexpr int kMR = 8;
 constexpr int kMaxSB = 4;
 constexpr int kChains = 2;
 constexpr int kMaxNV = 4;
-/// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
-constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
+/// Pixels a tile for NV rows a pixel (SB source channels a step): NV x MR accumulators + NV
+/// weight rows + a broadcast fit.
+constexpr int rows_for(int nv, int /*sb*/) { return nv == 4 ? 6 : kMR; }
 /// bwd_weight's (tap, channel) pairs a unit: pairs x NV (x 2 pixel chains at NV = 1)
 /// accumulators + NV dout rows + a broadcast fit.
 constexpr int pairs_for(int nv) { return nv == 1 ? 8 : nv == 2 ? 6 : 4; }
@@ -93,15 +94,38 @@ constexpr int kMR = 4;      // 4 x 2 accumulators + 2 x 2 weight rows + a broadc
 constexpr int kMaxSB = 2;
 constexpr int kChains = 1;  // 16 ymm hold no second set
 constexpr int kMaxNV = 2;
-constexpr int rows_for(int nv) { return nv == 1 ? kMR : 2; }
+constexpr int rows_for(int nv, int /*sb*/) { return nv == 1 ? kMR : 2; }
 constexpr int pairs_for(int nv) { return nv == 1 ? 4 : 2; }
 struct Row {
   __m256 lo, hi;
   TC_INLINE void store_first(float* p, index_t n, bool accumulate) const {
-    alignas(32) float lanes[16];
-    _mm256_store_ps(lanes, lo);
-    _mm256_store_ps(lanes + 8, hi);
-    for (index_t j = 0; j < std::min<index_t>(n, 16); ++j) p[j] = accumulate ? p[j] + lanes[j] : lanes[j];
+    if (n >= 16) {
+      store_half(p, lo, accumulate);
+      store_half(p + 8, hi, accumulate);
+      return;
+    }
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    store_half_masked(p, lo, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), lanes), accumulate);
+    store_half_masked(p + 8, hi, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n) - 8), lanes), accumulate);
+  }
+  static TC_INLINE void store_half(float* p, __m256 v, bool accumulate) {
+    _mm256_storeu_ps(p, accumulate ? _mm256_add_ps(v, _mm256_loadu_ps(p)) : v);
+  }
+  static TC_INLINE void store_half_masked(float* p, __m256 v, __m256i mask, bool accumulate) {
+    _mm256_maskstore_ps(p, mask, accumulate ? _mm256_add_ps(v, _mm256_maskload_ps(p, mask)) : v);
+  }
+  /// Lane j of the result is lane order[j] of this row (order[j] in [0, 16)).
+  TC_INLINE Row permuted(const int (&order)[16]) const {
+    Row out;
+    __m256* halves[2] = {&out.lo, &out.hi};
+    for (int half = 0; half < 2; ++half) {
+      const __m256i index = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(order + 8 * half));
+      const __m256i from_hi = _mm256_cmpgt_epi32(index, _mm256_set1_epi32(7));
+      const __m256i within = _mm256_and_si256(index, _mm256_set1_epi32(7));
+      *halves[half] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, within),
+                                       _mm256_permutevar8x32_ps(hi, within), _mm256_castsi256_ps(from_hi));
+    }
+    return out;
   }
   TC_INLINE void add(Row other) {
     lo = _mm256_add_ps(lo, other.lo);
@@ -262,7 +286,7 @@ class GroupVectorConv {
 
   template <int Gv, int SB, int NV>
   void run_gather(float* out) const {
-    constexpr int MR = gvec::rows_for(NV);
+    constexpr int MR = gvec::rows_for(NV, SB);
     const index_t taps = s_.taps(), rows = s_.n * dst_pixels_;
     const index_t per_block = std::max<index_t>(1, kBN / (NV * L));
     const index_t blocks = ceil_div(col_blocks_, per_block), m_blocks = ceil_div(rows, kBM);
@@ -422,27 +446,39 @@ class GroupVectorConv {
 #else
     const bool one_vector = false;
 #endif
+    // a line at a time (one (n, d, h) of the source): its pixels are consecutive on both
+    // sides, so nothing is divided per pixel, and a same-layout line is one copy
+    const index_t width = src_dims_[2], lines = s_.n * src_pixels_ / width;
+    const bool same_layout = Gv == 1 || S == 1;
 #pragma omp for schedule(static)
-    for (index_t pixel = 0; pixel < s_.n * src_pixels_; ++pixel) {
-      const float* row = src_ + pixel * G * S;
-      float* dst = relaid_.get() + padded_pixel(split_pixel(pixel, src_dims_), 0) * src_row_;
-      index_t gb = 0;
-      if (Gv == 1 || S == 1) {  // the same layout: a copy, zeros past G
-        std::copy(row, row + G * S, dst);
-        std::fill(dst + G * S, dst + src_row_, 0.0f);
+    for (index_t line = 0; line < lines; ++line) {
+      const float* line_src = src_ + line * width * G * S;
+      float* line_dst = relaid_.get() + padded_pixel(split_pixel(line * width, src_dims_), 0) * src_row_;
+      if (same_layout && src_row_ == G * S) {  // zeros past G: none
+        std::copy(line_src, line_src + width * G * S, line_dst);
         continue;
       }
+      for (index_t w = 0; w < width; ++w) {
+        const float* row = line_src + w * G * S;
+        float* dst = line_dst + w * src_row_;
+        index_t gb = 0;
+        if (same_layout) {  // a copy, zeros past G
+          std::copy(row, row + G * S, dst);
+          std::fill(dst + G * S, dst + src_row_, 0.0f);
+          continue;
+        }
 #ifdef __AVX512F__
-      if (one_vector)
-        for (; gb < full_blocks; ++gb)
-          _mm512_storeu_ps(dst + gb * L, _mm512_permutexvar_ps(permutation, _mm512_loadu_ps(row + gb * L)));
+        if (one_vector)
+          for (; gb < full_blocks; ++gb)
+            _mm512_storeu_ps(dst + gb * L, _mm512_permutexvar_ps(permutation, _mm512_loadu_ps(row + gb * L)));
 #endif
-      for (; gb < group_blocks_; ++gb)
-        for (index_t s = 0; s < S; ++s)
-          for (int gi = 0; gi < Gv; ++gi) {
-            const index_t g = gb * Gv + gi;
-            dst[(gb * S + s) * Gv + gi] = g < G ? row[g * S + s] : 0.0f;
-          }
+        for (; gb < group_blocks_; ++gb)
+          for (index_t s = 0; s < S; ++s)
+            for (int gi = 0; gi < Gv; ++gi) {
+              const index_t g = gb * Gv + gi;
+              dst[(gb * S + s) * Gv + gi] = g < G ? row[g * S + s] : 0.0f;
+            }
+      }
     }
   }
 
@@ -512,12 +548,42 @@ class GroupVectorConv {
     }
     Row acc[kChains][MR][NV];
     gvec::zero_all(acc);
-    for (index_t t = t_begin; t < t_end; ++t) {
-      const float* row[MR];
-      if (affine_) {
+    // SB source channels of one tap: their weight rows, then each row's broadcasts
+    auto channels = [&](const float* const (&row)[MR], const float* w, index_t s0)
+                        __attribute__((always_inline)) {
+      Row weights[SB][NV];
+#pragma GCC unroll 8
+      for (int j = 0; j < SB; ++j)
+#pragma GCC unroll 4
+        for (int r = 0; r < NV; ++r) weights[j][r] = Row::load(w + (s0 + j) * lanes + r * L);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < SB; ++j) {
+          const Row source = Row::template broadcast<Gv>(row[i] + (s0 + j) * Gv);
+#pragma GCC unroll 4
+          for (int r = 0; r < NV; ++r) acc[j % kChains][i][r].fma(source, weights[j][r]);
+        }
+    };
+    // one tap: a single step when S == SB (depthwise's one channel: nothing else to loop over)
+    auto tap = [&](const float* const (&row)[MR], index_t t) __attribute__((always_inline)) {
+      const float* w = packed_.get() + (cb * s_.taps() + t) * S * lanes;
+      if (S == SB) {
+        channels(row, w, 0);
+      } else {
+        for (index_t s0 = 0; s0 < S; s0 += SB) channels(row, w, s0);
+      }
+    };
+    if (affine_) {
+      for (index_t t = t_begin; t < t_end; ++t) {
+        const float* row[MR];
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) row[i] = origin[i] + tap_offsets_[t];
-      } else {
+        tap(row, t);
+      }
+    } else {
+      for (index_t t = t_begin; t < t_end; ++t) {
+        const float* row[MR];
         const Pixel f = taps_[t];
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
@@ -529,22 +595,7 @@ class GroupVectorConv {
               (reinterpret_cast<std::uintptr_t>(src + offset) & ~outside) |
               (reinterpret_cast<std::uintptr_t>(zeros_.get()) & outside));
         }
-      }
-      const float* w = packed_.get() + (cb * s_.taps() + t) * S * lanes;
-      for (index_t s0 = 0; s0 < S; s0 += SB) {
-        Row weights[SB][NV];
-#pragma GCC unroll 8
-        for (int j = 0; j < SB; ++j)
-#pragma GCC unroll 4
-          for (int r = 0; r < NV; ++r) weights[j][r] = Row::load(w + (s0 + j) * lanes + r * L);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-          for (int j = 0; j < SB; ++j) {
-            const Row source = Row::template broadcast<Gv>(row[i] + (s0 + j) * Gv);
-#pragma GCC unroll 4
-            for (int r = 0; r < NV; ++r) acc[j % kChains][i][r].fma(source, weights[j][r]);
-          }
+        tap(row, t);
       }
     }
     if constexpr (kChains == 2)
@@ -582,14 +633,11 @@ class GroupVectorConv {
         value.store_first(out + (m0 + i) * ld + cb * Gv * Dv, valid, accumulate);
       }
 #else
-      alignas(64) float lanes[L];
+      int order[L];
+      for (int j = 0; j < L; ++j) order[j] = (j % Dv) * Gv + j / Dv;
       for (index_t i = 0; i < rows; ++i) {
-        float* dst = out + (m0 + i) * ld + cb * Gv * Dv;
-        acc[i][0].store(lanes);
-        for (index_t j = 0; j < valid; ++j) {
-          const float value = lanes[(j % Dv) * Gv + j / Dv];
-          dst[j] = accumulate ? dst[j] + value : value;
-        }
+        const Row value = Dv == 1 ? acc[i][0] : acc[i][0].permuted(order);
+        value.store_first(out + (m0 + i) * ld + cb * Gv * Dv, valid, accumulate);
       }
 #endif
     }
