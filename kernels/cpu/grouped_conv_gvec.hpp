@@ -55,9 +55,8 @@ constexpr int kMR = 8;
 constexpr int kMaxSB = 4;
 constexpr int kChains = 2;
 constexpr int kMaxNV = 4;
-/// Pixels a tile for NV rows a pixel (SB source channels a step): NV x MR accumulators + NV
-/// weight rows + a broadcast fit.
-constexpr int rows_for(int nv, int /*sb*/) { return nv == 4 ? 6 : kMR; }
+/// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
+constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
 /// bwd_weight's (tap, channel) pairs a unit: pairs x NV (x 2 pixel chains at NV = 1)
 /// accumulators + NV dout rows + a broadcast fit.
 constexpr int pairs_for(int nv) { return nv == 1 ? 8 : nv == 2 ? 6 : 4; }
@@ -94,7 +93,8 @@ constexpr int kMR = 4;      // 4 x 2 accumulators + 2 x 2 weight rows + a broadc
 constexpr int kMaxSB = 2;
 constexpr int kChains = 1;  // 16 ymm hold no second set
 constexpr int kMaxNV = 2;
-constexpr int rows_for(int nv, int /*sb*/) { return nv == 1 ? kMR : 2; }
+// 6 pixels (12 accumulators) for one source channel a step measured 0.72-0.75x: kMR for all
+constexpr int rows_for(int nv) { return nv == 1 ? kMR : 2; }
 constexpr int pairs_for(int nv) { return nv == 1 ? 4 : 2; }
 struct Row {
   __m256 lo, hi;
@@ -286,7 +286,7 @@ class GroupVectorConv {
 
   template <int Gv, int SB, int NV>
   void run_gather(float* out) const {
-    constexpr int MR = gvec::rows_for(NV, SB);
+    constexpr int MR = gvec::rows_for(NV);
     const index_t taps = s_.taps(), rows = s_.n * dst_pixels_;
     const index_t per_block = std::max<index_t>(1, kBN / (NV * L));
     const index_t blocks = ceil_div(col_blocks_, per_block), m_blocks = ceil_div(rows, kBM);
