@@ -1,6 +1,6 @@
 // One grouped-convolution pipeline build as a C entry point for the paired driver: compiled
-// twice, from two source trees (see gemm_variant.cpp). The layer is 2D, 3x3, stride 1, N
-// images, with pad and dilation from the environment (N, PAD, DIL; defaults 1, 1, 1);
+// twice, from two source trees (see gemm_variant.cpp). The layer is 2D, 3x3, N images, with
+// pad, dilation and stride from the environment (N, PAD, DIL, STRIDE; defaults 1, 1, 1, 1);
 // TC_PIPELINE picks the pipeline's class (3 gemm, 5 gvec).
 #include <cstdlib>
 
@@ -38,15 +38,15 @@ extern "C" void* PAIRED_CAT(NAME, _make)(long g, long c, long k, long h, long w,
   auto* hd = new Handle;
   tc::gconv::ConvShape& s = hd->shape;
   s.n = env_or("N", 1), s.g = g, s.c = c, s.k = k;
-  const long pad = env_or("PAD", 1), dil = env_or("DIL", 1);
+  const long pad = env_or("PAD", 1), dil = env_or("DIL", 1), stride = env_or("STRIDE", 1);
   const long in[3] = {1, h, w};
   for (int d = 0; d < 3; ++d) {
     s.in[d] = in[d];
     s.filt[d] = d == 0 ? 1 : 3;
-    s.stride[d] = 1;
+    s.stride[d] = d == 0 ? 1 : stride;
     s.pad[d] = d == 0 ? 0 : pad;
     s.dil[d] = d == 0 ? 1 : dil;
-    s.out[d] = s.in[d] + 2 * s.pad[d] - s.dil[d] * (s.filt[d] - 1);
+    s.out[d] = (s.in[d] + 2 * s.pad[d] - s.dil[d] * (s.filt[d] - 1) - 1) / s.stride[d] + 1;
   }
   // forward: x, w -> y; bwd_data: dy, w -> dx; bwd_weight: x, dy -> dw
   const index_t in1 = TC_DIR == 1 ? s.output_elems() : s.input_elems();
