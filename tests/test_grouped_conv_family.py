@@ -388,6 +388,10 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(G=2, C=3, K=40, Hi=13, Wi=11, Y=7, X=7, stride_h=2, stride_w=2,
                           pad_h=3, pad_w=3),
                      dict(C=72, K=5, Hi=6, Wi=7, Y=3, X=3, pad_h=1, pad_w=1),
+                     # bwd_data's phases: odd rows of din meet no filter row (a 1-row filter
+                     # at stride 2: zeros, a phase of no taps), and each column residue modulo
+                     # 3 one tap of the 3
+                     dict(G=2, C=4, K=4, Hi=7, Wi=8, Y=1, X=3, stride_h=2, stride_w=3, pad_w=1),
                      # the gemm pipeline's forward in bands of output rows that read the same
                      # filter rows (each of >= 24 pixels): dilated like DeepLab's ASPP (3 bands,
                      # two images), and a pad of 3 rows where the first and last output rows

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,10 @@ JobResult run_job(const std::vector<std::string>& tokens, const Protocol& protoc
   const FloatBuffer in1 = load(tokens[20], sizes.in1);
   const FloatBuffer in2 = load(tokens[21], sizes.in2);
   FloatBuffer out(sizes.out);
+  // NaN where the kernel has not written: a pipeline that leaves part of its output to the
+  // buffer's zeros fails validation instead of passing by luck (every element is the
+  // kernel's to write; a caller's buffer need not be zeroed)
+  std::fill(out.get(), out.get() + sizes.out, std::numeric_limits<float>::quiet_NaN());
   Timing timing = time_conv<kDir>(shape, protocol, in1.get(), in2.get(), out.get());
   write_binary(tokens[22], out.get(), std::size_t(sizes.out));
   return JobResult::ok(std::move(timing));

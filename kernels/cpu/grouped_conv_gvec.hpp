@@ -17,10 +17,10 @@
 // has NV = ceil(D / 16) rows (up to kMaxNV, more in further column blocks) of one group's
 // channels, the last masked, and each broadcast source value feeds all NV rows.
 //
-// The source layout is a copy taken each call: forward and stride-1 bwd_data copy into a
-// zero-padded image, where a destination pixel's source under each tap is its pixel's offset
-// plus the tap's (bwd_data at other strides copies only when S > 1 and Gv > 1, and looks each
-// source pixel up). Weights are packed each call to [column block][tap][s][lane]; with Gv > 1
+// The source layout is a copy taken each call, into a zero-padded image where a destination
+// pixel's source under each tap is its pixel's offset plus the tap's. bwd_data at a stride
+// goes in phases of destination pixels that share their taps (GroupVectorConv::Phase), so no
+// tap it runs reads between dout's pixels. Weights are packed each call to [column block][tap][s][lane]; with Gv > 1
 // lanes go back to [gi][d] order when the tile is stored.
 //
 // Tile: MR destination pixels x NV 16-lane rows, reduced over (tap, source channel), source
@@ -176,6 +176,19 @@ class GroupVectorConv {
   using Row = gvec::Row;
   static constexpr int L = gvec::kRowLanes;
 
+  /// Destination pixels that read the source through the same taps at the same offsets:
+  /// those at first + step * (d, h, w) for (d, h, w) < dims. One phase, of every pixel and
+  /// tap, but for bwd_data at a stride (or padded past its filter): there the pixels with
+  /// one residue r modulo the stride along each dim read dout only through the taps f with
+  /// r + pad - f dil divisible by the stride, at their index within the phase plus
+  /// (r + pad - f dil) / stride. Each phase is a stride-1 problem with no dead taps.
+  struct Phase {
+    bool whole;  // every destination pixel, in order (first 0, step 1)
+    index_t first[3], step[3], dims[3];
+    std::vector<index_t> taps;     // indices of the filter's taps (the packed weight's order)
+    std::vector<index_t> offsets;  // per tap: floats from the pixel's place in the padded source
+  };
+
  public:
   /// `src` is the input (forward, bwd_weight) or dout (bwd_data); `other` the weight,
   /// [G][K][taps][C] (forward, bwd_data), or dout (bwd_weight, which writes the weight's
@@ -198,48 +211,35 @@ class GroupVectorConv {
     }
     dst_pixels_ = dst_dims_[0] * dst_dims_[1] * dst_dims_[2];
     src_pixels_ = src_dims_[0] * src_dims_[1] * src_dims_[2];
-    // the source is already [pixel][group block][s][gi] when one of s, gi is trivial and no
-    // group block is partial
-    relayout_ = (src_ch_ > 1 && gv_ > 1) || s_.g % gv_ != 0;
     src_row_ = group_blocks_ * src_ch_ * gv_;
-    // Forward, and bwd_data at stride 1, copy the source into a zero-padded image ("affine"):
-    // every tap of every destination pixel then reads inside it, at the pixel's offset plus
-    // one offset per tap. bwd_data at stride 1 is the forward convolution of dout with the
-    // taps reversed, padded by (filt - 1) * dil - pad; its other strides look their sources up.
-    affine_ = true;
+    // The source is copied into a zero-padded image, where each tap of a destination pixel
+    // reads at the pixel's offset plus one offset per tap. Forward (and bwd_weight) pad by
+    // pad; bwd_data at stride 1 is the forward convolution of dout with the taps reversed,
+    // padded by (filt - 1) * dil - pad. bwd_data otherwise goes in phases (see Phase).
+    bool phased = false;
     for (int dim = 0; dim < 3; ++dim) {
       lead_[dim] = fwd ? s_.pad[dim] : (s_.filt[dim] - 1) * s_.dil[dim] - s_.pad[dim];
-      affine_ = affine_ && (fwd || (s_.stride[dim] == 1 && lead_[dim] >= 0));
+      phased = phased || (!fwd && (s_.stride[dim] > 1 || lead_[dim] < 0));
     }
-    for (int dim = 0; dim < 3; ++dim) padded_[dim] = src_dims_[dim] + (affine_ ? 2 * lead_[dim] : 0);
-    if (affine_) {
-      relayout_ = true;
+    if (!phased) {
+      Phase all{true, {0, 0, 0}, {1, 1, 1}, {dst_dims_[0], dst_dims_[1], dst_dims_[2]}, {}, {}};
+      for (int dim = 0; dim < 3; ++dim) padded_[dim] = src_dims_[dim] + 2 * lead_[dim];
       for (index_t t = 0; t < s_.taps(); ++t) {
         Pixel f = split_tap(t, s_.filt);
         if (!fwd) f = {0, s_.filt[0] - 1 - f.d, s_.filt[1] - 1 - f.h, s_.filt[2] - 1 - f.w};
         tap_offsets_.push_back(((f.d * s_.dil[0] * padded_[1] + f.h * s_.dil[1]) * padded_[2] +
                                 f.w * s_.dil[2]) * src_row_);
+        all.taps.push_back(t);
       }
+      all.offsets = tap_offsets_;
+      phases_.push_back(std::move(all));
+    } else {
+      plan_phases();
     }
-    // otherwise each (destination coordinate, filter offset)'s source coordinate along each
-    // dim, as an offset in floats, kOutside where it falls in the padding: a source pixel's
-    // offset is the sum of its three, negative when any is outside
-    index_t pitch = src_row_;
-    for (int dim = 2; dim >= 0 && !affine_; --dim) {
-      offsets_[dim].resize(dst_dims_[dim] * s_.filt[dim]);
-      for (index_t d = 0; d < dst_dims_[dim]; ++d)
-        for (index_t f = 0; f < s_.filt[dim]; ++f) {
-          const index_t source = gather_source<Dir>(s_, dim, d, f);
-          offsets_[dim][d * s_.filt[dim] + f] = source >= 0 ? source * pitch : kOutside;
-        }
-      pitch *= src_dims_[dim];
-    }
-    for (index_t t = 0; t < s_.taps(); ++t) taps_.push_back(split_tap(t, s_.filt));
-    if (relayout_) relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
+    relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
     // forward, bwd_data: the packed weight; bwd_weight: dout, [pixel][column block][lane]
     packed_ = FloatBuffer(Dir == kBwdWeight ? s_.n * dst_pixels_ * col_blocks_ * nv_ * L
                                             : col_blocks_ * s_.taps() * src_ch_ * nv_ * L);
-    zeros_ = FloatBuffer(src_row_);
     sb_ = nv_ == 1 && src_ch_ % gvec::kMaxSB == 0 ? gvec::kMaxSB : 1;
     // each lane of each column block: its (group, destination channel)'s offset in a
     // destination pixel, -1 past G or D
@@ -287,28 +287,32 @@ class GroupVectorConv {
   template <int Gv, int SB, int NV>
   void run_gather(float* out) const {
     constexpr int MR = gvec::rows_for(NV);
-    const index_t taps = s_.taps(), rows = s_.n * dst_pixels_;
     const index_t per_block = std::max<index_t>(1, kBN / (NV * L));
-    const index_t blocks = ceil_div(col_blocks_, per_block), m_blocks = ceil_div(rows, kBM);
-    const float* src = relayout_ ? relaid_.get() : src_;
+    const index_t blocks = ceil_div(col_blocks_, per_block);
+    const float* src = relaid_.get();
 #pragma omp parallel num_threads(threads_)
     {
       pack_weight();
-      if (relayout_) relayout<Gv>();
+      relayout<Gv>();
 #pragma omp barrier
-      if constexpr (!kInterWave) {
-        for (index_t b = 0; b < blocks; ++b) {
+      // phases write disjoint destination pixels: no barrier between them
+      for (const Phase& phase : phases_) {
+        const index_t image = phase.dims[0] * phase.dims[1] * phase.dims[2], rows = s_.n * image;
+        if constexpr (!kInterWave) {
+          const index_t m_blocks = ceil_div(rows, kBM);
+          for (index_t b = 0; b < blocks; ++b) {
 #pragma omp for schedule(static) nowait
-          for (index_t mb = 0; mb < m_blocks; ++mb)
+            for (index_t mb = 0; mb < m_blocks; ++mb)
+              block<Gv, SB, NV, MR>(out, src, b * per_block, std::min(col_blocks_, (b + 1) * per_block),
+                                    phase, mb * kBM, std::min(rows, (mb + 1) * kBM));
+          }
+        } else {
+#pragma omp for schedule(dynamic, 1) nowait
+          for (index_t unit = 0; unit < blocks * s_.n; ++unit) {
+            const index_t b = unit / s_.n, n = unit % s_.n;
             block<Gv, SB, NV, MR>(out, src, b * per_block, std::min(col_blocks_, (b + 1) * per_block),
-                                  mb * kBM, std::min(rows, (mb + 1) * kBM), taps);
-        }
-      } else {
-#pragma omp for schedule(dynamic, 1)
-        for (index_t unit = 0; unit < blocks * s_.n; ++unit) {
-          const index_t b = unit / s_.n, n = unit % s_.n;
-          block<Gv, SB, NV, MR>(out, src, b * per_block, std::min(col_blocks_, (b + 1) * per_block),
-                                n * dst_pixels_, (n + 1) * dst_pixels_, taps);
+                                  phase, n * image, (n + 1) * image);
+          }
         }
       }
     }
@@ -482,49 +486,94 @@ class GroupVectorConv {
     }
   }
 
-  /// Column blocks [cb_begin, cb_end) x destination rows [m_begin, m_end): each pixel tile runs
-  /// all of the block's column blocks while its source rows are in cache.
+  /// Column blocks [cb_begin, cb_end) x the phase's destination rows [m_begin, m_end): each
+  /// pixel tile runs all of the block's column blocks while its source rows are in cache. A
+  /// phase of no taps still takes one pass, which writes its zeros.
   template <int Gv, int SB, int NV, int MR>
-  void block(float* out, const float* src, index_t cb_begin, index_t cb_end, index_t m_begin,
-             index_t m_end, index_t taps) const {
-    for (index_t t0 = 0; t0 < taps; t0 += kBK) {
-      Pixel first = split_pixel(m_begin, dst_dims_);
+  void block(float* out, const float* src, index_t cb_begin, index_t cb_end, const Phase& phase,
+             index_t m_begin, index_t m_end) const {
+    const index_t taps = index_t(phase.taps.size());
+    for (index_t k0 = 0; k0 == 0 || k0 < taps; k0 += kBK) {
+      Pixel first = split_pixel(m_begin, phase.dims);
       for (index_t m0 = m_begin; m0 < m_end; m0 += MR) {
         for (index_t cb = cb_begin; cb < cb_end; ++cb)
-          tile<Gv, SB, NV, MR>(out, src, cb, m0, first, std::min<index_t>(MR, m_end - m0), t0,
-                               std::min(taps, t0 + kBK));
-        advance(first, MR);
+          tile<Gv, SB, NV, MR>(out, src, cb, phase, m0, first, std::min<index_t>(MR, m_end - m0), k0,
+                               std::min(taps, k0 + kBK));
+        advance(first, MR, phase.dims);
       }
     }
   }
 
-  /// The index of a pixel of the source as the tiles read it: affine (the source padded) at
-  /// `scale` 0 a source pixel's place, at scale 1 the pixel under tap 0 of destination pixel
-  /// p; otherwise source pixel p.
+  /// bwd_data's phases (see Phase), and the padding of dout that keeps every tap of every
+  /// pixel inside the copy: below, the most any tap reaches before row 0; above, past the end.
+  void plan_phases() {
+    index_t below[3] = {0, 0, 0}, above[3] = {0, 0, 0}, residues[3];
+    auto reach = [&](int dim, index_t r, index_t f, index_t& a) {  // whether tap f reads, and where
+      const index_t num = r + s_.pad[dim] - f * s_.dil[dim], stride = s_.stride[dim];
+      if (((num % stride) + stride) % stride != 0) return false;
+      a = num / stride;
+      return true;
+    };
+    for (int dim = 0; dim < 3; ++dim) {
+      residues[dim] = std::min(s_.stride[dim], dst_dims_[dim]);
+      for (index_t r = 0; r < residues[dim]; ++r) {
+        const index_t last = ceil_div(dst_dims_[dim] - r, s_.stride[dim]) - 1;
+        for (index_t f = 0, a = 0; f < s_.filt[dim]; ++f)
+          if (reach(dim, r, f, a)) {
+            below[dim] = std::max(below[dim], -a);
+            above[dim] = std::max(above[dim], last + a - (src_dims_[dim] - 1));
+          }
+      }
+      lead_[dim] = below[dim];
+      padded_[dim] = src_dims_[dim] + below[dim] + above[dim];
+    }
+    for (index_t rd = 0; rd < residues[0]; ++rd)
+      for (index_t rh = 0; rh < residues[1]; ++rh)
+        for (index_t rw = 0; rw < residues[2]; ++rw) {
+          const index_t r[3] = {rd, rh, rw};
+          Phase phase{false, {rd, rh, rw}, {s_.stride[0], s_.stride[1], s_.stride[2]}, {}, {}, {}};
+          for (int dim = 0; dim < 3; ++dim) phase.dims[dim] = ceil_div(dst_dims_[dim] - r[dim], s_.stride[dim]);
+          for (index_t t = 0; t < s_.taps(); ++t) {
+            const Pixel f = split_tap(t, s_.filt);
+            const index_t fs[3] = {f.d, f.h, f.w};
+            index_t a[3];
+            bool reads = true;
+            for (int dim = 0; dim < 3; ++dim) reads = reads && reach(dim, r[dim], fs[dim], a[dim]);
+            if (!reads) continue;
+            phase.taps.push_back(t);
+            phase.offsets.push_back((((a[0] + lead_[0]) * padded_[1] + a[1] + lead_[1]) * padded_[2] +
+                                     a[2] + lead_[2]) * src_row_);
+          }
+          phases_.push_back(std::move(phase));
+        }
+  }
+
+  /// The index of a pixel in the padded source: at `scale` 0 source pixel p's place, at
+  /// scale 1 the place tap offsets count from for destination pixel p (bwd_data: p's index
+  /// within its phase).
   index_t padded_pixel(const Pixel& p, int scale) const {
     index_t at[3] = {p.d, p.h, p.w};
-    if (affine_)
-      for (int dim = 0; dim < 3; ++dim)
-        at[dim] = scale ? at[dim] * (Dir != kBwdData ? s_.stride[dim] : 1) : at[dim] + lead_[dim];
+    for (int dim = 0; dim < 3; ++dim)
+      at[dim] = scale ? at[dim] * (Dir != kBwdData ? s_.stride[dim] : 1) : at[dim] + lead_[dim];
     return ((p.n * padded_[0] + at[0]) * padded_[1] + at[1]) * padded_[2] + at[2];
   }
 
-  /// The pixel `count` past p along the destination's (n, d, h, w) order.
-  TC_INLINE void advance(Pixel& p, index_t count) const {
+  /// The pixel `count` past p along the (n, d, h, w) order of an image of `dims`.
+  static TC_INLINE void advance(Pixel& p, index_t count, const index_t (&dims)[3]) {
     p.w += count;
-    while (p.w >= dst_dims_[2]) {
-      p.w -= dst_dims_[2];
-      if (++p.h < dst_dims_[1]) continue;
+    while (p.w >= dims[2]) {
+      p.w -= dims[2];
+      if (++p.h < dims[1]) continue;
       p.h = 0;
-      if (kNdim == 3 && ++p.d < dst_dims_[0]) continue;
+      if (kNdim == 3 && ++p.d < dims[0]) continue;
       p.d = 0;
       ++p.n;
     }
   }
 
   template <int Gv, int SB, int NV, int MR>
-  TC_INLINE void tile(float* out, const float* src, index_t cb, index_t m0, Pixel first,
-                      index_t rows, index_t t_begin, index_t t_end) const {
+  TC_INLINE void tile(float* out, const float* src, index_t cb, const Phase& phase, index_t m0,
+                      Pixel first, index_t rows, index_t k_begin, index_t k_end) const {
     // one row a pixel: kChains accumulators, the source channels dealt out among them (one
     // chain of taps x S dependent FMAs a row would hold 8 rows to the FMA latency); NV rows
     // a pixel are independent chains already
@@ -532,19 +581,17 @@ class GroupVectorConv {
     constexpr int lanes = NV * L;
     const index_t S = src_ch_;
     const index_t column = Gv > 1 ? cb * S * Gv : cb / channel_blocks_ * S;
-    // per row: its image's offset (kOutside past the last row) and its index into each
-    // dim's offset table, the filter offset still to add
-    index_t image[MR], at_d[MR], at_h[MR], at_w[MR];
-    const float* origin[MR];   // affine: the source pixel under tap 0
+    const float* origin[MR];   // the source pixel under tap 0 (past the last row: the last's)
+    index_t dst[MR];           // the destination pixel
     Pixel p = first;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      origin[i] = affine_ ? src + padded_pixel(p, 1) * src_row_ + column : nullptr;
-      image[i] = i < rows ? p.n * src_pixels_ * src_row_ + column : kOutside;
-      at_d[i] = p.d * s_.filt[0];
-      at_h[i] = p.h * s_.filt[1];
-      at_w[i] = p.w * s_.filt[2];
-      if (i + 1 < rows) advance(p, 1);
+      origin[i] = src + padded_pixel(p, 1) * src_row_ + column;
+      dst[i] = phase.whole ? m0 + i  // the phase's pixels are the destination's, in order
+                           : ((p.n * dst_dims_[0] + phase.first[0] + p.d * phase.step[0]) * dst_dims_[1] +
+                              phase.first[1] + p.h * phase.step[1]) * dst_dims_[2] + phase.first[2] +
+                                 p.w * phase.step[2];
+      if (i + 1 < rows) advance(p, 1, phase.dims);
     }
     Row acc[kChains][MR][NV];
     gvec::zero_all(acc);
@@ -566,54 +613,33 @@ class GroupVectorConv {
         }
     };
     // one tap: a single step when S == SB (depthwise's one channel: nothing else to loop over)
-    auto tap = [&](const float* const (&row)[MR], index_t t) __attribute__((always_inline)) {
-      const float* w = packed_.get() + (cb * s_.taps() + t) * S * lanes;
+    const index_t* offsets = phase.offsets.data();
+    const index_t* taps = phase.taps.data();
+    const float* weights = packed_.get() + cb * s_.taps() * S * lanes;
+    for (index_t k = k_begin; k < k_end; ++k) {
+      const float* row[MR];
+      const index_t offset = offsets[k];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) row[i] = origin[i] + offset;
+      const float* w = weights + taps[k] * S * lanes;
       if (S == SB) {
         channels(row, w, 0);
       } else {
         for (index_t s0 = 0; s0 < S; s0 += SB) channels(row, w, s0);
       }
-    };
-    if (affine_) {
-      for (index_t t = t_begin; t < t_end; ++t) {
-        const float* row[MR];
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) row[i] = origin[i] + tap_offsets_[t];
-        tap(row, t);
-      }
-    } else {
-      for (index_t t = t_begin; t < t_end; ++t) {
-        const float* row[MR];
-        const Pixel f = taps_[t];
-        std::uintptr_t all_outside = ~std::uintptr_t(0);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-          const index_t offset = image[i] + offsets_[0][at_d[i] + f.d] + offsets_[1][at_h[i] + f.h] +
-                                 offsets_[2][at_w[i] + f.w];
-          // a select, not a branch: which rows fall in the padding changes from tile to tile
-          const std::uintptr_t outside = std::uintptr_t(offset >> 63);
-          all_outside &= outside;
-          row[i] = reinterpret_cast<const float*>(
-              (reinterpret_cast<std::uintptr_t>(src + offset) & ~outside) |
-              (reinterpret_cast<std::uintptr_t>(zeros_.get()) & outside));
-        }
-        // a tap that reads only padding for every row adds nothing: at bwd_data's strides the
-        // rows of a tile share their source row, which falls between dout's rows for most taps
-        if (!all_outside) tap(row, t);
-      }
     }
     if constexpr (kChains == 2)
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) acc[0][i][0].add(acc[1][i][0]);
-    store<Gv, NV, MR>(acc[0], out, cb, m0, rows, t_begin > 0);
+    store<Gv, NV, MR>(acc[0], out, cb, dst, rows, k_begin > 0);
   }
 
-  /// Rows [0, rows) of the tile to the destination. Gv > 1: dst[m0 + i][cb * Gv + gi][d], lanes
+  /// Rows [0, rows) of the tile to the destination. Gv > 1: dst[pixel i][cb * Gv + gi][d], lanes
   /// back in [gi][d] order (output lane j = gi * D + d holds tile lane d * Gv + gi), only groups
   /// below G. Gv = 1: row r to channels c0 + 16 r.. of group cb / channel blocks, only those
   /// below D.
   template <int Gv, int NV, int MR>
-  TC_INLINE void store(const Row (*acc)[NV], float* out, index_t cb, index_t m0, index_t rows,
+  TC_INLINE void store(const Row (*acc)[NV], float* out, index_t cb, const index_t* dst_pixel, index_t rows,
                        bool accumulate) const {
     const index_t D = dst_ch_, ld = s_.g * D;
     if constexpr (Gv == 1) {
@@ -623,7 +649,7 @@ class GroupVectorConv {
         for (int r = 0; r < NV; ++r) {
           const index_t first = c0 + r * L;
           if (first >= D) break;
-          acc[i][r].store_first(out + (m0 + i) * ld + g * D + first, D - first, accumulate);
+          acc[i][r].store_first(out + dst_pixel[i] * ld + g * D + first, D - first, accumulate);
         }
     } else {
       constexpr int Dv = L / Gv;
@@ -634,14 +660,14 @@ class GroupVectorConv {
       const __m512i permutation = _mm512_load_si512(order);
       for (index_t i = 0; i < rows; ++i) {
         const Row value{_mm512_permutexvar_ps(permutation, acc[i][0].v)};
-        value.store_first(out + (m0 + i) * ld + cb * Gv * Dv, valid, accumulate);
+        value.store_first(out + dst_pixel[i] * ld + cb * Gv * Dv, valid, accumulate);
       }
 #else
       int order[L];
       for (int j = 0; j < L; ++j) order[j] = (j % Dv) * Gv + j / Dv;
       for (index_t i = 0; i < rows; ++i) {
         const Row value = Dv == 1 ? acc[i][0] : acc[i][0].permuted(order);
-        value.store_first(out + (m0 + i) * ld + cb * Gv * Dv, valid, accumulate);
+        value.store_first(out + dst_pixel[i] * ld + cb * Gv * Dv, valid, accumulate);
       }
 #endif
     }
@@ -655,11 +681,8 @@ class GroupVectorConv {
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
   std::vector<index_t> tap_offsets_;
   std::vector<index_t> lane_channel_;
-  bool relayout_, affine_;
-  static constexpr index_t kOutside = -(index_t(1) << 60);   // three sum to > -2^63
-  std::vector<index_t> offsets_[3];
-  std::vector<Pixel> taps_;
-  FloatBuffer relaid_, packed_, zeros_;
+  std::vector<Phase> phases_;
+  FloatBuffer relaid_, packed_;
 };
 
 }  // namespace tc::gconv
