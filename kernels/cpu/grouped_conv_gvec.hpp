@@ -20,8 +20,8 @@
 // The source layout is a copy taken each call, into a zero-padded image where a destination
 // pixel's source under each tap is its pixel's offset plus the tap's. bwd_data at a stride
 // goes in phases of destination pixels that share their taps (GroupVectorConv::Phase), so no
-// tap it runs reads between dout's pixels. Weights are packed each call to [column block][tap][s][lane]; with Gv > 1
-// lanes go back to [gi][d] order when the tile is stored.
+// tap it runs reads between dout's pixels. Weights are packed each call to [column
+// block][tap][s][lane]; with Gv > 1 lanes go back to [gi][d] order when the tile is stored.
 //
 // Tile: MR destination pixels x NV 16-lane rows, reduced over (tap, source channel), source
 // channels SB at a time with their weight rows in registers. Blocks: BM pixels x BN / (16 NV)
