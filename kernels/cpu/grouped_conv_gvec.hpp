@@ -227,11 +227,10 @@ class GroupVectorConv {
       for (index_t t = 0; t < s_.taps(); ++t) {
         Pixel f = split_tap(t, s_.filt);
         if (!fwd) f = {0, s_.filt[0] - 1 - f.d, s_.filt[1] - 1 - f.h, s_.filt[2] - 1 - f.w};
-        tap_offsets_.push_back(((f.d * s_.dil[0] * padded_[1] + f.h * s_.dil[1]) * padded_[2] +
-                                f.w * s_.dil[2]) * src_row_);
+        all.offsets.push_back(((f.d * s_.dil[0] * padded_[1] + f.h * s_.dil[1]) * padded_[2] +
+                               f.w * s_.dil[2]) * src_row_);
         all.taps.push_back(t);
       }
-      all.offsets = tap_offsets_;
       phases_.push_back(std::move(all));
     } else {
       plan_phases();
@@ -370,7 +369,7 @@ class GroupVectorConv {
 #pragma GCC unroll 16
     for (int j = 0; j < R; ++j) {
       const index_t pair = std::min(pair_begin + j, pairs - 1);
-      offset[j] = tap_offsets_[pair / S] + pair % S * Gv + column;
+      offset[j] = phases_.front().offsets[pair / S] + pair % S * Gv + column;  // forward-like: one phase
     }
     Row acc[kPixels][R][NV];
     gvec::zero_all(acc);
@@ -679,7 +678,6 @@ class GroupVectorConv {
   int threads_;
   index_t dst_ch_, src_ch_, gv_, nv_, channel_blocks_, group_blocks_, col_blocks_, src_row_, sb_;
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
-  std::vector<index_t> tap_offsets_;
   std::vector<index_t> lane_channel_;
   std::vector<Phase> phases_;
   FloatBuffer relaid_, packed_;
