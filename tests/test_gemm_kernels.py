@@ -3,14 +3,19 @@ by the build stage and run through the benchmark path, matches torch on edge sha
 from __future__ import annotations
 
 import itertools
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from gemm_checks import expect_gemm_matches_torch
 from tilecast.core.measure import Protocol
+from tilecast.families.base import KERNELS_DIR
 from tilecast.families import get_family
 from tilecast.families.gemm import ISAS, GemmConfig, micro_tiles
-from tilecast.stages.build import build_candidates
+from tilecast.stages.build import DEFAULT_FLAGS, build_candidates
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 GEMM = get_family("gemm")
 PROTOCOL = Protocol(warmup_ms=0.5, min_sample_ms=0.5, samples=2, threads=2, timeout_s=60)
@@ -76,3 +81,17 @@ def test_gemv_class_shapes_match_torch_in_every_layout(built, tmp_path):
     assert {b.config.parallel for b in fp32} == {"m", "n", "k"}
     problems = [(*shape, *layouts) for shape, layouts in itertools.product(SKINNY_SHAPES, LAYOUTS)]
     expect_gemm_matches_torch(fp32, problems, tmp_path, PROTOCOL)
+
+
+def test_panel_packing_matches_a_plain_loop(tmp_path):
+    """The packer's whole-vector stores that spill into the next step (tests/fixtures/
+    pack_check.cpp): every panel width, valid-lane count and step count, both source
+    layouts, panels packed in either order, sentinels around them."""
+    binary = tmp_path / "pack_check"
+    defines = [f"-D{name}={value}" for name, value in
+               {"TC_DTYPE": 0, "TC_ISA": 0, "TC_MR": 6, "TC_NR": 16, "TC_MC": 96, "TC_NC": 256,
+                "TC_KC": 64, "TC_PACK_A": 1, "TC_PAR": 0, "TC_PREFETCH": 0}.items()]
+    subprocess.run(["g++", *DEFAULT_FLAGS, *defines, f"-I{KERNELS_DIR / 'cpu'}",
+                    str(FIXTURES / "pack_check.cpp"), "-o", str(binary)], check=True)
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip().endswith("0 failures"), run.stdout
