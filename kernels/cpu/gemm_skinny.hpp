@@ -52,7 +52,8 @@ constexpr index_t kPrefetchBytes = 512;
 /// 8x16384x16384 product streamed at 13 GB/s; with 64 KiB at 19-22, read probe 21.8), and
 /// the number of rows of T read side by side.
 constexpr index_t kRowsSums = 16384;
-constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024)
+constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024); on the
+                                   // AVX2 EPYC 16 and 32 read 0.5-0.8x past the LLC (6144^2 T)
 /// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
 /// reduction of each dot's vector, a few adds, is then under 2 % of its multiply-adds).
 /// Measured against the blocked path in paired runs (AVX-512, 2 threads): 1.02-3x at 12-25
@@ -145,8 +146,13 @@ TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, inde
 template <int R>
 void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
                 index_t o_rs, index_t o_cs) {
-  // R*NV accumulators + NV row vectors + 1 broadcast within the registers (32 zmm, 16 ymm)
-  constexpr int NV = kRowW == 16 ? (R <= 6 ? 4 : 2) : (R <= 6 ? 2 : 1);
+  // R*NV accumulators + NV row vectors + 1 broadcast within the registers (32 zmm, 16 ymm).
+  // In ymm, 7 or 8 rows would leave one vector a column block: 7-8 accumulator chains, at or
+  // under the FMA's latency times its throughput, so any late load stalls them all. They go
+  // in two bands instead, 6 rows then the rest, two vectors each; the second band re-reads
+  // the group of T's rows from L2 (8x6144x6144, 2 threads: 1.18-1.37x).
+  constexpr int kBand = kRowW == 8 && R > 6 ? 6 : R;
+  constexpr int NV = kRowW == 16 ? (R <= 6 ? 4 : 2) : 2;
   constexpr index_t kStep = kRowW * NV;
   constexpr index_t kChunk = kRowsSums / R / 1024 * 1024;
   static_assert(kChunk >= 1024 && kChunk % kStep == 0);
@@ -157,7 +163,13 @@ void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, f
     for (int r = 0; r < R; ++r) std::fill(sums[r], sums[r] + round_up(width, kRowW), 0.0f);
     for (index_t p = p0; p < p1; p += kRowsDepth) {
       const index_t pe = std::min(p + kRowsDepth, p1);
-      for (index_t c = 0; c < whole; c += kStep) rows_block<R, NV, false, kChunk>(t, sums, cb, c, p, pe, kRowW);
+      for (index_t c = 0; c < whole; c += kStep) rows_block<kBand, NV, false, kChunk>(t, sums, cb, c, p, pe, kRowW);
+      if constexpr (kBand < R) {
+        Task band = t;
+        band.s = t.s + kBand * t.s_rs;
+        for (index_t c = 0; c < whole; c += kStep)
+          rows_block<R - kBand, NV, false, kChunk>(band, sums + kBand, cb, c, p, pe, kRowW);
+      }
       for (index_t c = whole; c < width; c += kRowW)
         rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, int(std::min<index_t>(kRowW, width - c)));
     }
