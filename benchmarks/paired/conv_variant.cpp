@@ -1,6 +1,7 @@
 // One grouped-convolution pipeline build as a C entry point for the paired driver: compiled
-// twice, from two source trees (see gemm_variant.cpp). The layer is 2D, 3x3, N images, with
-// pad, dilation and stride from the environment (N, PAD, DIL, STRIDE; defaults 1, 1, 1, 1);
+// twice, from two source trees (see gemm_variant.cpp). The layer is 2D, N images, a square
+// FILT x FILT filter, with pad, dilation and stride from the environment (N, FILT, PAD, DIL,
+// STRIDE; defaults 1, 3, 1, 1, 1);
 // TC_PIPELINE picks the pipeline's class (3 gemm, 5 gvec).
 #include <cstdlib>
 
@@ -39,10 +40,11 @@ extern "C" void* PAIRED_CAT(NAME, _make)(long g, long c, long k, long h, long w,
   tc::gconv::ConvShape& s = hd->shape;
   s.n = env_or("N", 1), s.g = g, s.c = c, s.k = k;
   const long pad = env_or("PAD", 1), dil = env_or("DIL", 1), stride = env_or("STRIDE", 1);
+  const long filt = env_or("FILT", 3);
   const long in[3] = {1, h, w};
   for (int d = 0; d < 3; ++d) {
     s.in[d] = in[d];
-    s.filt[d] = d == 0 ? 1 : 3;
+    s.filt[d] = d == 0 ? 1 : filt;
     s.stride[d] = d == 0 ? 1 : stride;
     s.pad[d] = d == 0 ? 0 : pad;
     s.dil[d] = d == 0 ? 1 : dil;

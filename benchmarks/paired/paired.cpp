@@ -118,11 +118,12 @@ int main(int argc, char** argv) {
   const long pad = std::getenv("PAD") ? std::atol(std::getenv("PAD")) : 1;
   const long dil = std::getenv("DIL") ? std::atol(std::getenv("DIL")) : 1;
   const long stride = std::getenv("STRIDE") ? std::atol(std::getenv("STRIDE")) : 1;
-  const long oh = (h + 2 * pad - 2 * dil - 1) / stride + 1, ow = (w + 2 * pad - 2 * dil - 1) / stride + 1;
-  const double flops = 2.0 * n * g * c * k * 9 * oh * ow;
+  const long f = std::getenv("FILT") ? std::atol(std::getenv("FILT")) : 3;
+  const long oh = (h + 2 * pad - dil * (f - 1) - 1) / stride + 1, ow = (w + 2 * pad - dil * (f - 1) - 1) / stride + 1;
+  const double flops = 2.0 * n * g * c * k * f * f * oh * ow;
   char label[160];
-  std::snprintf(label, sizeof label, "N%ld G%ld C%ld K%ld %ldx%ld 3x3 stride %ld pad %ld dil %ld", n,
-                g, c, k, h, w, stride, pad, dil);
+  std::snprintf(label, sizeof label, "N%ld G%ld C%ld K%ld %ldx%ld %ldx%ld stride %ld pad %ld dil %ld", n,
+                g, c, k, h, w, f, f, stride, pad, dil);
 #endif
   for (int i = 0; i < 3; ++i) va_run(ha), vb_run(hb);  // warm up both
   std::vector<double> ta, tb, ratio, peak;

@@ -9,7 +9,7 @@
 namespace tc::gemm {
 
 /// The A operand of one block as the micro-kernel sees it: packed MR-row
-/// micro-panels, or (TC_PACK_A=0) the original strided matrix, in which case
+/// micro-panels, or (A read in place) the original strided matrix, in which case
 /// partial MR-row tails are packed into `tail` so no row past M is read.
 struct ABlock {
   const float* base;   // packed block, or A(ic, pc) of the strided matrix
@@ -28,7 +28,8 @@ inline void store_edge_tile(const float* tile, index_t mr, index_t nr, float* c,
 }
 
 /// C block (mc x nc, leading dimension ldc) (+)= A block * B block, for the
-/// NR panels [panel_begin, panel_end) of the packed B block.
+/// NR panels [panel_begin, panel_end) of the packed B block; `PackA` says which form `a` has.
+template <bool PackA>
 inline void macrokernel(index_t mc, index_t nc, index_t kc, const ABlock& a,
                         const float* b_packed, float* c, index_t ldc, bool accumulate,
                         index_t panel_begin, index_t panel_end) {
@@ -61,7 +62,7 @@ inline void macrokernel(index_t mc, index_t nc, index_t kc, const ABlock& a,
       next.b_later = b_panel + kNR * kc + slice_begin * 16;
       next.b_lines = later_panel ? int(std::max<index_t>(0, std::min(slice_lines, panel_lines - slice_begin))) : 0;
 
-      if constexpr (kPackA) {
+      if constexpr (PackA) {
         const float* a_panel = a.base + ir * kc;
         next.a = last_row ? a.base : a_panel + kMR * kc;
         microkernel<Vec, kMR, kNR, true, kPrefetch>(kc, {a_panel, 1, kMR}, b_panel, c_tile, c_ld,

@@ -11,6 +11,10 @@
 //   k  split-K: each thread runs the whole blocked GEMM on its own K range
 //      into its own partial C (thread 0 writes C itself), then a parallel
 //      reduction. Suits small M*N with large K.
+//
+// Whether A is packed is the workspace's: TC_PACK_A by default (a GEMM variant's parameter),
+// or the caller's choice (the convolution's gemm pipeline reads a forward im2col in place
+// when it has few columns to spread the packing over).
 #pragma once
 
 #include <omp.h>
@@ -19,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 
 #include "gemm_buffers.hpp"
 #include "gemm_config.hpp"
@@ -40,6 +45,7 @@ struct Problem {
 /// All scratch memory of one job, allocated once before timing.
 struct Workspace {
   int threads;
+  bool pack_a;             // A packed into MR-row panels, or read in place (fp32 only)
   SlicedBuffer b_pack;     // kc x round_up(nc, NR); one per thread for "k", else shared
   SlicedBuffer a_pack;     // round_up(mc, MR) x kc; shared for "n", else one per thread
   SlicedBuffer a_tail;     // MR x kc per thread (TC_PACK_A=0 edge rows)
@@ -50,7 +56,8 @@ struct Workspace {
   std::unique_ptr<std::atomic<index_t>[]> claims;
   index_t claim_blocks = 0;
 
-  Workspace(const Problem& problem, int thread_count) : threads(thread_count) {
+  Workspace(const Problem& problem, int thread_count, bool pack_a_blocks = kPackA)
+      : threads(thread_count), pack_a(pack_a_blocks || !std::is_same_v<InputT, float>) {
     skinny::Task task;
     if (skinny::task_of(problem, task)) {
       skinny = skinny::Scratch(task, threads);
@@ -60,8 +67,8 @@ struct Workspace {
     const index_t nc = round_up(std::min(problem.n, kNC), kNR);
     const index_t mc = round_up(std::min(problem.m, kMC), kMR);
     b_pack = SlicedBuffer(kParScheme == 2 ? threads : 1, kc * nc);
-    if (kPackA) a_pack = SlicedBuffer(kParScheme == 1 ? 1 : threads, mc * kc);
-    if (!kPackA) a_tail = SlicedBuffer(threads, kMR * kc);
+    if (pack_a) a_pack = SlicedBuffer(kParScheme == 1 ? 1 : threads, mc * kc);
+    if (!pack_a) a_tail = SlicedBuffer(threads, kMR * kc);
     if (kParScheme == 2 && threads > 1) c_partial = SlicedBuffer(threads - 1, problem.m * problem.n);
     if (kParScheme != 2) {
       claim_blocks = ceil_div(problem.n, kNC) * ceil_div(problem.k, kKC) *
@@ -80,19 +87,21 @@ struct Workspace {
 /// chunk size (the last chunk may be smaller), keyed by rows; problem(rows) gives its shape.
 template <class MakeProblem>
 std::map<index_t, std::unique_ptr<Workspace>> chunk_workspaces(index_t chunk, index_t total,
-                                                               int threads, MakeProblem problem) {
+                                                               int threads, MakeProblem problem,
+                                                               bool pack_a = kPackA) {
   std::map<index_t, std::unique_ptr<Workspace>> by_rows;
   for (index_t rows : {chunk, total % chunk})
     if (rows > 0 && !by_rows.count(rows))
-      by_rows.emplace(rows, std::make_unique<Workspace>(problem(rows), threads));
+      by_rows.emplace(rows, std::make_unique<Workspace>(problem(rows), threads, pack_a));
   return by_rows;
 }
 
 /// The A block (ic, pc) of `mc` x `kc` as the macro-kernel reads it. With
 /// packing, panels [panel_begin, panel_end) are packed by this caller.
+template <bool PackA>
 inline ABlock a_block(const Problem& p, index_t ic, index_t pc, index_t mc, index_t kc,
                       float* packed, float* tail, index_t panel_begin, index_t panel_end) {
-  if constexpr (kPackA) {
+  if constexpr (PackA) {
     const StridedView<InputT> a{p.a.at(ic, pc), p.a.row_stride, p.a.col_stride};
     for (index_t panel = panel_begin; panel < panel_end; ++panel) pack_a_panel<kMR>(a, mc, kc, panel, packed);
     return {packed, 0, 0, nullptr};
@@ -128,6 +137,7 @@ inline index_t claim_guided(std::atomic<index_t>& next, index_t count, index_t m
 /// A blocks of up to MC rows that shrink towards the range's end; a thread that finishes
 /// early takes the rest of another's range, so a slower core does not hold up the block.
 struct ParallelM {
+  template <bool PackA>
   static void run(const Problem& p, Workspace& ws) {
     ws.reset_claims();
 #pragma omp parallel num_threads(ws.threads)
@@ -152,9 +162,9 @@ struct ParallelM {
                                 own_end - own_begin;) {
               const index_t ic = (own_begin + first) * kMR;
               const index_t mc = std::min(claimed * kMR, p.m - ic);
-              const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
-                                       kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
-              macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, 0,
+              const ABlock a = a_block<PackA>(p, ic, pc, mc, kc, PackA ? ws.a_pack.slice(tid) : nullptr,
+                                       PackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
+              macrokernel<PackA>(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, 0,
                           ceil_div(nc, kNR));
             }
           }
@@ -168,6 +178,7 @@ struct ParallelM {
 
 /// "n": threads share each A and B block and claim its NR panels in groups.
 struct ParallelN {
+  template <bool PackA>
   static void run(const Problem& p, Workspace& ws) {
     ws.reset_claims();
 #pragma omp parallel num_threads(ws.threads)
@@ -188,11 +199,11 @@ struct ParallelN {
           for (index_t ic = 0; ic < p.m; ic += kMC, ++block) {
             const index_t mc = std::min(kMC, p.m - ic);
             index_t a_begin = 0, a_end = 0;
-            if (kPackA) split_range(ceil_div(mc, kMR), nt, tid, a_begin, a_end);
-            const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(0) : nullptr,
-                                     kPackA ? nullptr : ws.a_tail.slice(tid), a_begin, a_end);
+            if (PackA) split_range(ceil_div(mc, kMR), nt, tid, a_begin, a_end);
+            const ABlock a = a_block<PackA>(p, ic, pc, mc, kc, PackA ? ws.a_pack.slice(0) : nullptr,
+                                     PackA ? nullptr : ws.a_tail.slice(tid), a_begin, a_end);
             // Everyone's share of the shared A block must be packed before use.
-            if (kPackA) {
+            if (PackA) {
 #pragma omp barrier
             }
             // Each thread first takes the panels it packed (they are in its L2), then helps
@@ -204,7 +215,7 @@ struct ParallelN {
               std::atomic<index_t>& claim = ws.claims[block * nt + owner];
               for (index_t first = own_begin + claim.fetch_add(group); first < own_end;
                    first = own_begin + claim.fetch_add(group))
-                macrokernel(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, first,
+                macrokernel<PackA>(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, first,
                             std::min(first + group, own_end));
             }
             // The shared A block (or B block, after the last ic) is overwritten next.
@@ -218,6 +229,7 @@ struct ParallelN {
 
 /// "k": split-K into per-thread partial C, then a parallel reduction.
 struct ParallelK {
+  template <bool PackA>
   static void run(const Problem& p, Workspace& ws) {
 #pragma omp parallel num_threads(ws.threads)
     {
@@ -238,9 +250,9 @@ struct ParallelK {
           pack_b_panels<kNR>(b, kc, nc, 0, ceil_div(nc, kNR), b_packed);
           for (index_t ic = 0; ic < p.m; ic += kMC) {
             const index_t mc = std::min(kMC, p.m - ic);
-            const ABlock a = a_block(p, ic, pc, mc, kc, kPackA ? ws.a_pack.slice(tid) : nullptr,
-                                     kPackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
-            macrokernel(mc, nc, kc, a, b_packed, c + ic * ldc + jc, ldc, pc > k_begin, 0,
+            const ABlock a = a_block<PackA>(p, ic, pc, mc, kc, PackA ? ws.a_pack.slice(tid) : nullptr,
+                                     PackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
+            macrokernel<PackA>(mc, nc, kc, a, b_packed, c + ic * ldc + jc, ldc, pc > k_begin, 0,
                         ceil_div(nc, kNR));
           }
         }
@@ -270,8 +282,10 @@ inline void gemm(const Problem& problem, Workspace& workspace) {
   skinny::Task task;
   if (skinny::task_of(problem, task))
     skinny::run(task, workspace.skinny, workspace.threads);
-  else
-    Scheme::run(problem, workspace);
+  else if (workspace.pack_a)
+    Scheme::template run<true>(problem, workspace);
+  else if constexpr (std::is_same_v<InputT, float>)   // bf16 is widened while packing
+    Scheme::template run<false>(problem, workspace);
 }
 
 }  // namespace tc::gemm
