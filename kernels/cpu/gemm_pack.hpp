@@ -70,8 +70,9 @@ inline void pack_lanes_contiguous(index_t len, index_t width, const T* src, inde
 /// The last 1-7 lanes (an MR of 6, or 14 on AVX-512) go first, with whole-vector stores:
 /// each spills past its step's row into the next steps' first lanes, which later stores
 /// write (the next steps', or the full 8-lane blocks after). Stores that would reach past
-/// the panel are masked to their own row, so nothing lands outside it. Masked stores everywhere cost AMD
-/// cores several cycles each: a third of the A-packing time on the AVX2 EPYC.
+/// the panel are masked to their own row, so nothing lands outside it. (A masked store
+/// costs an AMD core several cycles: masked stores everywhere took half the A-packing time
+/// on the AVX2 EPYC.)
 template <int W, class T>
 inline void pack_steps_contiguous(index_t len, index_t width, const T* src, index_t lane_stride,
                                   float* __restrict dst) {

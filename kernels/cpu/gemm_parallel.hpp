@@ -48,7 +48,7 @@ struct Workspace {
   bool pack_a;             // A packed into MR-row panels, or read in place (fp32 only)
   SlicedBuffer b_pack;     // kc x round_up(nc, NR); one per thread for "k", else shared
   SlicedBuffer a_pack;     // round_up(mc, MR) x kc; shared for "n", else one per thread
-  SlicedBuffer a_tail;     // MR x kc per thread (TC_PACK_A=0 edge rows)
+  SlicedBuffer a_tail;     // MR x kc per thread (A in place: its edge rows)
   SlicedBuffer c_partial;  // m x n per thread but the first ("k" only)
   skinny::Scratch skinny;  // GEMV-class problems (gemm_skinny.hpp) need only this
   // Claim counters, zeroed by each call, one per block and owning thread: "m" the row
@@ -163,9 +163,9 @@ struct ParallelM {
               const index_t ic = (own_begin + first) * kMR;
               const index_t mc = std::min(claimed * kMR, p.m - ic);
               const ABlock a = a_block<PackA>(p, ic, pc, mc, kc, PackA ? ws.a_pack.slice(tid) : nullptr,
-                                       PackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
+                                              PackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
               macrokernel<PackA>(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, 0,
-                          ceil_div(nc, kNR));
+                                 ceil_div(nc, kNR));
             }
           }
           // The B block is repacked next iteration: wait until all threads are done with it.
@@ -201,7 +201,7 @@ struct ParallelN {
             index_t a_begin = 0, a_end = 0;
             if (PackA) split_range(ceil_div(mc, kMR), nt, tid, a_begin, a_end);
             const ABlock a = a_block<PackA>(p, ic, pc, mc, kc, PackA ? ws.a_pack.slice(0) : nullptr,
-                                     PackA ? nullptr : ws.a_tail.slice(tid), a_begin, a_end);
+                                            PackA ? nullptr : ws.a_tail.slice(tid), a_begin, a_end);
             // Everyone's share of the shared A block must be packed before use.
             if (PackA) {
 #pragma omp barrier
@@ -215,8 +215,8 @@ struct ParallelN {
               std::atomic<index_t>& claim = ws.claims[block * nt + owner];
               for (index_t first = own_begin + claim.fetch_add(group); first < own_end;
                    first = own_begin + claim.fetch_add(group))
-                macrokernel<PackA>(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0, first,
-                            std::min(first + group, own_end));
+                macrokernel<PackA>(mc, nc, kc, a, b_packed, p.c + ic * p.ldc + jc, p.ldc, pc > 0,
+                                   first, std::min(first + group, own_end));
             }
             // The shared A block (or B block, after the last ic) is overwritten next.
 #pragma omp barrier
@@ -251,9 +251,9 @@ struct ParallelK {
           for (index_t ic = 0; ic < p.m; ic += kMC) {
             const index_t mc = std::min(kMC, p.m - ic);
             const ABlock a = a_block<PackA>(p, ic, pc, mc, kc, PackA ? ws.a_pack.slice(tid) : nullptr,
-                                     PackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
+                                            PackA ? nullptr : ws.a_tail.slice(tid), 0, ceil_div(mc, kMR));
             macrokernel<PackA>(mc, nc, kc, a, b_packed, c + ic * ldc + jc, ldc, pc > k_begin, 0,
-                        ceil_div(nc, kNR));
+                               ceil_div(nc, kNR));
           }
         }
       }
