@@ -199,11 +199,11 @@ struct ParallelN {
           for (index_t ic = 0; ic < p.m; ic += kMC, ++block) {
             const index_t mc = std::min(kMC, p.m - ic);
             index_t a_begin = 0, a_end = 0;
-            if (PackA) split_range(ceil_div(mc, kMR), nt, tid, a_begin, a_end);
+            if constexpr (PackA) split_range(ceil_div(mc, kMR), nt, tid, a_begin, a_end);
             const ABlock a = a_block<PackA>(p, ic, pc, mc, kc, PackA ? ws.a_pack.slice(0) : nullptr,
                                             PackA ? nullptr : ws.a_tail.slice(tid), a_begin, a_end);
             // Everyone's share of the shared A block must be packed before use.
-            if (PackA) {
+            if constexpr (PackA) {
 #pragma omp barrier
             }
             // Each thread first takes the panels it packed (they are in its L2), then helps
