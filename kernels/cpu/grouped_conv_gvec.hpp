@@ -57,6 +57,9 @@ constexpr int kChains = 2;
 constexpr int kMaxNV = 4;
 /// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
 constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
+// Depthwise reads its source in place on AVX2 builds only (see GroupVectorConv::in_place_):
+// the AVX-512 build keeps the padded copy until it is measured there.
+constexpr int kDepthwiseRows = 0;
 /// bwd_weight's (tap, channel) pairs a unit: pairs x NV (x 2 pixel chains at NV = 1)
 /// accumulators + NV dout rows + a broadcast fit.
 constexpr int pairs_for(int nv) { return nv == 1 ? 8 : nv == 2 ? 6 : 4; }
@@ -95,6 +98,9 @@ constexpr int kChains = 1;  // 16 ymm hold no second set
 constexpr int kMaxNV = 2;
 // 6 pixels (12 accumulators) for one source channel a step measured 0.72-0.75x: kMR for all
 constexpr int rows_for(int nv) { return nv == 1 ? kMR : 2; }
+// Depthwise in place (GroupVectorConv::in_place_): pixels a tile, 2 x 6 accumulators and a
+// tap's weight row (2 ymm)
+constexpr int kDepthwiseRows = 6;
 constexpr int pairs_for(int nv) { return nv == 1 ? 4 : 2; }
 struct Row {
   __m256 lo, hi;
@@ -235,7 +241,18 @@ class GroupVectorConv {
     } else {
       plan_phases();
     }
-    relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
+    // Depthwise at one phase reads its source in place: no copy (see depthwise_block)
+    in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight && gv_ == L && src_ch_ == 1 &&
+                s_.g % L == 0 && phases_.size() == 1 && phases_.front().whole;
+    if (in_place_)
+      for (index_t t = 0; t < s_.taps(); ++t) {
+        Pixel f = split_tap(t, s_.filt);
+        if (!fwd) f = {0, s_.filt[0] - 1 - f.d, s_.filt[1] - 1 - f.h, s_.filt[2] - 1 - f.w};
+        const index_t fs[3] = {f.d, f.h, f.w};
+        for (int dim = 0; dim < 3; ++dim) tap_at_[dim].push_back(fs[dim] * s_.dil[dim] - lead_[dim]);
+      }
+    else
+      relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
     // forward, bwd_data: the packed weight; bwd_weight: dout, [pixel][column block][lane]
     packed_ = FloatBuffer(Dir == kBwdWeight ? s_.n * dst_pixels_ * col_blocks_ * nv_ * L
                                             : col_blocks_ * s_.taps() * src_ch_ * nv_ * L);
@@ -292,8 +309,15 @@ class GroupVectorConv {
 #pragma omp parallel num_threads(threads_)
     {
       pack_weight();
-      relayout<Gv>();
+      if (!in_place_) relayout<Gv>();
+      std::vector<index_t> scratch(in_place_ ? 4 * s_.taps() : 0);  // depthwise_block's tap lists
 #pragma omp barrier
+      auto run_block = [&](index_t b, const Phase& phase, index_t m_begin, index_t m_end) {
+        const index_t cb_begin = b * per_block, cb_end = std::min(col_blocks_, (b + 1) * per_block);
+        if constexpr (Gv == L && gvec::kDepthwiseRows > 0)
+          if (in_place_) return depthwise_block(out, cb_begin, cb_end, m_begin, m_end, scratch.data());
+        block<Gv, SB, NV, MR>(out, src, cb_begin, cb_end, phase, m_begin, m_end);
+      };
       // phases write disjoint destination pixels: no barrier between them
       for (const Phase& phase : phases_) {
         const index_t image = phase.dims[0] * phase.dims[1] * phase.dims[2], rows = s_.n * image;
@@ -302,16 +326,12 @@ class GroupVectorConv {
           for (index_t b = 0; b < blocks; ++b) {
 #pragma omp for schedule(static) nowait
             for (index_t mb = 0; mb < m_blocks; ++mb)
-              block<Gv, SB, NV, MR>(out, src, b * per_block, std::min(col_blocks_, (b + 1) * per_block),
-                                    phase, mb * kBM, std::min(rows, (mb + 1) * kBM));
+              run_block(b, phase, mb * kBM, std::min(rows, (mb + 1) * kBM));
           }
         } else {
 #pragma omp for schedule(dynamic, 1) nowait
-          for (index_t unit = 0; unit < blocks * s_.n; ++unit) {
-            const index_t b = unit / s_.n, n = unit % s_.n;
-            block<Gv, SB, NV, MR>(out, src, b * per_block, std::min(col_blocks_, (b + 1) * per_block),
-                                  phase, n * image, (n + 1) * image);
-          }
+          for (index_t unit = 0; unit < blocks * s_.n; ++unit)
+            run_block(unit / s_.n, phase, unit % s_.n * image, (unit % s_.n + 1) * image);
         }
       }
     }
@@ -503,6 +523,84 @@ class GroupVectorConv {
     }
   }
 
+  /// Depthwise in place (in_place_): destination pixels [m_begin, m_end) x column blocks
+  /// [cb_begin, cb_end), a line (n, d, h) at a time, reading the source where it lies. A
+  /// line's taps are those whose (d, h) source row is inside the image (a padding row adds
+  /// nothing); the pixels whose every such tap reads inside along w go kDepthwiseRows at a
+  /// time, the few others (the padding's width at each end) one at a time with the taps they
+  /// read. `scratch` holds 4 x taps.
+  void depthwise_block(float* out, index_t cb_begin, index_t cb_end, index_t m_begin, index_t m_end,
+                       index_t* scratch) const {
+    constexpr int MR = gvec::kDepthwiseRows;
+    const index_t taps = s_.taps(), G = s_.g, stride = s_.stride[2], width = src_dims_[2];
+    const index_t step = stride * G;  // floats between the sources of neighbouring pixels
+    index_t* line_off = scratch;      // a kept tap's source from the line's, in floats
+    index_t* line_tap = scratch + taps;
+    index_t* pixel_off = scratch + 2 * taps;
+    index_t* pixel_tap = scratch + 3 * taps;
+    Pixel p = split_pixel(m_begin, dst_dims_);
+    for (index_t m = m_begin; m < m_end;) {
+      const index_t begin = p.w, end = p.w + std::min(dst_dims_[2] - p.w, m_end - m);
+      index_t kept = 0, lo = begin, hi = end;
+      for (index_t t = 0; t < taps; ++t) {
+        const index_t sd = p.d * s_.stride[0] + tap_at_[0][t], sh = p.h * s_.stride[1] + tap_at_[1][t];
+        if (sd < 0 || sd >= src_dims_[0] || sh < 0 || sh >= src_dims_[1]) continue;
+        const index_t aw = tap_at_[2][t];
+        line_off[kept] = ((sd * src_dims_[1] + sh) * width + aw) * G;
+        line_tap[kept++] = t;
+        if (aw < 0) lo = std::max(lo, ceil_div(-aw, stride));           // w stride + aw >= 0
+        if (aw > width - 1) hi = begin;                                   // never inside
+        else hi = std::min(hi, (width - 1 - aw) / stride + 1);            // w stride + aw < width
+      }
+      lo = std::min(lo, end);
+      hi = std::max(hi, lo);
+      const float* image = src_ + p.n * src_pixels_ * G;
+      float* line_dst = out + (m - p.w) * G;
+      for (index_t cb = cb_begin; cb < cb_end; ++cb) {
+        const float* weights = packed_.get() + cb * taps * L;
+        const float* origin = image + cb * L;
+        float* dst = line_dst + cb * L;
+        auto edge = [&](index_t w) {
+          index_t count = 0;
+          for (index_t k = 0; k < kept; ++k) {
+            const index_t sw = w * stride + tap_at_[2][line_tap[k]];
+            if (sw < 0 || sw >= width) continue;
+            pixel_off[count] = line_off[k];
+            pixel_tap[count++] = line_tap[k];
+          }
+          depthwise_tile<1>(origin + w * step, step, pixel_off, pixel_tap, count, weights, dst + w * G, G);
+        };
+        index_t w = begin;
+        for (; w < lo; ++w) edge(w);
+        for (; w + MR <= hi; w += MR)
+          depthwise_tile<MR>(origin + w * step, step, line_off, line_tap, kept, weights, dst + w * G, G);
+        for (; w < hi; ++w)
+          depthwise_tile<1>(origin + w * step, step, line_off, line_tap, kept, weights, dst + w * G, G);
+        for (; w < end; ++w) edge(w);
+      }
+      advance(p, end - begin, dst_dims_);
+      m += end - begin;
+    }
+  }
+
+  /// R destination pixels `dst_step` floats apart, from sources `step` floats apart from `at`:
+  /// the sum over `count` taps of the source at off[k] times tap tap[k]'s weight row.
+  template <int R>
+  static TC_INLINE void depthwise_tile(const float* at, index_t step, const index_t* off, const index_t* tap,
+                                       index_t count, const float* weights, float* dst, index_t dst_step) {
+    Row acc[R];
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) acc[i] = Row::zero();
+    for (index_t k = 0; k < count; ++k) {
+      const float* from = at + off[k];
+      const Row w = Row::load(weights + tap[k] * L);
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) acc[i].fma(Row::load(from + i * step), w);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) acc[i].store(dst + i * dst_step);
+  }
+
   /// bwd_data's phases (see Phase), and the padding of dout that keeps every tap of every
   /// pixel inside the copy: below, the most any tap reaches before row 0; above, past the end.
   void plan_phases() {
@@ -680,6 +778,11 @@ class GroupVectorConv {
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
   std::vector<index_t> lane_channel_;
   std::vector<Phase> phases_;
+  // depthwise at one phase (forward, or bwd_data at stride 1) with G a multiple of 16 reads
+  // its source in place; tap_at_[dim][t]: the source coordinate of tap t for destination
+  // coordinate 0 (its stride times the coordinate added)
+  bool in_place_ = false;
+  std::vector<index_t> tap_at_[3];
   FloatBuffer relaid_, packed_;
 };
 
