@@ -574,13 +574,24 @@ class GroupVectorConv {
         for (; w < lo; ++w) edge(w);
         for (; w + MR <= hi; w += MR)
           depthwise_tile<MR>(origin + w * step, step, line_off, line_tap, kept, weights, dst + w * G, G);
-        for (; w < hi; ++w)
-          depthwise_tile<1>(origin + w * step, step, line_off, line_tap, kept, weights, dst + w * G, G);
-        for (; w < end; ++w) edge(w);
+        if (w < hi)
+          depthwise_rest<MR - 1>(hi - w, origin + w * step, step, line_off, line_tap, kept, weights,
+                                 dst + w * G, G);
+        for (w = hi; w < end; ++w) edge(w);
       }
       advance(p, end - begin, dst_dims_);
       m += end - begin;
     }
+  }
+
+  /// depthwise_tile of `rows` < R + 1 pixels, one tile.
+  template <int R>
+  static TC_INLINE void depthwise_rest(index_t rows, const float* at, index_t step, const index_t* off,
+                                       const index_t* tap, index_t count, const float* weights, float* dst,
+                                       index_t dst_step) {
+    if constexpr (R > 1)
+      if (rows < R) return depthwise_rest<R - 1>(rows, at, step, off, tap, count, weights, dst, dst_step);
+    depthwise_tile<R>(at, step, off, tap, count, weights, dst, dst_step);
   }
 
   /// R destination pixels `dst_step` floats apart, from sources `step` floats apart from `at`:
