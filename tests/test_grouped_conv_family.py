@@ -399,15 +399,15 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(N=2, G=2, C=6, K=5, Hi=9, Wi=9, Y=3, X=3, pad_h=6, pad_w=6,
                           dilation_h=6, dilation_w=6),
                      dict(C=2, K=3, Hi=4, Wi=30, Y=3, X=3, pad_h=3, pad_w=1),
-                     # gvec's depthwise in place (G a multiple of 16, one phase): lines of
+                     # gvec's depthwise in place (one phase; G = 12 above too): lines of
                      # 6-pixel tiles, a partial tile and edge pixels, two column blocks, lines
                      # split between blocks; a stride, a dilation and pads of 1-2; a filter
                      # wider than the row (edge pixels only); bwd_data at stride 1 with
-                     # reversed taps
+                     # reversed taps and a last column block of 4 groups
                      dict(N=2, G=32, C=1, K=1, Hi=9, Wi=13, Y=3, X=3, pad_h=1, pad_w=1),
                      dict(G=16, C=1, K=1, Hi=11, Wi=17, Y=5, X=3, stride_h=2, stride_w=2, pad_h=2,
                           pad_w=1, dilation_w=2),
-                     dict(G=16, C=1, K=1, Hi=8, Wi=20, Y=3, X=5, pad_h=1, pad_w=2, dilation_h=2),
+                     dict(G=20, C=1, K=1, Hi=8, Wi=20, Y=3, X=5, pad_h=1, pad_w=2, dilation_h=2),
                      dict(G=16, C=1, K=1, Hi=5, Wi=3, Y=1, X=5, pad_w=2)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),

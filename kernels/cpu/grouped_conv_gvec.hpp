@@ -74,6 +74,10 @@ struct Row {
   TC_INLINE void add(Row other) { v = _mm512_add_ps(v, other.v); }
   static TC_INLINE Row zero() { return {_mm512_setzero_ps()}; }
   static TC_INLINE Row load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  /// Lanes [0, n) from p (all when n >= 16), zeros past them; nothing past them is read.
+  static TC_INLINE Row load_first(const float* p, index_t n) {
+    return {_mm512_maskz_loadu_ps(n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), p)};
+  }
   TC_INLINE void fma(Row a, Row b) { v = _mm512_fmadd_ps(a.v, b.v, v); }
   TC_INLINE void store(float* p) const { _mm512_storeu_ps(p, v); }
   /// Gv consecutive floats at p, repeated over the 16 lanes.
@@ -139,6 +143,12 @@ struct Row {
   }
   static TC_INLINE Row zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static TC_INLINE Row load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  /// Lanes [0, n) from p (all when n >= 16), zeros past them; nothing past them is read.
+  static TC_INLINE Row load_first(const float* p, index_t n) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return {_mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), lanes)),
+            _mm256_maskload_ps(p + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n) - 8), lanes))};
+  }
   TC_INLINE void fma(Row a, Row b) {
     lo = _mm256_fmadd_ps(a.lo, b.lo, lo);
     hi = _mm256_fmadd_ps(a.hi, b.hi, hi);
@@ -243,7 +253,7 @@ class GroupVectorConv {
     }
     // Depthwise at one phase reads its source in place: no copy (see depthwise_block)
     in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight && gv_ == L && src_ch_ == 1 &&
-                s_.g % L == 0 && phases_.size() == 1 && phases_.front().whole;
+                phases_.size() == 1 && phases_.front().whole;
     if (in_place_)
       for (index_t t = 0; t < s_.taps(); ++t) {
         Pixel f = split_tap(t, s_.filt);
@@ -531,13 +541,10 @@ class GroupVectorConv {
   /// read. `scratch` holds 4 x taps.
   void depthwise_block(float* out, index_t cb_begin, index_t cb_end, index_t m_begin, index_t m_end,
                        index_t* scratch) const {
-    constexpr int MR = gvec::kDepthwiseRows;
     const index_t taps = s_.taps(), G = s_.g, stride = s_.stride[2], width = src_dims_[2];
     const index_t step = stride * G;  // floats between the sources of neighbouring pixels
     index_t* line_off = scratch;      // a kept tap's source from the line's, in floats
     index_t* line_tap = scratch + taps;
-    index_t* pixel_off = scratch + 2 * taps;
-    index_t* pixel_tap = scratch + 3 * taps;
     Pixel p = split_pixel(m_begin, dst_dims_);
     for (index_t m = m_begin; m < m_end;) {
       const index_t begin = p.w, end = p.w + std::min(dst_dims_[2] - p.w, m_end - m);
@@ -557,59 +564,87 @@ class GroupVectorConv {
       const float* image = src_ + p.n * src_pixels_ * G;
       float* line_dst = out + (m - p.w) * G;
       for (index_t cb = cb_begin; cb < cb_end; ++cb) {
-        const float* weights = packed_.get() + cb * taps * L;
-        const float* origin = image + cb * L;
-        float* dst = line_dst + cb * L;
-        auto edge = [&](index_t w) {
-          index_t count = 0;
-          for (index_t k = 0; k < kept; ++k) {
-            const index_t sw = w * stride + tap_at_[2][line_tap[k]];
-            if (sw < 0 || sw >= width) continue;
-            pixel_off[count] = line_off[k];
-            pixel_tap[count++] = line_tap[k];
-          }
-          depthwise_tile<1>(origin + w * step, step, pixel_off, pixel_tap, count, weights, dst + w * G, G);
-        };
-        index_t w = begin;
-        for (; w < lo; ++w) edge(w);
-        for (; w + MR <= hi; w += MR)
-          depthwise_tile<MR>(origin + w * step, step, line_off, line_tap, kept, weights, dst + w * G, G);
-        if (w < hi)
-          depthwise_rest<MR - 1>(hi - w, origin + w * step, step, line_off, line_tap, kept, weights,
-                                 dst + w * G, G);
-        for (w = hi; w < end; ++w) edge(w);
+        // the last column block of a G that 16 does not divide reads and writes its lanes below G
+        const DepthwiseLine line{image + cb * L, step, packed_.get() + cb * taps * L, line_dst + cb * L, G,
+                                 std::min<index_t>(L, G - cb * L)};
+        if (line.lanes == L) depthwise_line<false>(line, begin, lo, hi, end, kept, scratch);
+        else depthwise_line<true>(line, begin, lo, hi, end, kept, scratch);
       }
       advance(p, end - begin, dst_dims_);
       m += end - begin;
     }
   }
 
-  /// depthwise_tile of `rows` < R + 1 pixels, one tile.
-  template <int R>
-  static TC_INLINE void depthwise_rest(index_t rows, const float* at, index_t step, const index_t* off,
-                                       const index_t* tap, index_t count, const float* weights, float* dst,
-                                       index_t dst_step) {
-    if constexpr (R > 1)
-      if (rows < R) return depthwise_rest<R - 1>(rows, at, step, off, tap, count, weights, dst, dst_step);
-    depthwise_tile<R>(at, step, off, tap, count, weights, dst, dst_step);
+  /// One line of one column block for depthwise_block.
+  struct DepthwiseLine {
+    const float* origin;   // the source of the line's pixel 0 (where its tap offsets count from)
+    index_t step;          // floats between the sources of neighbouring pixels
+    const float* weights;  // the column block's packed weight, [tap][lane]
+    float* dst;            // the line's pixel 0 in the destination
+    index_t dst_step;      // floats between destination pixels
+    index_t lanes;         // of 16 that are groups (the rest past G: not read, not written)
+  };
+
+  /// Pixels [begin, end) of a line whose kept taps (scratch: offsets, then tap indices) all
+  /// read inside for pixels [lo, hi): those in tiles, the others with the taps they read.
+  template <bool Partial>
+  void depthwise_line(const DepthwiseLine& line, index_t begin, index_t lo, index_t hi, index_t end,
+                      index_t kept, index_t* scratch) const {
+    constexpr int MR = gvec::kDepthwiseRows;
+    const index_t taps = s_.taps(), stride = s_.stride[2], width = src_dims_[2];
+    const index_t* line_off = scratch;
+    const index_t* line_tap = scratch + taps;
+    index_t* pixel_off = scratch + 2 * taps;
+    index_t* pixel_tap = scratch + 3 * taps;
+    auto edge = [&](index_t w) {
+      index_t count = 0;
+      for (index_t k = 0; k < kept; ++k) {
+        const index_t sw = w * stride + tap_at_[2][line_tap[k]];
+        if (sw < 0 || sw >= width) continue;
+        pixel_off[count] = line_off[k];
+        pixel_tap[count++] = line_tap[k];
+      }
+      depthwise_tile<1, Partial>(line, w, pixel_off, pixel_tap, count);
+    };
+    index_t w = begin;
+    for (; w < lo; ++w) edge(w);
+    for (; w + MR <= hi; w += MR) depthwise_tile<MR, Partial>(line, w, line_off, line_tap, kept);
+    if (w < hi) depthwise_rest<MR - 1, Partial>(hi - w, line, w, line_off, line_tap, kept);
+    for (w = hi; w < end; ++w) edge(w);
   }
 
-  /// R destination pixels `dst_step` floats apart, from sources `step` floats apart from `at`:
-  /// the sum over `count` taps of the source at off[k] times tap tap[k]'s weight row.
-  template <int R>
-  static TC_INLINE void depthwise_tile(const float* at, index_t step, const index_t* off, const index_t* tap,
-                                       index_t count, const float* weights, float* dst, index_t dst_step) {
+  /// depthwise_tile of `rows` < R + 1 pixels, one tile.
+  template <int R, bool Partial>
+  static TC_INLINE void depthwise_rest(index_t rows, const DepthwiseLine& line, index_t w, const index_t* off,
+                                       const index_t* tap, index_t count) {
+    if constexpr (R > 1)
+      if (rows < R) return depthwise_rest<R - 1, Partial>(rows, line, w, off, tap, count);
+    depthwise_tile<R, Partial>(line, w, off, tap, count);
+  }
+
+  /// Pixels [w, w + R) of a line: the sum over `count` taps of the source at off[k] times tap
+  /// tap[k]'s weight row.
+  template <int R, bool Partial>
+  static TC_INLINE void depthwise_tile(const DepthwiseLine& line, index_t w, const index_t* off,
+                                       const index_t* tap, index_t count) {
+    const float* at = line.origin + w * line.step;
+    const index_t step = line.step, lanes = line.lanes;
     Row acc[R];
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) acc[i] = Row::zero();
     for (index_t k = 0; k < count; ++k) {
       const float* from = at + off[k];
-      const Row w = Row::load(weights + tap[k] * L);
+      const Row weight = Row::load(line.weights + tap[k] * L);
 #pragma GCC unroll 16
-      for (int i = 0; i < R; ++i) acc[i].fma(Row::load(from + i * step), w);
+      for (int i = 0; i < R; ++i)
+        acc[i].fma(Partial ? Row::load_first(from + i * step, lanes) : Row::load(from + i * step), weight);
     }
+    float* dst = line.dst + w * line.dst_step;
 #pragma GCC unroll 16
-    for (int i = 0; i < R; ++i) acc[i].store(dst + i * dst_step);
+    for (int i = 0; i < R; ++i) {
+      if constexpr (Partial) acc[i].store_first(dst + i * line.dst_step, lanes, false);
+      else acc[i].store(dst + i * line.dst_step);
+    }
   }
 
   /// bwd_data's phases (see Phase), and the padding of dout that keeps every tap of every
@@ -789,8 +824,7 @@ class GroupVectorConv {
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
   std::vector<index_t> lane_channel_;
   std::vector<Phase> phases_;
-  // depthwise at one phase (forward, or bwd_data at stride 1) with G a multiple of 16 reads
-  // its source in place; tap_at_[dim][t]: the source coordinate of tap t for destination
+  // depthwise at one phase (forward, or bwd_data at stride 1) reads its source in place; tap_at_[dim][t]: the source coordinate of tap t for destination
   // coordinate 0 (its stride times the coordinate added)
   bool in_place_ = false;
   std::vector<index_t> tap_at_[3];
