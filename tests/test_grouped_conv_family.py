@@ -400,7 +400,7 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                           dilation_h=6, dilation_w=6),
                      dict(C=2, K=3, Hi=4, Wi=30, Y=3, X=3, pad_h=3, pad_w=1),
                      # gvec's depthwise in place (one phase; G = 12 above too): lines of
-                     # 6-pixel tiles, a partial tile and edge pixels, two column blocks, lines
+                     # 7-pixel tiles, a partial tile and edge pixels, two column blocks, lines
                      # split between blocks; a stride, a dilation and pads of 1-2; a filter
                      # wider than the row (edge pixels only); bwd_data at stride 1 with
                      # reversed taps and a last column block of 4 groups
