@@ -11,7 +11,8 @@
 // S = B^T, T = A^T, out = C^T. T is read one of two ways:
 //   rows  T's rows contiguous (t_cs == 1): kRowsDepth rows of T stream side by side along a
 //         chunk of columns, each step one broadcast of S(r, p) per row of S (axpys) in the
-//         variant's vectors (zmm or ymm), the chunk's sums kept in L1-L2 between sweeps;
+//         variant's vectors (zmm or ymm), the chunk's sums kept in L1-L2 between sweeps; 8
+//         rows in ymm transposed: a broadcast of T(p, c) per column against S's column;
 //   cols  T's columns contiguous (t_rs == 1): R x CB dot products down CB columns at once,
 //         S's rows read as vectors (packed first when they are strided). Up to kDotsMax rows
 //         (R > kSkinnyMax: dots_range) when the dots are at least kDotsMinDepth long: a few
@@ -140,6 +141,61 @@ TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, inde
     for (int j = 0; j < NV; ++j) V::store_aligned(&sums[r][c + kRowW * j], acc[r][j]);
 }
 
+/// rows form of 8 rows in ymm, transposed, one block of NC columns: sums[c:c+NC][0:8] +=
+/// (S[:, p0:p1] * T[p0:p1, cb+c : cb+c+NC])^T, a column's 8 rows in one ymm of sums. Each
+/// step broadcasts NC elements of T's row against S's column (st[p - p0]): NC chains of
+/// FMAs, where the rows form's two bands (6 rows, then 2) left the second band 4 chains and
+/// re-read T. No prefetch: fetching the next group of rows into L2 read 0.8x past the LLC.
+template <int NC>
+TC_INLINE void rows_block_t(const Task& t, float (*sums)[8], const float (*st)[8], index_t cb, index_t c,
+                            index_t p0, index_t p1) {
+  __m256 acc[NC];
+  for (int j = 0; j < NC; ++j) acc[j] = _mm256_load_ps(sums[c + j]);
+  const float* tp = t.t + p0 * t.t_rs + cb + c;
+  for (index_t p = p0; p < p1; ++p, tp += t.t_rs) {
+    const __m256 column = _mm256_load_ps(st[p - p0]);
+    for (int j = 0; j < NC; ++j) acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(tp + j), column, acc[j]);
+  }
+  for (int j = 0; j < NC; ++j) _mm256_store_ps(sums[c + j], acc[j]);
+}
+
+/// rows_block_t over `cols` < NC + 1 columns, one block.
+template <int NC>
+TC_INLINE void rows_rest_t(index_t cols, const Task& t, float (*sums)[8], const float (*st)[8], index_t cb,
+                           index_t c, index_t p0, index_t p1) {
+  if constexpr (NC > 1)
+    if (cols < NC) return rows_rest_t<NC - 1>(cols, t, sums, st, cb, c, p0, p1);
+  rows_block_t<NC>(t, sums, st, cb, c, p0, p1);
+}
+
+/// rows form of 8 rows in ymm (see rows_block_t): out[0:8, c0:c1] over K steps [p0, p1), as
+/// rows_range, with the chunk's sums [column][row] and each group's 8 columns of S copied to
+/// st first. 8x6144x6144 on the AVX2 EPYC, 2 threads: 1.22x the two bands (split-K), 1.36x
+/// (m-split); 8x768x3072 in the LLC 1.13-1.18x.
+template <int R>
+void rows_range_t(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out, index_t o_rs,
+                  index_t o_cs) {
+  static_assert(R == 8);
+  constexpr int NC = 14;  // 14 accumulators + S's column + a broadcast: the 16 ymm
+  constexpr index_t kChunk = kRowsSums / R;
+  alignas(64) float sums[kChunk][R];
+  alignas(64) float st[kRowsDepth][R];
+  for (index_t cb = c0; cb < c1; cb += kChunk) {
+    const index_t width = std::min(kChunk, c1 - cb);
+    const index_t whole = width / NC * NC;
+    std::fill(sums[0], sums[0] + width * R, 0.0f);
+    for (index_t p = p0; p < p1; p += kRowsDepth) {
+      const index_t pe = std::min(p + kRowsDepth, p1);
+      for (index_t q = p; q < pe; ++q)
+        for (int r = 0; r < R; ++r) st[q - p][r] = t.s[r * t.s_rs + q * t.s_cs];
+      for (index_t c = 0; c < whole; c += NC) rows_block_t<NC>(t, sums, st, cb, c, p, pe);
+      if (whole < width) rows_rest_t<NC - 1>(width - whole, t, sums, st, cb, whole, p, pe);
+    }
+    for (index_t c = 0; c < width; ++c)
+      for (int r = 0; r < R; ++r) out[r * o_rs + (cb + c) * o_cs] = sums[c][r];
+  }
+}
+
 /// rows form: out[0:R, c0:c1] over K steps [p0, p1), a chunk of columns at a time (whole
 /// 4 KiB pages of a row, kRowsSums / R floats), its sums in L1-L2 while kRowsDepth rows of T
 /// at a time stream through.
@@ -147,10 +203,11 @@ template <int R>
 void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
                 index_t o_rs, index_t o_cs) {
   // R*NV accumulators + NV row vectors + 1 broadcast within the registers (32 zmm, 16 ymm).
-  // In ymm, 7 or 8 rows would leave one vector a column block: 7-8 accumulator chains, at or
-  // under the FMA's latency times its throughput, so any late load stalls them all. They go
-  // in two bands instead, 6 rows then the rest, two vectors each; the second band re-reads
-  // the group of T's rows from L2 (8x6144x6144, 2 threads: 1.18-1.37x).
+  // In ymm, 7 rows would leave one vector a column block: 7 accumulator chains, under the
+  // FMA's latency times its throughput, so any late load stalls them all. They go in two
+  // bands instead, 6 rows then 1, two vectors each; the second band re-reads the group of
+  // T's rows from L2 (8 rows so: 1.18-1.37x at 8x6144x6144, 2 threads; 8 rows now go
+  // transposed, rows_range_t; 7 that way read 0.87x in the LLC, 1 lane of 8 idle).
   constexpr int kBand = kRowW == 8 && R > 6 ? 6 : R;
   constexpr int NV = kRowW == 16 ? (R <= 6 ? 4 : 2) : 2;
   constexpr index_t kStep = kRowW * NV;
@@ -300,10 +357,12 @@ inline void dots_range(const Task& t, const float* s, index_t s_rs, index_t c0, 
 template <int R>
 void range(const Task& t, const float* s_rows, index_t s_rs, index_t c0, index_t c1, index_t p0,
            index_t p1, float* out, index_t o_rs, index_t o_cs) {
-  if (t.t_cs == 1)
-    rows_range<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
-  else
+  if (t.t_cs == 1) {
+    if constexpr (kRowW == 8 && R == 8) rows_range_t<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
+    else rows_range<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
+  } else {
     cols_range<R>(t, s_rows, s_rs, c0, c1, p0, p1, out, o_rs, o_cs);
+  }
 }
 
 using RangeFn = void (*)(const Task&, const float*, index_t, index_t, index_t, index_t, index_t,
