@@ -57,9 +57,11 @@ constexpr int kChains = 2;
 constexpr int kMaxNV = 4;
 /// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
 constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
-// Depthwise reads its source in place on AVX2 builds only (see GroupVectorConv::in_place_):
-// the AVX-512 build keeps the padded copy until it is measured there.
+// Depthwise and one-group-a-row forward read their source in place on AVX2 builds only (see
+// GroupVectorConv::in_place_): the AVX-512 build keeps the padded copy until it is measured
+// there.
 constexpr int kDepthwiseRows = 0;
+constexpr int kChannelRows = 0;
 /// bwd_weight's (tap, channel) pairs a unit: pairs x NV (x 2 pixel chains at NV = 1)
 /// accumulators + NV dout rows + a broadcast fit.
 constexpr int pairs_for(int nv) { return nv == 1 ? 8 : nv == 2 ? 6 : 4; }
@@ -105,6 +107,9 @@ constexpr int rows_for(int nv) { return nv == 1 ? kMR : 2; }
 // Depthwise in place (GroupVectorConv::in_place_): pixels a tile, 2 x 7 accumulators and a
 // tap's weight row (2 ymm); 6 measured 0.97-0.99x, 4 0.92-0.94x
 constexpr int kDepthwiseRows = 7;
+// One group's channels in place (Gv = 1 forward): 6 pixels x 2 ymm accumulators, a
+// weight row (2 ymm) and a broadcast of the source
+constexpr int kChannelRows = 6;
 constexpr int pairs_for(int nv) { return nv == 1 ? 4 : 2; }
 struct Row {
   __m256 lo, hi;
@@ -251,9 +256,10 @@ class GroupVectorConv {
     } else {
       plan_phases();
     }
-    // Depthwise at one phase reads its source in place: no copy (see depthwise_block)
-    in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight && gv_ == L && src_ch_ == 1 &&
-                phases_.size() == 1 && phases_.front().whole;
+    // Depthwise at one phase, and forward with one group's channels a row, read the source in
+    // place: no copy (see in_place_block)
+    in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight && phases_.size() == 1 &&
+                phases_.front().whole && ((gv_ == L && src_ch_ == 1) || (Dir == kForward && gv_ == 1));
     if (in_place_)
       for (index_t t = 0; t < s_.taps(); ++t) {
         Pixel f = split_tap(t, s_.filt);
@@ -320,12 +326,12 @@ class GroupVectorConv {
     {
       pack_weight();
       if (!in_place_) relayout<Gv>();
-      std::vector<index_t> scratch(in_place_ ? 4 * s_.taps() : 0);  // depthwise_block's tap lists
+      std::vector<index_t> scratch(in_place_ ? 4 * s_.taps() : 0);  // in_place_block's tap lists
 #pragma omp barrier
       auto run_block = [&](index_t b, const Phase& phase, index_t m_begin, index_t m_end) {
         const index_t cb_begin = b * per_block, cb_end = std::min(col_blocks_, (b + 1) * per_block);
-        if constexpr (Gv == L && gvec::kDepthwiseRows > 0)
-          if (in_place_) return depthwise_block(out, cb_begin, cb_end, m_begin, m_end, scratch.data());
+        if constexpr ((Gv == L || Gv == 1) && gvec::kDepthwiseRows > 0)
+          if (in_place_) return in_place_block<Gv == 1>(out, cb_begin, cb_end, m_begin, m_end, scratch.data());
         block<Gv, SB, NV, MR>(out, src, cb_begin, cb_end, phase, m_begin, m_end);
       };
       // phases write disjoint destination pixels: no barrier between them
@@ -533,17 +539,20 @@ class GroupVectorConv {
     }
   }
 
-  /// Depthwise in place (in_place_): destination pixels [m_begin, m_end) x column blocks
-  /// [cb_begin, cb_end), a line (n, d, h) at a time, reading the source where it lies. A
-  /// line's taps are those whose (d, h) source row is inside the image (a padding row adds
-  /// nothing); the pixels whose every such tap reads inside along w go kDepthwiseRows at a
-  /// time, the few others (the padding's width at each end) one at a time with the taps they
-  /// read. `scratch` holds 4 x taps.
-  void depthwise_block(float* out, index_t cb_begin, index_t cb_end, index_t m_begin, index_t m_end,
-                       index_t* scratch) const {
-    const index_t taps = s_.taps(), G = s_.g, stride = s_.stride[2], width = src_dims_[2];
-    const index_t step = stride * G;  // floats between the sources of neighbouring pixels
-    index_t* line_off = scratch;      // a kept tap's source from the line's, in floats
+  /// In place (in_place_): destination pixels [m_begin, m_end) x column blocks [cb_begin,
+  /// cb_end), a line (n, d, h) at a time, reading the source where it lies. A line's taps are
+  /// those whose (d, h) source row is inside the image (a padding row adds nothing); the
+  /// pixels whose every such tap reads inside along w go a tile of several at a time, the few
+  /// others (the padding's width at each end) one at a time with the taps they read.
+  /// Depthwise: 16 groups a row; Channels (Gv = 1): 16 of one group's destination channels a
+  /// row, each (tap, source channel) a broadcast of the source. `scratch` holds 4 x taps.
+  template <bool Channels>
+  void in_place_block(float* out, index_t cb_begin, index_t cb_end, index_t m_begin, index_t m_end,
+                      index_t* scratch) const {
+    const index_t taps = s_.taps(), G = s_.g, S = src_ch_, D = dst_ch_, stride = s_.stride[2];
+    const index_t width = src_dims_[2], pixel = G * S;  // floats a source pixel
+    const index_t step = stride * pixel;  // floats between the sources of neighbouring pixels
+    index_t* line_off = scratch;          // a kept tap's source from the line's, in floats
     index_t* line_tap = scratch + taps;
     Pixel p = split_pixel(m_begin, dst_dims_);
     for (index_t m = m_begin; m < m_end;) {
@@ -553,7 +562,7 @@ class GroupVectorConv {
         const index_t sd = p.d * s_.stride[0] + tap_at_[0][t], sh = p.h * s_.stride[1] + tap_at_[1][t];
         if (sd < 0 || sd >= src_dims_[0] || sh < 0 || sh >= src_dims_[1]) continue;
         const index_t aw = tap_at_[2][t];
-        line_off[kept] = ((sd * src_dims_[1] + sh) * width + aw) * G;
+        line_off[kept] = ((sd * src_dims_[1] + sh) * width + aw) * pixel;
         line_tap[kept++] = t;
         if (aw < 0) lo = std::max(lo, ceil_div(-aw, stride));           // w stride + aw >= 0
         if (aw > width - 1) hi = begin;                                   // never inside
@@ -561,36 +570,51 @@ class GroupVectorConv {
       }
       lo = std::min(lo, end);
       hi = std::max(hi, lo);
-      const float* image = src_ + p.n * src_pixels_ * G;
-      float* line_dst = out + (m - p.w) * G;
+      const float* image = src_ + p.n * src_pixels_ * pixel;
+      float* line_dst = out + (m - p.w) * G * D;
       for (index_t cb = cb_begin; cb < cb_end; ++cb) {
-        // the last column block of a G that 16 does not divide reads and writes its lanes below G
-        const DepthwiseLine line{image + cb * L, step, packed_.get() + cb * taps * L, line_dst + cb * L, G,
-                                 std::min<index_t>(L, G - cb * L)};
-        if (line.lanes == L) depthwise_line<false>(line, begin, lo, hi, end, kept, scratch);
-        else depthwise_line<true>(line, begin, lo, hi, end, kept, scratch);
+        if constexpr (Channels) {
+          // rows of 16 of group g's destination channels from c0, the last masked past D;
+          // the packed weight is [cb][tap][s][row][16]
+          const index_t g = cb / channel_blocks_, c0 = cb % channel_blocks_ * nv_ * L, lanes = nv_ * L;
+          for (index_t r = 0; r < nv_ && c0 + r * L < D; ++r) {
+            const InPlaceLine line{image + g * S, step, packed_.get() + cb * taps * S * lanes + r * L,
+                                   S * lanes, lanes, S, line_dst + g * D + c0 + r * L, G * D,
+                                   std::min<index_t>(L, D - c0 - r * L)};
+            if (line.lanes == L) in_place_line<gvec::kChannelRows, false, true>(line, begin, lo, hi, end, kept, scratch);
+            else in_place_line<gvec::kChannelRows, true, true>(line, begin, lo, hi, end, kept, scratch);
+          }
+        } else {
+          // the last column block of a G that 16 does not divide reads and writes its lanes below G
+          const InPlaceLine line{image + cb * L, step, packed_.get() + cb * taps * L, L, 0, 1,
+                                 line_dst + cb * L, G, std::min<index_t>(L, G - cb * L)};
+          if (line.lanes == L) in_place_line<gvec::kDepthwiseRows, false, false>(line, begin, lo, hi, end, kept, scratch);
+          else in_place_line<gvec::kDepthwiseRows, true, false>(line, begin, lo, hi, end, kept, scratch);
+        }
       }
       advance(p, end - begin, dst_dims_);
       m += end - begin;
     }
   }
 
-  /// One line of one column block for depthwise_block.
-  struct DepthwiseLine {
+  /// One line of one row of destination lanes for in_place_block.
+  struct InPlaceLine {
     const float* origin;   // the source of the line's pixel 0 (where its tap offsets count from)
     index_t step;          // floats between the sources of neighbouring pixels
-    const float* weights;  // the column block's packed weight, [tap][lane]
+    const float* weights;  // the row's weights for tap 0, source channel 0
+    index_t tap_step;      // floats between a tap's weights and the next tap's
+    index_t channel_step;  // floats between a source channel's weights and the next's (Channels)
+    index_t channels;      // source channels (Channels; depthwise 1)
     float* dst;            // the line's pixel 0 in the destination
     index_t dst_step;      // floats between destination pixels
-    index_t lanes;         // of 16 that are groups (the rest past G: not read, not written)
+    index_t lanes;         // of 16 written (the rest past G or D: their source not read, Depthwise)
   };
 
   /// Pixels [begin, end) of a line whose kept taps (scratch: offsets, then tap indices) all
-  /// read inside for pixels [lo, hi): those in tiles, the others with the taps they read.
-  template <bool Partial>
-  void depthwise_line(const DepthwiseLine& line, index_t begin, index_t lo, index_t hi, index_t end,
-                      index_t kept, index_t* scratch) const {
-    constexpr int MR = gvec::kDepthwiseRows;
+  /// read inside for pixels [lo, hi): those in tiles of MR, the others with the taps they read.
+  template <int MR, bool Partial, bool Channels>
+  void in_place_line(const InPlaceLine& line, index_t begin, index_t lo, index_t hi, index_t end,
+                     index_t kept, index_t* scratch) const {
     const index_t taps = s_.taps(), stride = s_.stride[2], width = src_dims_[2];
     const index_t* line_off = scratch;
     const index_t* line_tap = scratch + taps;
@@ -604,29 +628,29 @@ class GroupVectorConv {
         pixel_off[count] = line_off[k];
         pixel_tap[count++] = line_tap[k];
       }
-      depthwise_tile<1, Partial>(line, w, pixel_off, pixel_tap, count);
+      in_place_tile<1, Partial, Channels>(line, w, pixel_off, pixel_tap, count);
     };
     index_t w = begin;
     for (; w < lo; ++w) edge(w);
-    for (; w + MR <= hi; w += MR) depthwise_tile<MR, Partial>(line, w, line_off, line_tap, kept);
-    if (w < hi) depthwise_rest<MR - 1, Partial>(hi - w, line, w, line_off, line_tap, kept);
+    for (; w + MR <= hi; w += MR) in_place_tile<MR, Partial, Channels>(line, w, line_off, line_tap, kept);
+    if (w < hi) in_place_rest<MR - 1, Partial, Channels>(hi - w, line, w, line_off, line_tap, kept);
     for (w = hi; w < end; ++w) edge(w);
   }
 
-  /// depthwise_tile of `rows` < R + 1 pixels, one tile.
-  template <int R, bool Partial>
-  static TC_INLINE void depthwise_rest(index_t rows, const DepthwiseLine& line, index_t w, const index_t* off,
-                                       const index_t* tap, index_t count) {
+  /// in_place_tile of `rows` < R + 1 pixels, one tile.
+  template <int R, bool Partial, bool Channels>
+  static TC_INLINE void in_place_rest(index_t rows, const InPlaceLine& line, index_t w, const index_t* off,
+                                      const index_t* tap, index_t count) {
     if constexpr (R > 1)
-      if (rows < R) return depthwise_rest<R - 1, Partial>(rows, line, w, off, tap, count);
-    depthwise_tile<R, Partial>(line, w, off, tap, count);
+      if (rows < R) return in_place_rest<R - 1, Partial, Channels>(rows, line, w, off, tap, count);
+    in_place_tile<R, Partial, Channels>(line, w, off, tap, count);
   }
 
-  /// Pixels [w, w + R) of a line: the sum over `count` taps of the source at off[k] times tap
-  /// tap[k]'s weight row.
-  template <int R, bool Partial>
-  static TC_INLINE void depthwise_tile(const DepthwiseLine& line, index_t w, const index_t* off,
-                                       const index_t* tap, index_t count) {
+  /// Pixels [w, w + R) of a line: the sum over `count` taps (and, Channels, the source
+  /// channels) of the source at off[k] times tap tap[k]'s weight row.
+  template <int R, bool Partial, bool Channels>
+  static TC_INLINE void in_place_tile(const InPlaceLine& line, index_t w, const index_t* off,
+                                      const index_t* tap, index_t count) {
     const float* at = line.origin + w * line.step;
     const index_t step = line.step, lanes = line.lanes;
     Row acc[R];
@@ -634,10 +658,19 @@ class GroupVectorConv {
     for (int i = 0; i < R; ++i) acc[i] = Row::zero();
     for (index_t k = 0; k < count; ++k) {
       const float* from = at + off[k];
-      const Row weight = Row::load(line.weights + tap[k] * L);
+      const float* weights = line.weights + tap[k] * line.tap_step;
+      if constexpr (Channels) {
+        for (index_t c = 0; c < line.channels; ++c) {
+          const Row weight = Row::load(weights + c * line.channel_step);
 #pragma GCC unroll 16
-      for (int i = 0; i < R; ++i)
-        acc[i].fma(Partial ? Row::load_first(from + i * step, lanes) : Row::load(from + i * step), weight);
+          for (int i = 0; i < R; ++i) acc[i].fma(Row::template broadcast<1>(from + i * step + c), weight);
+        }
+      } else {
+        const Row weight = Row::load(weights);
+#pragma GCC unroll 16
+        for (int i = 0; i < R; ++i)
+          acc[i].fma(Partial ? Row::load_first(from + i * step, lanes) : Row::load(from + i * step), weight);
+      }
     }
     float* dst = line.dst + w * line.dst_step;
 #pragma GCC unroll 16
@@ -824,7 +857,8 @@ class GroupVectorConv {
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
   std::vector<index_t> lane_channel_;
   std::vector<Phase> phases_;
-  // depthwise at one phase (forward, or bwd_data at stride 1) reads its source in place; tap_at_[dim][t]: the source coordinate of tap t for destination
+  // depthwise at one phase (forward, or bwd_data at stride 1), and forward at Gv = 1, read
+  // the source in place; tap_at_[dim][t]: the source coordinate of tap t for destination
   // coordinate 0 (its stride times the coordinate added)
   bool in_place_ = false;
   std::vector<index_t> tap_at_[3];
