@@ -1,7 +1,8 @@
 // One grouped-convolution pipeline build as a C entry point for the paired driver: compiled
 // twice, from two source trees (see gemm_variant.cpp). The layer is 2D, N images, a square
 // FILT x FILT filter, with pad, dilation and stride from the environment (N, FILT, PAD, DIL,
-// STRIDE; defaults 1, 3, 1, 1, 1);
+// STRIDE; defaults 1, 3, 1, 1, 1); with DI > 1 (a build with TC_NDIM 3) it is 3D, DI deep,
+// the filter a FILT cube, the same pad, dilation and stride along the depth;
 // TC_PIPELINE picks the pipeline's class (3 gemm, 5 gvec).
 #include <cstdlib>
 
@@ -40,14 +41,15 @@ extern "C" void* PAIRED_CAT(NAME, _make)(long g, long c, long k, long h, long w,
   tc::gconv::ConvShape& s = hd->shape;
   s.n = env_or("N", 1), s.g = g, s.c = c, s.k = k;
   const long pad = env_or("PAD", 1), dil = env_or("DIL", 1), stride = env_or("STRIDE", 1);
-  const long filt = env_or("FILT", 3);
-  const long in[3] = {1, h, w};
+  const long filt = env_or("FILT", 3), depth = env_or("DI", 1);
+  const long in[3] = {depth, h, w};
+  const bool flat = depth == 1;  // 2D: a depth of 1, a filter of 1 along it
   for (int d = 0; d < 3; ++d) {
     s.in[d] = in[d];
-    s.filt[d] = d == 0 ? 1 : filt;
-    s.stride[d] = d == 0 ? 1 : stride;
-    s.pad[d] = d == 0 ? 0 : pad;
-    s.dil[d] = d == 0 ? 1 : dil;
+    s.filt[d] = d == 0 && flat ? 1 : filt;
+    s.stride[d] = d == 0 && flat ? 1 : stride;
+    s.pad[d] = d == 0 && flat ? 0 : pad;
+    s.dil[d] = d == 0 && flat ? 1 : dil;
     s.out[d] = (s.in[d] + 2 * s.pad[d] - s.dil[d] * (s.filt[d] - 1) - 1) / s.stride[d] + 1;
   }
   // forward: x, w -> y; bwd_data: dy, w -> dx; bwd_weight: x, dy -> dw

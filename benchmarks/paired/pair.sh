@@ -7,7 +7,7 @@
 # REV is a git revision, or "." for the working tree. GEMM: PAR 0 m, 1 n, 2 k; environment
 # PA (pack A, default 1), ISA (1 AVX-512, default when present; 0 AVX2), BCOL=1 (B
 # column-major). conv: DIR 0 forward, 1 bwd_data, 2 bwd_weight; PIPELINE 3 gemm, 5 gvec;
-# environment N, FILT (square filter, default 3), PAD, DIL, STRIDE. Both: T threads (default 2), PAIRS, and
+# environment N, FILT (square filter, default 3), PAD, DIL, STRIDE, DI (input depth: > 1 is 3D). Both: T threads (default 2), PAIRS, and
 # PARAMS_B: B's parameters when they differ from A's (two blockings of one revision).
 # Builds into a temporary directory; prints one line a shape.
 set -euo pipefail
@@ -31,7 +31,7 @@ defines() {  # defines PARAMS: the -D flags of one build
     echo "-DTC_DTYPE=0 -DTC_ISA=$isa -DTC_MR=$mr -DTC_NR=$nr -DTC_MC=$mc -DTC_NC=$nc -DTC_KC=$kc -DTC_PACK_A=${PA:-1} -DTC_PAR=$par -DTC_PREFETCH=$pf"
   else
     read -r dir pipeline bm bn bk wave si <<< "$1"
-    echo "-DTC_DIR=$dir -DTC_NDIM=2 -DTC_BM=$bm -DTC_BN=$bn -DTC_BK=$bk -DTC_PIPELINE=$pipeline -DTC_WAVE=$wave -DTC_DSB=0 -DTC_SI=$si"
+    echo "-DTC_DIR=$dir -DTC_NDIM=$([ "${DI:-1}" -gt 1 ] && echo 3 || echo 2) -DTC_BM=$bm -DTC_BN=$bn -DTC_BK=$bk -DTC_PIPELINE=$pipeline -DTC_WAVE=$wave -DTC_DSB=0 -DTC_SI=$si"
   fi
 }
 if [ "$mode" = gemm ]; then src=$here/gemm_variant.cpp driver="-DPAIRED_GEMM"; else src=$here/conv_variant.cpp driver=""; fi

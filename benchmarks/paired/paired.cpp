@@ -119,11 +119,13 @@ int main(int argc, char** argv) {
   const long dil = std::getenv("DIL") ? std::atol(std::getenv("DIL")) : 1;
   const long stride = std::getenv("STRIDE") ? std::atol(std::getenv("STRIDE")) : 1;
   const long f = std::getenv("FILT") ? std::atol(std::getenv("FILT")) : 3;
-  const long oh = (h + 2 * pad - dil * (f - 1) - 1) / stride + 1, ow = (w + 2 * pad - dil * (f - 1) - 1) / stride + 1;
-  const double flops = 2.0 * n * g * c * k * f * f * oh * ow;
+  const long di = std::getenv("DI") ? std::atol(std::getenv("DI")) : 1;  // > 1: 3D, a cube filter
+  auto out = [&](long size) { return (size + 2 * pad - dil * (f - 1) - 1) / stride + 1; };
+  const long oh = out(h), ow = out(w), od = di > 1 ? out(di) : 1, fd = di > 1 ? f : 1;
+  const double flops = 2.0 * n * g * c * k * fd * f * f * od * oh * ow;
   char label[160];
-  std::snprintf(label, sizeof label, "N%ld G%ld C%ld K%ld %ldx%ld %ldx%ld stride %ld pad %ld dil %ld", n,
-                g, c, k, h, w, f, f, stride, pad, dil);
+  std::snprintf(label, sizeof label, "N%ld G%ld C%ld K%ld %ldx%ldx%ld %ldx%ldx%ld stride %ld pad %ld dil %ld",
+                n, g, c, k, di, h, w, fd, f, f, stride, pad, dil);
 #endif
   for (int i = 0; i < 3; ++i) va_run(ha), vb_run(hb);  // warm up both
   std::vector<double> ta, tb, ratio, peak;
