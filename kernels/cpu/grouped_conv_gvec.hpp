@@ -267,10 +267,18 @@ class GroupVectorConv {
         const index_t fs[3] = {f.d, f.h, f.w};
         for (int dim = 0; dim < 3; ++dim) tap_at_[dim].push_back(fs[dim] * s_.dil[dim] - lead_[dim]);
       }
-    if (in_place_)
-      zeros_ = FloatBuffer(std::max<index_t>(src_ch_, L));  // what a tap over padding reads
-    else
+    if (in_place_ && gv_ == 1) {
+      // one group's channels a row: a copy of the source padded along w (a cheap copy at
+      // these layers' few channels), so every pixel of a line goes in whole tiles (the
+      // pixels at its ends alone, with only their taps, held a 3D 7x7x7 stem to 0.8x)
+      pad_w_ = std::max<index_t>(0, lead_[2]);
+      const index_t reach = (dst_dims_[2] - 1) * s_.stride[2] + (s_.filt[2] - 1) * s_.dil[2] - lead_[2];
+      width_ = pad_w_ + src_dims_[2] + std::max<index_t>(0, reach - (src_dims_[2] - 1));
+      for (index_t& at : tap_at_[2]) at += pad_w_;
+      padded_w_ = FloatBuffer(s_.n * src_dims_[0] * src_dims_[1] * width_ * s_.g * src_ch_);
+    } else if (!in_place_) {
       relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
+    }
     // forward, bwd_data: the packed weight; bwd_weight: dout, [pixel][column block][lane]
     packed_ = FloatBuffer(Dir == kBwdWeight ? s_.n * dst_pixels_ * col_blocks_ * nv_ * L
                                             : col_blocks_ * s_.taps() * src_ch_ * nv_ * L);
@@ -328,15 +336,14 @@ class GroupVectorConv {
     {
       pack_weight();
       if (!in_place_) relayout<Gv>();
-      // in_place_block's tap lists, and its edge pixels' sources
-      std::vector<index_t> scratch(in_place_ ? 4 * s_.taps() : 0);
-      std::vector<const float*> sources(in_place_ ? kInPlaceRows * s_.taps() : 0);
+      if (in_place_ && Gv == 1) pad_along_w();
+      std::vector<index_t> scratch(in_place_ ? 4 * s_.taps() : 0);  // in_place_block's tap lists
 #pragma omp barrier
       auto run_block = [&](index_t b, const Phase& phase, index_t m_begin, index_t m_end) {
         const index_t cb_begin = b * per_block, cb_end = std::min(col_blocks_, (b + 1) * per_block);
         if constexpr ((Gv == L || Gv == 1) && gvec::kDepthwiseRows > 0)
           if (in_place_)
-            return in_place_block<Gv == 1>(out, cb_begin, cb_end, m_begin, m_end, scratch.data(), sources.data());
+            return in_place_block<Gv == 1>(out, cb_begin, cb_end, m_begin, m_end, scratch.data());
         block<Gv, SB, NV, MR>(out, src, cb_begin, cb_end, phase, m_begin, m_end);
       };
       // phases write disjoint destination pixels: no barrier between them
@@ -550,13 +557,13 @@ class GroupVectorConv {
   /// pixels whose every such tap reads inside along w go a tile of several at a time, the few
   /// others (the padding's width at each end) one at a time with the taps they read.
   /// Depthwise: 16 groups a row; Channels (Gv = 1): 16 of one group's destination channels a
-  /// row, each (tap, source channel) a broadcast of the source. `scratch` holds 4 x taps,
-  /// `sources` kInPlaceRows x taps.
+  /// row, each (tap, source channel) a broadcast of the source, read from the copy padded
+  /// along w (pad_along_w). `scratch` holds 4 x taps.
   template <bool Channels>
   void in_place_block(float* out, index_t cb_begin, index_t cb_end, index_t m_begin, index_t m_end,
-                      index_t* scratch, const float** sources) const {
+                      index_t* scratch) const {
     const index_t taps = s_.taps(), G = s_.g, S = src_ch_, D = dst_ch_, stride = s_.stride[2];
-    const index_t width = src_dims_[2], pixel = G * S;  // floats a source pixel
+    const index_t width = Channels ? width_ : src_dims_[2], pixel = G * S;  // floats a source pixel
     const index_t step = stride * pixel;  // floats between the sources of neighbouring pixels
     index_t* line_off = scratch;          // a kept tap's source from the line's, in floats
     index_t* line_tap = scratch + taps;
@@ -576,7 +583,7 @@ class GroupVectorConv {
       }
       lo = std::min(lo, end);
       hi = std::max(hi, lo);
-      const float* image = src_ + p.n * src_pixels_ * pixel;
+      const float* image = (Channels ? padded_w_.get() : src_) + p.n * src_dims_[0] * src_dims_[1] * width * pixel;
       float* line_dst = out + (m - p.w) * G * D;
       for (index_t cb = cb_begin; cb < cb_end; ++cb) {
         if constexpr (Channels) {
@@ -587,15 +594,15 @@ class GroupVectorConv {
             const InPlaceLine line{image + g * S, step, packed_.get() + cb * taps * S * lanes + r * L,
                                    S * lanes, lanes, S, line_dst + g * D + c0 + r * L, G * D,
                                    std::min<index_t>(L, D - c0 - r * L)};
-            if (line.lanes == L) in_place_line<gvec::kChannelRows, false, true>(line, begin, lo, hi, end, kept, scratch, sources);
-            else in_place_line<gvec::kChannelRows, true, true>(line, begin, lo, hi, end, kept, scratch, sources);
+            if (line.lanes == L) in_place_line<gvec::kChannelRows, false, true>(line, begin, lo, hi, end, kept, scratch);
+            else in_place_line<gvec::kChannelRows, true, true>(line, begin, lo, hi, end, kept, scratch);
           }
         } else {
           // the last column block of a G that 16 does not divide reads and writes its lanes below G
           const InPlaceLine line{image + cb * L, step, packed_.get() + cb * taps * L, L, 0, 1,
                                  line_dst + cb * L, G, std::min<index_t>(L, G - cb * L)};
-          if (line.lanes == L) in_place_line<gvec::kDepthwiseRows, false, false>(line, begin, lo, hi, end, kept, scratch, sources);
-          else in_place_line<gvec::kDepthwiseRows, true, false>(line, begin, lo, hi, end, kept, scratch, sources);
+          if (line.lanes == L) in_place_line<gvec::kDepthwiseRows, false, false>(line, begin, lo, hi, end, kept, scratch);
+          else in_place_line<gvec::kDepthwiseRows, true, false>(line, begin, lo, hi, end, kept, scratch);
         }
       }
       advance(p, end - begin, dst_dims_);
@@ -603,8 +610,16 @@ class GroupVectorConv {
     }
   }
 
-  /// Pixels a tile of in_place_line, at most.
-  static constexpr index_t kInPlaceRows = std::max(gvec::kDepthwiseRows, gvec::kChannelRows);
+  /// padded_w_[n, d, h, pad_w_ + w] = src[n, d, h, w] (each pixel G x C floats); the pad
+  /// columns stay the zeros they were allocated as.
+  void pad_along_w() const {
+    const index_t pixel = s_.g * src_ch_, width = src_dims_[2], lines = s_.n * src_dims_[0] * src_dims_[1];
+#pragma omp for schedule(static) nowait
+    for (index_t line = 0; line < lines; ++line)
+      std::copy(src_ + line * width * pixel, src_ + (line + 1) * width * pixel,
+                padded_w_.get() + (line * width_ + pad_w_) * pixel);
+  }
+
   /// Weights a pass of in_place_line (Channels) reads, in floats: 16 KiB, half of L1.
   static constexpr index_t kInPlaceWeights = 4096;
 
@@ -622,107 +637,40 @@ class GroupVectorConv {
   };
 
   /// Pixels [begin, end) of a line whose kept taps (scratch: offsets, then tap indices) all
-  /// read inside for pixels [lo, hi): those in tiles of MR, the others with the taps they read.
-  /// Channels: the taps go in passes whose weights (kInPlaceWeights floats) stay in L1, each
-  /// pass after the first adding to the destination.
+  /// read inside for pixels [lo, hi): those in tiles of MR, the others (none in Channels'
+  /// padded copy) with the taps they read. Channels: the taps go in passes whose weights
+  /// (kInPlaceWeights floats) stay in L1, each pass after the first adding to the destination.
   template <int MR, bool Partial, bool Channels>
   void in_place_line(const InPlaceLine& line, index_t begin, index_t lo, index_t hi, index_t end,
-                     index_t kept, index_t* scratch, const float** edge_sources) const {
-    const index_t taps = s_.taps(), stride = s_.stride[2], width = src_dims_[2];
+                     index_t kept, index_t* scratch) const {
+    const index_t taps = s_.taps(), stride = s_.stride[2], width = Channels ? width_ : src_dims_[2];
     const index_t* line_off = scratch;
     const index_t* line_tap = scratch + taps;
-    const float** sources = edge_sources;  // MR x the pass's taps
+    index_t* pixel_off = scratch + 2 * taps;
+    index_t* pixel_tap = scratch + 3 * taps;
     const index_t pass = Channels ? std::max<index_t>(1, kInPlaceWeights / (line.channels * L)) : kept;
     for (index_t k0 = 0; k0 == 0 || k0 < kept; k0 += pass) {
       const index_t k1 = std::min(kept, k0 + pass);
       const bool accumulate = k0 > 0;
-      index_t w = lo;
+      auto edge = [&](index_t w) {
+        index_t count = 0;
+        for (index_t k = k0; k < k1; ++k) {
+          const index_t sw = w * stride + tap_at_[2][line_tap[k]];
+          if (sw < 0 || sw >= width) continue;
+          pixel_off[count] = line_off[k];
+          pixel_tap[count++] = line_tap[k];
+        }
+        in_place_tile<1, Partial, Channels>(line, w, pixel_off, pixel_tap, count, accumulate);
+      };
+      index_t w = begin;
+      for (; w < lo; ++w) edge(w);
       for (; w + MR <= hi; w += MR)
         in_place_tile<MR, Partial, Channels>(line, w, line_off + k0, line_tap + k0, k1 - k0, accumulate);
       if (w < hi)
         in_place_rest<MR - 1, Partial, Channels>(hi - w, line, w, line_off + k0, line_tap + k0, k1 - k0,
                                                  accumulate);
-      if constexpr (!Channels) {
-        // depthwise: each edge pixel alone with the taps it reads (a tile of them, reading
-        // zeros for the others, read 0.90-0.95x on 7x7 and 14x14 maps)
-        index_t* pixel_off = scratch + 2 * taps;
-        index_t* pixel_tap = scratch + 3 * taps;
-        auto edge = [&](index_t pixel) {
-          index_t n = 0;
-          for (index_t k = k0; k < k1; ++k) {
-            const index_t sw = pixel * stride + tap_at_[2][line_tap[k]];
-            if (sw < 0 || sw >= width) continue;
-            pixel_off[n] = line_off[k];
-            pixel_tap[n++] = line_tap[k];
-          }
-          in_place_tile<1, Partial, Channels>(line, pixel, pixel_off, pixel_tap, n, accumulate);
-        };
-        for (w = begin; w < lo; ++w) edge(w);
-        for (w = hi; w < end; ++w) edge(w);
-      } else {
-        // Channels: the edge pixels, up to MR a tile, each tap that reads padding reading
-        // zeros_ (one at a time with only the taps they read, a 3D 7x7x7 stem read 0.96x)
-        index_t edges[MR], count = 0;
-        auto flush = [&] {
-          const index_t n = k1 - k0;
-          for (index_t i = 0; i < count; ++i)
-            for (index_t k = k0; k < k1; ++k) {
-              const index_t sw = edges[i] * stride + tap_at_[2][line_tap[k]];
-              sources[i * n + k - k0] = sw < 0 || sw >= width ? zeros_.get()
-                                                              : line.origin + edges[i] * line.step + line_off[k];
-            }
-          in_place_edges<MR, Partial, Channels>(count, line, edges, sources, line_tap + k0, n, accumulate);
-          count = 0;
-        };
-        auto add = [&](index_t pixel) {
-          edges[count++] = pixel;
-          if (count == MR) flush();
-        };
-        for (w = begin; w < lo; ++w) add(w);
-        for (w = hi; w < end; ++w) add(w);
-        if (count > 0) flush();
-      }
+      for (w = hi; w < end; ++w) edge(w);
     }
-  }
-
-  /// in_place_edge_tile of `rows` < R + 1 pixels.
-  template <int R, bool Partial, bool Channels>
-  static TC_INLINE void in_place_edges(index_t rows, const InPlaceLine& line, const index_t* w,
-                                       const float* const* from, const index_t* tap, index_t count,
-                                       bool accumulate) {
-    if constexpr (R > 1)
-      if (rows < R) return in_place_edges<R - 1, Partial, Channels>(rows, line, w, from, tap, count, accumulate);
-    in_place_edge_tile<R, Partial, Channels>(line, w, from, tap, count, accumulate);
-  }
-
-  /// Pixels w[0..R) of a line: as in_place_tile, pixel i reading tap k's source at
-  /// from[i * count + k] (zeros_ where it reads padding).
-  template <int R, bool Partial, bool Channels>
-  static TC_INLINE void in_place_edge_tile(const InPlaceLine& line, const index_t* w, const float* const* from,
-                                           const index_t* tap, index_t count, bool accumulate) {
-    const index_t lanes = line.lanes;
-    Row acc[R];
-#pragma GCC unroll 16
-    for (int i = 0; i < R; ++i) acc[i] = Row::zero();
-    for (index_t k = 0; k < count; ++k) {
-      const float* weights = line.weights + tap[k] * line.tap_step;
-      if constexpr (Channels) {
-        for (index_t c = 0; c < line.channels; ++c) {
-          const Row weight = Row::load(weights + c * line.channel_step);
-#pragma GCC unroll 16
-          for (int i = 0; i < R; ++i) acc[i].fma(Row::template broadcast<1>(from[i * count + k] + c), weight);
-        }
-      } else {
-        const Row weight = Row::load(weights);
-#pragma GCC unroll 16
-        for (int i = 0; i < R; ++i) {
-          const float* at = from[i * count + k];
-          acc[i].fma(Partial ? Row::load_first(at, lanes) : Row::load(at), weight);
-        }
-      }
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < R; ++i) acc[i].store_first(line.dst + w[i] * line.dst_step, Partial ? lanes : L, accumulate);
   }
 
   /// in_place_tile of `rows` < R + 1 pixels, one tile.
@@ -948,7 +896,10 @@ class GroupVectorConv {
   // coordinate 0 (its stride times the coordinate added)
   bool in_place_ = false;
   std::vector<index_t> tap_at_[3];
-  FloatBuffer relaid_, packed_, zeros_;
+  // forward at Gv = 1 in place: the source padded along w (pad_w_ columns before it, width_
+  // in all), tap_at_[2] counting from its column 0
+  index_t pad_w_ = 0, width_ = 0;
+  FloatBuffer relaid_, packed_, padded_w_;
 };
 
 }  // namespace tc::gconv
