@@ -664,16 +664,28 @@ class GroupVectorConv {
       };
       index_t w = begin;
       for (; w < lo; ++w) edge(w);
-      for (; w + MR <= hi; w += MR)
-        in_place_tile<MR, Partial, Channels>(line, w, line_off + k0, line_tap + k0, k1 - k0, accumulate);
-      if (w < hi)
-        in_place_rest<MR - 1, Partial, Channels>(hi - w, line, w, line_off + k0, line_tap + k0, k1 - k0,
-                                                 accumulate);
+      if constexpr (Channels) {
+        // tiles as even as MR allows (a line of 14 as 5 + 5 + 4, not 6 + 6 + 2: a tile of 2
+        // pixels is 4 chains of FMAs, under the latency; a 7x7x7 stem 1.05x)
+        const index_t n = hi - lo, tiles = ceil_div(n, MR);
+        for (index_t i = 0; i < tiles; ++i) {
+          const index_t rows = n / tiles + (i < n % tiles);
+          in_place_rest<MR, Partial, Channels>(rows, line, w, line_off + k0, line_tap + k0, k1 - k0, accumulate);
+          w += rows;
+        }
+      } else {
+        // depthwise: MR at a time, then the rest (even tiles read 0.90-0.98x at 56 wide)
+        for (; w + MR <= hi; w += MR)
+          in_place_tile<MR, Partial, Channels>(line, w, line_off + k0, line_tap + k0, k1 - k0, accumulate);
+        if (w < hi)
+          in_place_rest<MR - 1, Partial, Channels>(hi - w, line, w, line_off + k0, line_tap + k0, k1 - k0,
+                                                   accumulate);
+      }
       for (w = hi; w < end; ++w) edge(w);
     }
   }
 
-  /// in_place_tile of `rows` < R + 1 pixels, one tile.
+  /// in_place_tile of `rows` (1 to R) pixels.
   template <int R, bool Partial, bool Channels>
   static TC_INLINE void in_place_rest(index_t rows, const InPlaceLine& line, index_t w, const index_t* off,
                                       const index_t* tap, index_t count, bool accumulate) {
