@@ -408,7 +408,11 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(G=16, C=1, K=1, Hi=11, Wi=17, Y=5, X=3, stride_h=2, stride_w=2, pad_h=2,
                           pad_w=1, dilation_w=2),
                      dict(G=20, C=1, K=1, Hi=8, Wi=20, Y=3, X=5, pad_h=1, pad_w=2, dilation_h=2),
-                     dict(G=16, C=1, K=1, Hi=5, Wi=3, Y=1, X=5, pad_w=2)],
+                     dict(G=16, C=1, K=1, Hi=5, Wi=3, Y=1, X=5, pad_w=2),
+                     # gvec's one group's channels a row, in place (forward; bwd_data at
+                     # stride 1): a dilated 5-wide filter, pads of 1 and 3, rows of 16 then 4
+                     # (forward) or 8 (bwd_data) channels
+                     dict(C=24, K=20, Hi=7, Wi=9, Y=3, X=5, pad_h=1, pad_w=3, dilation_w=2)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,
@@ -416,6 +420,7 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      # gvec's depthwise in place in 3D: slices of padding skipped
                      dict(G=16, C=1, K=1, Di=4, Hi=5, Wi=9, Z=3, Y=3, X=3, pad_d=1, pad_h=1,
                           pad_w=1, stride_w=2),
+                     dict(C=5, K=17, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, pad_d=1, pad_h=1, pad_w=1),
                      # gvec at stride 1 in 3D: bwd_data reads a padded dout too
                      dict(G=4, C=4, K=2, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, pad_d=1, pad_h=1,
                           pad_w=1, dilation_w=2),
