@@ -268,24 +268,25 @@ class GroupVectorConv {
     // row read the source in place: no copy (see in_place_block)
     in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight && phases_.size() == 1 &&
                 phases_.front().whole && ((gv_ == L && src_ch_ == 1) || gv_ == 1);
-    if (in_place_)
+    if (!in_place_) {
+      relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
+    } else {
+      // one group's channels a row: a copy of the source padded along w (a cheap copy at
+      // these layers' few channels), so every pixel of a line goes in whole tiles (the
+      // pixels at its ends alone, with only their taps, held a 3D 7x7x7 stem to 0.8x)
+      pad_w_ = gv_ == 1 ? std::max<index_t>(0, lead_[2]) : 0;
       for (index_t t = 0; t < s_.taps(); ++t) {
         Pixel f = split_tap(t, s_.filt);
         if (!fwd) f = {0, s_.filt[0] - 1 - f.d, s_.filt[1] - 1 - f.h, s_.filt[2] - 1 - f.w};
         const index_t fs[3] = {f.d, f.h, f.w};
-        for (int dim = 0; dim < 3; ++dim) tap_at_[dim].push_back(fs[dim] * s_.dil[dim] - lead_[dim]);
+        for (int dim = 0; dim < 3; ++dim)
+          tap_at_[dim].push_back(fs[dim] * s_.dil[dim] - lead_[dim] + (dim == 2 ? pad_w_ : 0));
       }
-    if (in_place_ && gv_ == 1) {
-      // one group's channels a row: a copy of the source padded along w (a cheap copy at
-      // these layers' few channels), so every pixel of a line goes in whole tiles (the
-      // pixels at its ends alone, with only their taps, held a 3D 7x7x7 stem to 0.8x)
-      pad_w_ = std::max<index_t>(0, lead_[2]);
-      const index_t reach = (dst_dims_[2] - 1) * s_.stride[2] + (s_.filt[2] - 1) * s_.dil[2] - lead_[2];
-      width_ = pad_w_ + src_dims_[2] + std::max<index_t>(0, reach - (src_dims_[2] - 1));
-      for (index_t& at : tap_at_[2]) at += pad_w_;
-      padded_w_ = FloatBuffer(s_.n * src_dims_[0] * src_dims_[1] * width_ * s_.g * src_ch_);
-    } else if (!in_place_) {
-      relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
+      if (gv_ == 1) {
+        const index_t reach = (dst_dims_[2] - 1) * s_.stride[2] + (s_.filt[2] - 1) * s_.dil[2] - lead_[2];
+        width_ = pad_w_ + src_dims_[2] + std::max<index_t>(0, reach - (src_dims_[2] - 1));
+        padded_w_ = FloatBuffer(s_.n * src_dims_[0] * src_dims_[1] * width_ * s_.g * src_ch_);
+      }
     }
     // forward, bwd_data: the packed weight; bwd_weight: dout, [pixel][column block][lane]
     packed_ = FloatBuffer(Dir == kBwdWeight ? s_.n * dst_pixels_ * col_blocks_ * nv_ * L
