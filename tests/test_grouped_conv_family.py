@@ -409,6 +409,9 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                           pad_w=1, dilation_w=2),
                      dict(G=20, C=1, K=1, Hi=8, Wi=20, Y=3, X=5, pad_h=1, pad_w=2, dilation_h=2),
                      dict(G=16, C=1, K=1, Hi=5, Wi=3, Y=1, X=5, pad_w=2),
+                     # the dw pipeline's bwd_weight: 9 filter columns in chunks of 4 and 5,
+                     # a last group vector of 4 lanes (AVX2; 12 of 16 with AVX-512)
+                     dict(G=12, C=1, K=1, Hi=4, Wi=15, Y=2, X=9, pad_h=1, pad_w=4),
                      # gvec's one group's channels a row, in place (forward; bwd_data at
                      # stride 1): a dilated 5-wide filter, pads of 1 and 3, rows of 16 then 4
                      # (forward) or 8 (bwd_data) channels
@@ -440,6 +443,7 @@ KERNEL_VARIANTS = [GroupedConvConfig(d, "fp32", ndim, bm, bn, bk, *variant)
                        ("bwd_weight", 3, 16, 32, 16, ("im2col", "intrawave", True, True)),
                        ("bwd_weight", 2, 16, 16, 8, ("direct", "interwave", False, False)),
                        ("bwd_weight", 3, 24, 16, 16, ("dw", "intrawave", False, False)),
+                       ("bwd_weight", 2, 16, 16, 8, ("dw", "interwave", False, False)),
                        # gemm: blocks smaller than the shapes, so every GEMM loop turns
                        ("forward", 2, 16, 32, 8, ("gemm", "intrawave", False, True)),
                        ("forward", 3, 24, 16, 16, ("gemm", "interwave", False, False)),

@@ -3,8 +3,9 @@
 // FILT x FILT filter, with pad, dilation and stride from the environment (N, FILT, PAD, DIL,
 // STRIDE; defaults 1, 3, 1, 1, 1); with DI > 1 (a build with TC_NDIM 3) it is 3D, DI deep,
 // the filter a FILT cube, the same pad, dilation and stride along the depth;
-// TC_PIPELINE picks the pipeline's class (3 gemm, 5 gvec).
+// TC_PIPELINE picks the pipeline's class (3 gemm, 5 gvec; 2 dw for bwd_weight).
 #include <cstdlib>
+#include <type_traits>
 
 #include "grouped_conv_config.hpp"
 #if TC_PIPELINE == 3
@@ -15,8 +16,27 @@ using Pipeline = tc::gconv::GemmConv<Dir>;
 #include "grouped_conv_gvec.hpp"
 template <int Dir>
 using Pipeline = tc::gconv::GroupVectorConv<Dir>;
+#elif TC_PIPELINE == 2 && TC_DIR == 2
+#include "grouped_conv_dw.hpp"
+/// The dw pipeline's bwd_weight with run(out), as the others (its constructor took no thread
+/// count before 2026-12-05).
+template <int Dir>
+struct Pipeline {
+  using Kernel = tc::gconv::DepthwiseWeightGrad;
+  static Kernel make(const tc::gconv::ConvShape& s, const float* a, const float* b, int threads) {
+    if constexpr (std::is_constructible_v<Kernel, const tc::gconv::ConvShape&, const float*, const float*, int>)
+      return Kernel(s, a, b, threads);
+    else
+      return Kernel(s, a, b);
+  }
+  Pipeline(const tc::gconv::ConvShape& s, const float* a, const float* b, int threads)
+      : kernel(make(s, a, b, threads)), threads(threads) {}
+  void run(float* out) const { kernel.run(out, threads); }
+  Kernel kernel;
+  int threads;
+};
 #else
-#error "conv_variant.cpp times the gemm (3) and gvec (5) pipelines"
+#error "conv_variant.cpp times the gemm (3) and gvec (5) pipelines, and dw (2) bwd_weight"
 #endif
 
 #define PAIRED_CAT2(a, b) a##b

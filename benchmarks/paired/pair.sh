@@ -6,7 +6,7 @@
 #
 # REV is a git revision, or "." for the working tree. GEMM: PAR 0 m, 1 n, 2 k; environment
 # PA (pack A, default 1), ISA (1 AVX-512, default when present; 0 AVX2), BCOL=1 (B
-# column-major). conv: DIR 0 forward, 1 bwd_data, 2 bwd_weight; PIPELINE 3 gemm, 5 gvec;
+# column-major). conv: DIR 0 forward, 1 bwd_data, 2 bwd_weight; PIPELINE 3 gemm, 5 gvec (2 dw: bwd_weight);
 # environment N, FILT (square filter, default 3), PAD, DIL, STRIDE, DI (input depth: > 1 is 3D). Both: T threads (default 2), PAIRS, and
 # PARAMS_B: B's parameters when they differ from A's (two blockings of one revision).
 # Builds into a temporary directory; prints one line a shape.

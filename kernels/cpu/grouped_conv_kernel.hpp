@@ -42,7 +42,7 @@ decltype(auto) with_kernel(const ConvShape& shape, const float* in1, const float
   const FloatBuffer zeros(std::max({shape.c, shape.k, shape.g}) + 2 * kNR);
   if constexpr (kPipeline == kDw) {
     if constexpr (Dir == kBwdWeight) {
-      const DepthwiseWeightGrad kernel(shape, in1, in2);
+      const DepthwiseWeightGrad kernel(shape, in1, in2, threads);
       return body([&] { kernel.run(out, threads); });
     } else {
       FloatBuffer packed(DepthwiseGather<Dir>::packed_weight_elems(shape));
