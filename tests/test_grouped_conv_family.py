@@ -409,6 +409,11 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                           pad_w=1, dilation_w=2),
                      dict(G=20, C=1, K=1, Hi=8, Wi=20, Y=3, X=5, pad_h=1, pad_w=2, dilation_h=2),
                      dict(G=16, C=1, K=1, Hi=5, Wi=3, Y=1, X=5, pad_w=2),
+                     # gvec's depthwise bwd_data in place at a stride, a phase at a time: a
+                     # stride of 3 along h (a tap a phase), a residue of w no tap reaches (its
+                     # pixels zero), 16 + 8 groups; and at stride 1 with a pad past the filter
+                     dict(G=24, C=1, K=1, Hi=7, Wi=9, Y=3, X=1, stride_h=3, stride_w=2, pad_h=1),
+                     dict(G=16, C=1, K=1, Hi=5, Wi=6, Y=3, X=3, pad_h=1, pad_w=3),
                      # the dw pipeline's bwd_weight: 9 filter columns in chunks of 4 and 5,
                      # a last group vector of 4 lanes (AVX2; 12 of 16 with AVX-512)
                      dict(G=12, C=1, K=1, Hi=4, Wi=15, Y=2, X=9, pad_h=1, pad_w=4),

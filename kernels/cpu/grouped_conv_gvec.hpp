@@ -28,11 +28,13 @@
 // column blocks, BK taps per pass. Waves as in the dw pipeline: intra splits each block's
 // pixel blocks among the threads, inter deals out whole (column block, image) units.
 //
-// In place (AVX2 builds; in_place_block): at one phase, depthwise (16 groups a row) reads the
-// source where it lies, and one group's channels a row (Gv = 1) reads a copy padded only
-// along w. A destination line runs only the taps whose (d, h) source row is inside the image,
-// its pixels in tiles of 6-7 along w, each tile one row of 16 lanes: a depthwise source
-// vector, or a broadcast of one source channel, against the tap's weight row. No relayout,
+// In place (AVX2 builds; in_place_block): depthwise (16 groups a row) reads the source where
+// it lies (bwd_data at a stride a phase at a time, din's lines in order so the dout rows they
+// read stay in cache: 2.6-3x at stride 2), and one group's channels a row (Gv = 1, one phase)
+// reads a copy padded only along w. A destination line runs only the taps whose (d, h) source
+// row is inside the image, its pixels in tiles of 6-7 along w, each tile one row of 16
+// lanes: a depthwise source vector, or a broadcast of one source channel, against the tap's
+// weight row. No relayout,
 // no tap over a padding row, no per-pixel pointers (depthwise 112x112 2.2x, a 7x7 stem
 // 2.1x, dense 3x3 at C = K = 64 2.7x the tiles above, on the AVX2 EPYC).
 #pragma once
@@ -216,6 +218,7 @@ class GroupVectorConv {
     index_t first[3], step[3], dims[3];
     std::vector<index_t> taps;     // indices of the filter's taps (the packed weight's order)
     std::vector<index_t> offsets;  // per tap: floats from the pixel's place in the padded source
+    std::vector<index_t> at[3];    // per tap (not whole): dout's coordinate for phase index 0
   };
 
  public:
@@ -251,7 +254,7 @@ class GroupVectorConv {
       phased = phased || (!fwd && (s_.stride[dim] > 1 || lead_[dim] < 0));
     }
     if (!phased) {
-      Phase all{true, {0, 0, 0}, {1, 1, 1}, {dst_dims_[0], dst_dims_[1], dst_dims_[2]}, {}, {}};
+      Phase all{true, {0, 0, 0}, {1, 1, 1}, {dst_dims_[0], dst_dims_[1], dst_dims_[2]}, {}, {}, {}};
       for (int dim = 0; dim < 3; ++dim) padded_[dim] = src_dims_[dim] + 2 * lead_[dim];
       for (index_t t = 0; t < s_.taps(); ++t) {
         Pixel f = split_tap(t, s_.filt);
@@ -264,10 +267,11 @@ class GroupVectorConv {
     } else {
       plan_phases();
     }
-    // At one phase (forward, or bwd_data at stride 1), depthwise and one group's channels a
-    // row read the source in place: no copy (see in_place_block)
-    in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight && phases_.size() == 1 &&
-                phases_.front().whole && ((gv_ == L && src_ch_ == 1) || gv_ == 1);
+    // Depthwise reads the source in place (see in_place_block), bwd_data at a stride a phase
+    // at a time; one group's channels a row at one phase (forward, or bwd_data at stride 1)
+    const bool whole = phases_.size() == 1 && phases_.front().whole;
+    in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight &&
+                ((gv_ == L && src_ch_ == 1) || (gv_ == 1 && whole));
     if (!in_place_) {
       relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
     } else {
@@ -341,22 +345,51 @@ class GroupVectorConv {
     const index_t per_block = std::max<index_t>(1, kBN / (NV * L));
     const index_t blocks = ceil_div(col_blocks_, per_block);
     const float* src = relaid_.get();
+    const std::vector<Phase> no_phases;
 #pragma omp parallel num_threads(threads_)
     {
       pack_weight();
       if (!in_place_) relayout<Gv>();
       if (in_place_ && Gv == 1) pad_along_w();
-      std::vector<index_t> scratch(in_place_ ? 4 * s_.taps() : 0);  // in_place_block's tap lists
+      std::vector<index_t> scratch(in_place_ ? 5 * s_.taps() : 0);  // in_place_block's tap lists
 #pragma omp barrier
       auto run_block = [&](index_t b, const Phase& phase, index_t m_begin, index_t m_end) {
         const index_t cb_begin = b * per_block, cb_end = std::min(col_blocks_, (b + 1) * per_block);
         if constexpr ((Gv == L || Gv == 1) && gvec::kDepthwiseRows > 0)
           if (in_place_)
-            return in_place_block<Gv == 1>(out, cb_begin, cb_end, m_begin, m_end, scratch.data());
+            return in_place_block<Gv == 1>(out, phase, cb_begin, cb_end, m_begin, m_end, scratch.data());
         block<Gv, SB, NV, MR>(out, src, cb_begin, cb_end, phase, m_begin, m_end);
       };
+      if (in_place_ && !phases_.front().whole) {
+        // in place at a stride: din's lines in order, each through its phases (one a residue
+        // of w), so the dout rows they read are still in cache for the next line's
+        const index_t lines = s_.n * dst_dims_[0] * dst_dims_[1], image = dst_dims_[0] * dst_dims_[1];
+        auto din_lines = [&](index_t b, index_t l_begin, index_t l_end) {
+          for (index_t l = l_begin; l < l_end; ++l) {
+            const index_t dh = l % dst_dims_[1], dd = l / dst_dims_[1] % dst_dims_[0], n = l / image;
+            const index_t rd = dd % s_.stride[0], rh = dh % s_.stride[1];
+            for (index_t rw = 0; rw < residues_[2]; ++rw) {
+              const Phase& phase = phases_[(rd * residues_[1] + rh) * residues_[2] + rw];
+              const index_t m = ((n * phase.dims[0] + dd / s_.stride[0]) * phase.dims[1] + dh / s_.stride[1]) *
+                                phase.dims[2];
+              run_block(b, phase, m, m + phase.dims[2]);
+            }
+          }
+        };
+        if constexpr (!kInterWave) {
+          const index_t per = ceil_div(kBM, dst_dims_[2]), line_blocks = ceil_div(lines, per);
+          for (index_t b = 0; b < blocks; ++b) {
+#pragma omp for schedule(static) nowait
+            for (index_t lb = 0; lb < line_blocks; ++lb) din_lines(b, lb * per, std::min(lines, (lb + 1) * per));
+          }
+        } else {
+#pragma omp for schedule(dynamic, 1) nowait
+          for (index_t unit = 0; unit < blocks * s_.n; ++unit)
+            din_lines(unit / s_.n, unit % s_.n * image, (unit % s_.n + 1) * image);
+        }
+      }
       // phases write disjoint destination pixels: no barrier between them
-      for (const Phase& phase : phases_) {
+      for (const Phase& phase : in_place_ && !phases_.front().whole ? no_phases : phases_) {
         const index_t image = phase.dims[0] * phase.dims[1] * phase.dims[2], rows = s_.n * image;
         if constexpr (!kInterWave) {
           const index_t m_blocks = ceil_div(rows, kBM);
@@ -560,31 +593,41 @@ class GroupVectorConv {
     }
   }
 
-  /// In place (in_place_): destination pixels [m_begin, m_end) x column blocks [cb_begin,
-  /// cb_end), a line (n, d, h) at a time, reading the source where it lies. A line's taps are
-  /// those whose (d, h) source row is inside the image (a padding row adds nothing); the
-  /// pixels whose every such tap reads inside along w go a tile of several at a time, the few
-  /// others (the padding's width at each end) one at a time with the taps they read.
-  /// Depthwise: 16 groups a row; Channels (Gv = 1): 16 of one group's destination channels a
-  /// row, each (tap, source channel) a broadcast of the source, read from the copy padded
-  /// along w (pad_along_w). `scratch` holds 4 x taps.
+  /// In place (in_place_): destination pixels [m_begin, m_end) of `phase` x column blocks
+  /// [cb_begin, cb_end), a line (n, d, h) at a time, reading the source where it lies. A
+  /// line's taps are those whose (d, h) source row is inside the image (a padding row adds
+  /// nothing); the pixels whose every such tap reads inside along w go a tile of several at a
+  /// time, the few others (the padding's width at each end) one at a time with the taps they
+  /// read. Depthwise: 16 groups a row, bwd_data at a stride a phase at a time (its lines every
+  /// stride-th pixel of din, reading dout at stride 1 through the phase's taps); Channels
+  /// (Gv = 1, one phase): 16 of one group's destination channels a row, each (tap, source
+  /// channel) a broadcast of the source, read from the copy padded along w (pad_along_w).
+  /// `scratch` holds 5 x taps.
   template <bool Channels>
-  void in_place_block(float* out, index_t cb_begin, index_t cb_end, index_t m_begin, index_t m_end,
-                      index_t* scratch) const {
-    const index_t taps = s_.taps(), G = s_.g, S = src_ch_, D = dst_ch_, stride = s_.stride[2];
+  void in_place_block(float* out, const Phase& phase, index_t cb_begin, index_t cb_end, index_t m_begin,
+                      index_t m_end, index_t* scratch) const {
+    const index_t taps = s_.taps(), G = s_.g, S = src_ch_, D = dst_ch_;
+    // a phase's source coordinate is its pixel's index plus the tap's: stride 1
+    const index_t strides[3] = {phase.whole ? s_.stride[0] : 1, phase.whole ? s_.stride[1] : 1,
+                                phase.whole ? s_.stride[2] : 1};
+    const index_t stride = strides[2], n_taps = phase.whole ? taps : index_t(phase.taps.size());
     const index_t width = Channels ? width_ : src_dims_[2], pixel = G * S;  // floats a source pixel
     const index_t step = stride * pixel;  // floats between the sources of neighbouring pixels
     index_t* line_off = scratch;          // a kept tap's source from the line's, in floats
     index_t* line_tap = scratch + taps;
-    Pixel p = split_pixel(m_begin, dst_dims_);
+    index_t* line_aw = scratch + 4 * taps;  // a kept tap's source column for the line's pixel 0
+    Pixel p = split_pixel(m_begin, phase.dims);
     for (index_t m = m_begin; m < m_end;) {
-      const index_t begin = p.w, end = p.w + std::min(dst_dims_[2] - p.w, m_end - m);
+      const index_t begin = p.w, end = p.w + std::min(phase.dims[2] - p.w, m_end - m);
       index_t kept = 0, lo = begin, hi = end;
-      for (index_t t = 0; t < taps; ++t) {
-        const index_t sd = p.d * s_.stride[0] + tap_at_[0][t], sh = p.h * s_.stride[1] + tap_at_[1][t];
+      for (index_t k = 0; k < n_taps; ++k) {
+        const index_t t = phase.whole ? k : phase.taps[k];
+        const auto at = [&](int dim) { return phase.whole ? tap_at_[dim][t] : phase.at[dim][k]; };
+        const index_t sd = p.d * strides[0] + at(0), sh = p.h * strides[1] + at(1);
         if (sd < 0 || sd >= src_dims_[0] || sh < 0 || sh >= src_dims_[1]) continue;
-        const index_t aw = tap_at_[2][t];
+        const index_t aw = at(2);
         line_off[kept] = ((sd * src_dims_[1] + sh) * width + aw) * pixel;
+        line_aw[kept] = aw;
         line_tap[kept++] = t;
         if (aw < 0) lo = std::max(lo, ceil_div(-aw, stride));           // w stride + aw >= 0
         if (aw > width - 1) hi = begin;                                   // never inside
@@ -593,7 +636,11 @@ class GroupVectorConv {
       lo = std::min(lo, end);
       hi = std::max(hi, lo);
       const float* image = (Channels ? padded_w_.get() : src_) + p.n * src_dims_[0] * src_dims_[1] * width * pixel;
-      float* line_dst = out + (m - p.w) * G * D;
+      // the destination line's pixel 0, and the floats between its pixels
+      const index_t dst_pixel = ((p.n * dst_dims_[0] + phase.first[0] + phase.step[0] * p.d) * dst_dims_[1] +
+                                 phase.first[1] + phase.step[1] * p.h) * dst_dims_[2] + phase.first[2];
+      float* line_dst = out + dst_pixel * G * D;
+      const index_t dst_step = phase.step[2] * G * D;
       for (index_t cb = cb_begin; cb < cb_end; ++cb) {
         if constexpr (Channels) {
           // rows of 16 of group g's destination channels from c0, the last masked past D;
@@ -601,20 +648,20 @@ class GroupVectorConv {
           const index_t g = cb / channel_blocks_, c0 = cb % channel_blocks_ * nv_ * L, lanes = nv_ * L;
           for (index_t r = 0; r < nv_ && c0 + r * L < D; ++r) {
             const InPlaceLine line{image + g * S, step, packed_.get() + cb * taps * S * lanes + r * L,
-                                   S * lanes, lanes, S, line_dst + g * D + c0 + r * L, G * D,
+                                   S * lanes, lanes, S, line_dst + g * D + c0 + r * L, dst_step,
                                    std::min<index_t>(L, D - c0 - r * L)};
-            if (line.lanes == L) in_place_line<gvec::kChannelRows, false, true>(line, begin, lo, hi, end, kept, scratch);
-            else in_place_line<gvec::kChannelRows, true, true>(line, begin, lo, hi, end, kept, scratch);
+            if (line.lanes == L) in_place_line<gvec::kChannelRows, false, true>(line, begin, lo, hi, end, kept, stride, scratch);
+            else in_place_line<gvec::kChannelRows, true, true>(line, begin, lo, hi, end, kept, stride, scratch);
           }
         } else {
           // the last column block of a G that 16 does not divide reads and writes its lanes below G
           const InPlaceLine line{image + cb * L, step, packed_.get() + cb * taps * L, L, 0, 1,
-                                 line_dst + cb * L, G, std::min<index_t>(L, G - cb * L)};
-          if (line.lanes == L) in_place_line<gvec::kDepthwiseRows, false, false>(line, begin, lo, hi, end, kept, scratch);
-          else in_place_line<gvec::kDepthwiseRows, true, false>(line, begin, lo, hi, end, kept, scratch);
+                                 line_dst + cb * L, dst_step, std::min<index_t>(L, G - cb * L)};
+          if (line.lanes == L) in_place_line<gvec::kDepthwiseRows, false, false>(line, begin, lo, hi, end, kept, stride, scratch);
+          else in_place_line<gvec::kDepthwiseRows, true, false>(line, begin, lo, hi, end, kept, stride, scratch);
         }
       }
-      advance(p, end - begin, dst_dims_);
+      advance(p, end - begin, phase.dims);
       m += end - begin;
     }
   }
@@ -651,20 +698,22 @@ class GroupVectorConv {
   /// (kInPlaceWeights floats) stay in L1, each pass after the first adding to the destination.
   template <int MR, bool Partial, bool Channels>
   void in_place_line(const InPlaceLine& line, index_t begin, index_t lo, index_t hi, index_t end,
-                     index_t kept, index_t* scratch) const {
-    const index_t taps = s_.taps(), stride = s_.stride[2], width = Channels ? width_ : src_dims_[2];
+                     index_t kept, index_t stride, index_t* scratch) const {
+    const index_t taps = s_.taps(), width = Channels ? width_ : src_dims_[2];
     const index_t* line_off = scratch;
     const index_t* line_tap = scratch + taps;
     index_t* pixel_off = scratch + 2 * taps;
     index_t* pixel_tap = scratch + 3 * taps;
-    const index_t pass = Channels ? std::max<index_t>(1, kInPlaceWeights / (line.channels * L)) : kept;
+    const index_t* line_aw = scratch + 4 * taps;
+    // (a line of no taps: one pass, writing zeros)
+    const index_t pass = Channels ? std::max<index_t>(1, kInPlaceWeights / (line.channels * L)) : std::max<index_t>(1, kept);
     for (index_t k0 = 0; k0 == 0 || k0 < kept; k0 += pass) {
       const index_t k1 = std::min(kept, k0 + pass);
       const bool accumulate = k0 > 0;
       auto edge = [&](index_t w) {
         index_t count = 0;
         for (index_t k = k0; k < k1; ++k) {
-          const index_t sw = w * stride + tap_at_[2][line_tap[k]];
+          const index_t sw = w * stride + line_aw[k];
           if (sw < 0 || sw >= width) continue;
           pixel_off[count] = line_off[k];
           pixel_tap[count++] = line_tap[k];
@@ -746,7 +795,7 @@ class GroupVectorConv {
       return true;
     };
     for (int dim = 0; dim < 3; ++dim) {
-      residues[dim] = std::min(s_.stride[dim], dst_dims_[dim]);
+      residues[dim] = residues_[dim] = std::min(s_.stride[dim], dst_dims_[dim]);
       for (index_t r = 0; r < residues[dim]; ++r) {
         const index_t last = ceil_div(dst_dims_[dim] - r, s_.stride[dim]) - 1;
         for (index_t f = 0, a = 0; f < s_.filt[dim]; ++f)
@@ -762,7 +811,7 @@ class GroupVectorConv {
       for (index_t rh = 0; rh < residues[1]; ++rh)
         for (index_t rw = 0; rw < residues[2]; ++rw) {
           const index_t r[3] = {rd, rh, rw};
-          Phase phase{false, {rd, rh, rw}, {s_.stride[0], s_.stride[1], s_.stride[2]}, {}, {}, {}};
+          Phase phase{false, {rd, rh, rw}, {s_.stride[0], s_.stride[1], s_.stride[2]}, {}, {}, {}, {}};
           for (int dim = 0; dim < 3; ++dim) phase.dims[dim] = ceil_div(dst_dims_[dim] - r[dim], s_.stride[dim]);
           for (index_t t = 0; t < s_.taps(); ++t) {
             const Pixel f = split_tap(t, s_.filt);
@@ -772,6 +821,7 @@ class GroupVectorConv {
             for (int dim = 0; dim < 3; ++dim) reads = reads && reach(dim, r[dim], fs[dim], a[dim]);
             if (!reads) continue;
             phase.taps.push_back(t);
+            for (int dim = 0; dim < 3; ++dim) phase.at[dim].push_back(a[dim]);
             phase.offsets.push_back((((a[0] + lead_[0]) * padded_[1] + a[1] + lead_[1]) * padded_[2] +
                                      a[2] + lead_[2]) * src_row_);
           }
@@ -912,6 +962,7 @@ class GroupVectorConv {
   index_t dst_dims_[3], src_dims_[3], lead_[3], padded_[3], dst_pixels_, src_pixels_;
   std::vector<index_t> lane_channel_;
   std::vector<Phase> phases_;
+  index_t residues_[3] = {1, 1, 1};  // phases along each dim (bwd_data at a stride)
   // depthwise at one phase (forward, or bwd_data at stride 1), and Gv = 1 there, read
   // the source in place; tap_at_[dim][t]: the source coordinate of tap t for destination
   // coordinate 0 (its stride times the coordinate added)
