@@ -393,8 +393,12 @@ class GroupVectorConv {
         const index_t image = phase.dims[0] * phase.dims[1] * phase.dims[2], rows = s_.n * image;
         if constexpr (!kInterWave) {
           const index_t m_blocks = ceil_div(rows, kBM);
+          // runs of neighbouring blocks (their source rows overlap) a quarter of a thread's
+          // share long, dealt out as threads come free: a layer of few blocks, or a thread
+          // slowed by the shared machine, no longer waits on the slowest share
+          const index_t run = std::max<index_t>(1, m_blocks / (2 * threads_));
           for (index_t b = 0; b < blocks; ++b) {
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, run) nowait
             for (index_t mb = 0; mb < m_blocks; ++mb)
               run_block(b, phase, mb * kBM, std::min(rows, (mb + 1) * kBM));
           }
