@@ -392,15 +392,17 @@ class GroupVectorConv {
       for (const Phase& phase : in_place_ && !phases_.front().whole ? no_phases : phases_) {
         const index_t image = phase.dims[0] * phase.dims[1] * phase.dims[2], rows = s_.n * image;
         if constexpr (!kInterWave) {
-          const index_t m_blocks = ceil_div(rows, kBM);
-          // runs of neighbouring blocks (their source rows overlap) a quarter of a thread's
-          // share long, dealt out as threads come free: a layer of few blocks, or a thread
-          // slowed by the shared machine, no longer waits on the slowest share
-          const index_t run = std::max<index_t>(1, m_blocks / (2 * threads_));
-          for (index_t b = 0; b < blocks; ++b) {
+          // the (column block, pixel block) grid, pixel blocks inner, in runs of neighbouring
+          // blocks (their source rows overlap) half a thread's share long, dealt out as threads
+          // come free: a layer of few blocks, or a thread slowed by the shared machine, no
+          // longer waits on the slowest share (one loop a column block, each statically
+          // shared, gave a layer of one pixel block all to the first thread)
+          const index_t m_blocks = ceil_div(rows, kBM), units = blocks * m_blocks;
+          const index_t run = std::max<index_t>(1, units / (2 * threads_));
 #pragma omp for schedule(dynamic, run) nowait
-            for (index_t mb = 0; mb < m_blocks; ++mb)
-              run_block(b, phase, mb * kBM, std::min(rows, (mb + 1) * kBM));
+          for (index_t unit = 0; unit < units; ++unit) {
+            const index_t mb = unit % m_blocks;
+            run_block(unit / m_blocks, phase, mb * kBM, std::min(rows, (mb + 1) * kBM));
           }
         } else {
 #pragma omp for schedule(dynamic, 1) nowait
