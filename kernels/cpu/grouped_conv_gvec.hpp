@@ -377,10 +377,13 @@ class GroupVectorConv {
           }
         };
         if constexpr (!kInterWave) {
+          // the (column block, line block) grid as the phases' below
           const index_t per = ceil_div(kBM, dst_dims_[2]), line_blocks = ceil_div(lines, per);
-          for (index_t b = 0; b < blocks; ++b) {
-#pragma omp for schedule(static) nowait
-            for (index_t lb = 0; lb < line_blocks; ++lb) din_lines(b, lb * per, std::min(lines, (lb + 1) * per));
+          const index_t units = blocks * line_blocks, run = std::max<index_t>(1, units / (2 * threads_));
+#pragma omp for schedule(dynamic, run) nowait
+          for (index_t unit = 0; unit < units; ++unit) {
+            const index_t lb = unit % line_blocks;
+            din_lines(unit / line_blocks, lb * per, std::min(lines, (lb + 1) * per));
           }
         } else {
 #pragma omp for schedule(dynamic, 1) nowait
