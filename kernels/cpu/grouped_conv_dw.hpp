@@ -200,12 +200,14 @@ class DepthwiseWeightGrad {
           line += run;
         }
       }
-      // implicit barrier: every partial is complete
+      // implicit barrier: every partial is complete (those of the threads the team has: the
+      // runtime may give fewer than asked)
+      const int members = omp_get_num_threads();
 #pragma omp for schedule(static)
       for (index_t g = 0; g < s_.g; ++g)
         for (index_t t = 0; t < taps; ++t) {
           float total = 0.0f;
-          for (int thread = 0; thread < team; ++thread) total += partials_.get()[(thread * taps + t) * gp + g];
+          for (int thread = 0; thread < members; ++thread) total += partials_.get()[(thread * taps + t) * gp + g];
           out[g * taps + t] = total;
         }
     }
