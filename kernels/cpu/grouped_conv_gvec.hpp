@@ -391,7 +391,8 @@ class GroupVectorConv {
             din_lines(unit / s_.n, unit % s_.n * image, (unit % s_.n + 1) * image);
         }
       }
-      // phases write disjoint destination pixels: no barrier between them
+      // phases write disjoint destination pixels: no barrier between them (in place at a
+      // stride, they ran above, line by line)
       for (const Phase& phase : in_place_ && !phases_.front().whole ? no_phases : phases_) {
         const index_t image = phase.dims[0] * phase.dims[1] * phase.dims[2], rows = s_.n * image;
         if constexpr (!kInterWave) {
