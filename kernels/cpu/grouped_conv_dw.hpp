@@ -258,11 +258,11 @@ class DepthwiseWeightGrad {
     }
     const float* dout = dout_ + line * width * G;
     const index_t passes = ceil_div(m, rows_a_pass_);
-    for (index_t g0 = g_begin; g0 < g_end; g0 += kLanes) {
-      const index_t lanes = std::min<index_t>(kLanes, g_end - g0);
-      for (const Columns& cols : columns_) {
-        const Walk walk{width, s_.stride[2] * G, s_.dil[2] * G, s_.stride[1] * s_.in[2] * G, width * G,
-                        G, groups_padded_, valid_w_.data() + cols.first, cols.lo, cols.hi};
+    for (const Columns& cols : columns_) {
+      const Walk walk{width, s_.stride[2] * G, s_.dil[2] * G, s_.stride[1] * s_.in[2] * G, width * G,
+                      G, groups_padded_, valid_w_.data() + cols.first, cols.lo, cols.hi};
+      for (index_t g0 = g_begin; g0 < g_end; g0 += kLanes) {
+        const index_t lanes = std::min<index_t>(kLanes, g_end - g0);
         for (index_t pass = 0; pass < passes; ++pass) {
           const index_t r0 = m * pass / passes, r1 = m * (pass + 1) / passes;
           const float* at[kMaxM];  // pixel 0's input under the chunk's column 0, each filter row
