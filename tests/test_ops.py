@@ -3,6 +3,7 @@ process, against torch: outputs (norm-relative, the benchmark's tolerances), gra
 opcheck of the custom ops, transposed operands, bad inputs, and one real tiny registry."""
 from __future__ import annotations
 
+import copy
 import ctypes
 import json
 import mmap
@@ -20,6 +21,7 @@ from tilecast.core import hardware
 from tilecast.runtime import kernel_library, ops
 from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher
+from tilecast.disco.mix import Mixer
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
 from tilecast.families.gemm import GemmConfig
@@ -336,17 +338,23 @@ def test_gemm_into_names_a_bad_output(out, fragment):
 def test_disco_fused_mix_on_a_tilecast_gemm_matches_the_torch_mix(grid, channels, groups):
     shapes = {"same": ((12, 24), (12, 24)), "down": ((24, 48), (12, 24))}[grid]
     results, dispatcher = [], RecordingDispatcher(FP32_KERNEL)
-    for mix_gemm in (None, dispatcher, FP32_KERNEL):
+    # None: torch; then the kernel on every product (race=False), and raced against torch
+    for mix_gemm, race in ((None, True), (dispatcher, False), (FP32_KERNEL, False),
+                           (FP32_KERNEL, True)):
         torch.manual_seed(0)
         conv = ops.DiscoConvS2(*channels, *shapes, (3, 3), groups=groups, fused=True,
                                mix_gemm=mix_gemm)
-        x = torch.randn(2, channels[0], *shapes[0], generator=torch.Generator().manual_seed(1),
-                        requires_grad=True)
-        out = conv(x)
-        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
+        conv.mixer = Mixer(mix_gemm, race=race)
+        for _ in range(3 if race else 1):   # the raced module: races decided, then kept
+            x = torch.randn(2, channels[0], *shapes[0],
+                            generator=torch.Generator().manual_seed(1), requires_grad=True)
+            conv.weight.grad = None
+            out = conv(x)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
         results.append((out.detach(), x.grad, conv.weight.grad))
         if mix_gemm is not None:
             assert set(conv.mixer.kernels.values()) == {FP32_KERNEL}
+            assert bool(conv.mixer.races) == race
     for on_gemm in results[1:]:
         for got, want in zip(on_gemm, results[0]):
             assert rel_error(got, want) < 1e-5
@@ -357,11 +365,65 @@ def test_disco_fused_mix_on_a_tilecast_gemm_matches_the_torch_mix(grid, channels
     assert all(p.dtype == "fp32" for p in dispatcher.problems)
 
 
+@pytest.mark.parametrize("kernel_extra_s, winner", [(1.0, "torch"), (-0.4, "kernel")])
+def test_disco_mix_race_keeps_the_faster_side_per_shape(monkeypatch, kernel_extra_s, winner):
+    from tilecast.disco import mix
+    from tilecast.runtime.ops import gemm_ops
+
+    # every timed call lasts 0.25 s on the race's clock, the kernel's kernel_extra_s more
+    now, kernel_calls, real_gemm_into = [0.0], [], gemm_ops.gemm_into
+
+    def tick() -> float:
+        now[0] += 0.25
+        return now[0]
+
+    def timed_gemm_into(out, a, b, kernel):
+        kernel_calls.append(kernel)
+        now[0] += kernel_extra_s
+        return real_gemm_into(out, a, b, kernel)
+
+    monkeypatch.setattr(mix, "clock", tick)
+    monkeypatch.setattr(gemm_ops, "gemm_into", timed_gemm_into)
+    gen = torch.Generator().manual_seed(4)
+    a, b, c = (torch.randn(9, 20, generator=gen), torch.randn(20, 7, generator=gen),
+               torch.randn(20, 5, generator=gen))
+    mixer, calls = mix.Mixer(FP32_KERNEL), 2 + 2 * mix.RACE_SAMPLES + 4
+    total = torch.zeros(9, 5)
+    for call in range(calls):
+        out = torch.full((9, 7), float("nan"))
+        mixer.mm(a, b, out)
+        assert rel_error(out, a.double() @ b.double()) < 1e-5
+        if call < 3:                      # another shape, through the buffered addmm_
+            mixer.addmm_(total, a, c)
+    assert rel_error(total, 3 * (a.double() @ c.double())) < 1e-5
+    race = mixer.races[(9, 7, 20, "row", "row")]
+    assert race.winner == winner
+    assert [len(race.seconds[side]) for side in ("torch", "kernel")] == [mix.RACE_SAMPLES] * 2
+    torch_s, kernel_s = race.medians()
+    assert torch_s == pytest.approx(0.25) and kernel_s == pytest.approx(0.25 + kernel_extra_s)
+    # after the decision: every call on the winner (the untimed first call and the timed ones
+    # before it ran the kernel 1 + RACE_SAMPLES times)
+    on_kernel = 1 + mix.RACE_SAMPLES + (4 if winner == "kernel" else 0)
+    addmm_race = mixer.races[(9, 5, 20, "row", "row")]
+    # (its 3 calls: torch, kernel untimed, kernel)
+    assert addmm_race.winner is None and len(kernel_calls) == on_kernel + 2
+    forced = mix.Mixer(FP32_KERNEL, race=False)
+    for _ in range(3):
+        forced.mm(a, b, torch.empty(9, 7))
+    assert not forced.races and len(kernel_calls) == on_kernel + 2 + 3
+    # a module's copy keeps the choice and whether it races, not the races run so far
+    copied = copy.deepcopy(mixer), copy.deepcopy(forced)
+    assert [(c.gemm, c.race, c.races) for c in copied] == [(FP32_KERNEL, True, {}),
+                                                          (FP32_KERNEL, False, {})]
+
+
 def test_disco_mix_gemm_needs_the_fused_path_and_a_kernel_or_dispatcher():
     with pytest.raises(ValueError, match="pass fused=True"):
         ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), mix_gemm=FP32_KERNEL)
     with pytest.raises(TypeError, match="mix_gemm must be None, a GEMM kernel name"):
         ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True, mix_gemm=3)
+    with pytest.raises(ValueError, match="'fp32_avx2_6x16' is not a GEMM kernel name"):
+        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True, mix_gemm="fp32_avx2_6x16")
     with pytest.raises(ValueError, match="picks grouped_conv_forward kernels"):
         ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True,
                         mix_gemm=RecordingDispatcher(CONV_2D["forward"],

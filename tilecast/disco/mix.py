@@ -4,24 +4,45 @@ A DISCO convolution spends most of its FLOPs in the channel/basis mix: per batch
 group, weight (M, C * K) @ slab (C * K, rows * nlon). `Mixer` runs those products. Without a
 GEMM choice it calls torch (torch.mm with out=, addmm_), as before. With one (a GEMM kernel
 name, or a dispatcher of the gemm family such as
-`Dispatcher.from_registry("registry", "gemm")`), float32 products on the CPU run on that
+`Dispatcher.from_registry("registry", "gemm")`), float32 products on the CPU may run on that
 kernel: the dispatcher is asked once per product shape (m, n, k and the operands' layouts),
 and the product is written straight into the output's rows (tilecast.runtime.ops.gemm_into).
 Other dtypes and devices stay on torch.
 
-Whether the kernel beats torch's sgemm at the mix's shapes is a measurement
-(`benchmarks/disco.py --mix-gemm`), which is why torch stays the default.
+Whether the kernel beats torch's sgemm at a shape depends on the machine (on the AVX2 EPYC
+torch's MKL takes a slow path; on the AVX-512 Xeon it ran 1.1-1.3x the kernel at the mix's
+shapes), so by default each shape's first products are a race: they alternate between torch
+and the kernel, RACE_SAMPLES timed calls each after one untimed call each, and the shape then
+stays on the one with the lower median (`Race`). The race's calls are the convolution's own
+products, so it costs no extra work and every product is exact either way. `race=False` runs
+the kernel on every product (to time it alone).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import statistics
+import time
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
+#: timed calls of each side before a shape's race is decided (after one untimed call each)
+RACE_SAMPLES = 3
+#: the race's clock (a module attribute, so that a test can drive the race)
+clock: Callable[[], float] = time.perf_counter
+
 
 def _check_choice(gemm: Any) -> None:
-    if gemm is None or (isinstance(gemm, str) and gemm):
+    if gemm is None:
+        return
+    if isinstance(gemm, str) and gemm:
+        from tilecast.families.base import FamilyError
+        from tilecast.runtime.ops.gemm_ops import GEMM
+
+        try:
+            GEMM.parse_name(gemm)
+        except FamilyError as error:
+            raise ValueError(f"mix_gemm {gemm!r} is not a GEMM kernel name: {error}") from None
         return
     if not callable(getattr(gemm, "select", None)):
         raise TypeError("mix_gemm must be None, a GEMM kernel name or a gemm dispatcher (with "
@@ -32,50 +53,123 @@ def _check_choice(gemm: Any) -> None:
                          "a gemm dispatcher")
 
 
-class Mixer:
-    """The mix's products: torch's, or the GEMM kernel `gemm` names or chooses (module
-    docstring). `kernels` records the kernel run for each product shape."""
+class Race:
+    """One product shape's race between torch and `kernel`: `side()` names who runs the next
+    call ("torch" or "kernel"), `record(side, seconds)` keeps its time; `winner` is None until
+    both sides have RACE_SAMPLES timed calls, then "torch" or "kernel" (the lower median; torch
+    on a tie). Each side's first call is untimed (a first call loads the kernel and touches
+    fresh buffers)."""
 
-    def __init__(self, gemm: Any = None):
+    def __init__(self, kernel: str):
+        self.kernel = kernel
+        self.seconds: dict[str, list[float]] = {"torch": [], "kernel": []}
+        self._calls = 0
+        self.winner: Optional[str] = None
+
+    def side(self) -> str:
+        # torch, kernel, then pairs in alternating order: kernel torch, torch kernel, ...
+        calls = self._calls
+        if calls < 2:
+            return ("torch", "kernel")[calls]
+        pair, second = divmod(calls - 2, 2)
+        return ("kernel", "torch")[second] if pair % 2 == 0 else ("torch", "kernel")[second]
+
+    def record(self, side: str, seconds: float) -> None:
+        if self._calls >= 2:
+            self.seconds[side].append(seconds)
+        self._calls += 1
+        if min(len(times) for times in self.seconds.values()) >= RACE_SAMPLES:
+            torch_s, kernel_s = self.medians()
+            self.winner = "kernel" if kernel_s < torch_s else "torch"
+
+    def medians(self) -> tuple[float, float]:
+        """Median seconds of torch's and the kernel's timed calls (nan where none)."""
+        return tuple(statistics.median(times) if times else float("nan")
+                     for times in (self.seconds["torch"], self.seconds["kernel"]))
+
+    def __repr__(self) -> str:
+        torch_s, kernel_s = self.medians()
+        return (f"Race({self.kernel!r}, torch {torch_s * 1e3:.3g} ms, kernel "
+                f"{kernel_s * 1e3:.3g} ms, winner {self.winner})")
+
+
+class Mixer:
+    """The mix's products: torch's, or the GEMM kernel `gemm` names or chooses, raced
+    against torch per product shape unless race=False (module docstring). `kernels` records
+    the kernel the choice gives for each product shape, `races` each shape's race."""
+
+    def __init__(self, gemm: Any = None, race: bool = True):
         _check_choice(gemm)
         self.gemm = gemm
+        self.race = bool(race)
         self.kernels: dict[tuple, str] = {}
+        self.races: dict[tuple, Race] = {}
 
     def __deepcopy__(self, memo) -> "Mixer":
         # a module's copy shares the kernel choice (a dispatcher holds a loaded model)
-        return Mixer(self.gemm)
+        return Mixer(self.gemm, self.race)
 
     def __repr__(self) -> str:
-        return f"Mixer({'torch' if self.gemm is None else self.gemm!r})"
+        if self.gemm is None:
+            return "Mixer(torch)"
+        return f"Mixer({self.gemm!r}{', raced against torch' if self.race else ''})"
 
-    def kernel_for(self, a: Tensor, b: Tensor) -> Optional[str]:
-        """The GEMM kernel that runs a @ b, or None where torch runs it."""
+    def _key(self, a: Tensor, b: Tensor) -> Optional[tuple]:
         if (self.gemm is None or a.dtype != torch.float32 or b.dtype != torch.float32
                 or a.device.type != "cpu" or b.device.type != "cpu"):
             return None
         from tilecast.runtime.ops import gemm_ops  # the ops import this package
 
-        key = (a.shape[0], b.shape[1], a.shape[1], gemm_ops.operand_layout(a),
-               gemm_ops.operand_layout(b))
+        return (a.shape[0], b.shape[1], a.shape[1], gemm_ops.operand_layout(a),
+                gemm_ops.operand_layout(b))
+
+    def kernel_for(self, a: Tensor, b: Tensor) -> Optional[str]:
+        """The GEMM kernel the choice gives for a @ b, or None where torch runs it (no
+        choice, another dtype or device; a lost race does not change this answer)."""
+        key = self._key(a, b)
+        if key is None:
+            return None
         if key not in self.kernels:
             if isinstance(self.gemm, str):
                 self.kernels[key] = self.gemm
             else:
+                from tilecast.runtime.ops import gemm_ops
+
                 m, n, k, layout_a, layout_b = key
                 problem = gemm_ops.GEMM.problem({"m": m, "n": n, "k": k, "dtype": "fp32",
                                                  "layout_a": layout_a, "layout_b": layout_b})
                 self.kernels[key] = self.gemm.select(problem)
         return self.kernels[key]
 
+    def _run(self, a: Tensor, b: Tensor, on_torch: Callable[[], None],
+             on_kernel: Callable[[str], None]) -> None:
+        """One product: on torch, on the kernel, or the shape's race's next call."""
+        kernel = self.kernel_for(a, b)
+        if kernel is None:
+            on_torch()
+            return
+        if not self.race:
+            on_kernel(kernel)
+            return
+        race = self.races.setdefault(self._key(a, b), Race(kernel))
+        side = race.winner or race.side()
+        start = clock()
+        if side == "kernel":
+            on_kernel(kernel)
+        else:
+            on_torch()
+        if race.winner is None:
+            race.record(side, clock() - start)
+
     def mm(self, a: Tensor, b: Tensor, out: Tensor) -> None:
         """out = a @ b, out a matrix of rows with unit column stride (written in place)."""
-        kernel = self.kernel_for(a, b)
-        if kernel is None or out.dtype != torch.float32:
+        if out.dtype != torch.float32:
             torch.mm(a, b, out=out)
             return
         from tilecast.runtime.ops import gemm_ops
 
-        gemm_ops.gemm_into(out, a, b, kernel)
+        self._run(a, b, lambda: torch.mm(a, b, out=out),
+                  lambda kernel: gemm_ops.gemm_into(out, a, b, kernel))
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """a (G, M, K) @ b (B, G, K, N) -> (B, G, M, N), as torch.matmul broadcasts them."""
@@ -89,13 +183,18 @@ class Mixer:
         return out
 
     def addmm_(self, total: Tensor, a: Tensor, b: Tensor) -> None:
-        """total += a @ b (the kernels write, so the product goes through a buffer)."""
-        if self.kernel_for(a, b) is None or total.dtype != torch.float32:
+        """total += a @ b (the kernels write, so the kernel's product goes through a buffer)."""
+        if total.dtype != torch.float32:
             total.addmm_(a, b)
             return
-        product = torch.empty(total.shape, dtype=torch.float32)
-        self.mm(a, b, product)
-        total += product
+        from tilecast.runtime.ops import gemm_ops
+
+        def on_kernel(kernel: str) -> None:
+            product = torch.empty(total.shape, dtype=torch.float32)
+            gemm_ops.gemm_into(product, a, b, kernel)
+            total.add_(product)
+
+        self._run(a, b, lambda: total.addmm_(a, b), on_kernel)
 
 
 #: the mix on torch's matmul
