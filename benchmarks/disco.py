@@ -16,11 +16,11 @@ mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.core.probe) and
 the fused path's block shape, both read in every round of the module timings, and the best
 ratio th/tilecast any implementation could reach that spends at least that long on the mix,
 with its sparse contractions for free. --mix-gemm runs the fused paths twice more: with their
-mix on a tilecast GEMM kernel alone (+gemm; tilecast.disco.mix: a kernel name, or
-registry:PATH for the dispatcher of the gemm model published there), and with that kernel
-raced against torch's sgemm at each product shape (+raced, DiscoConvS2's mix_gemm; each race's
-medians and winner printed); and it reads the kernel's rate at the mix's block beside torch's
-sgemm. The configs are DISCO_KERNEL_DEV.md's. --scale s
+mix on a tilecast GEMM kernel alone (+gemm; tilecast.disco.mix: the first of comma-separated
+kernel names, or with registry:PATH the choice of the gemm model published there), and with
+the kernels raced against torch's sgemm at each product shape (+raced, DiscoConvS2's
+mix_gemm: every name given, or the model's best three; each race's medians and winner
+printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm. The configs are DISCO_KERNEL_DEV.md's. --scale s
 multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
 about as many grid points. Figures, not a test.
 """
@@ -274,9 +274,9 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
               f"  fwd+bwd {both * 1e3:9.1f} ms ({train_flops / both / 1e9:6.1f} GFLOP/s)  err vs fp64 {error}")
     for label, module in modules.items():
         for (m, n, k, layout_a, layout_b), race in getattr(module, "mixer", Mixer()).races.items():
-            torch_s, kernel_s = race.medians()
-            print(f"  {precision:5s} {label} race at {m}x{n}x{k}:{layout_a}:{layout_b}: torch "
-                  f"{torch_s * 1e3:.2f} ms, {race.kernel} {kernel_s * 1e3:.2f} ms -> {race.winner}")
+            times = ", ".join(f"{side} {median * 1e3:.2f} ms" for side, median in race.medians().items())
+            print(f"  {precision:5s} {label} race at {m}x{n}x{k}:{layout_a}:{layout_b}: {times} "
+                  f"-> {race.winner}")
     peer = rows["th"]
     for label, (forward, both, _) in rows.items():
         if label != "th":
@@ -370,10 +370,10 @@ def main(argv=None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--paths", default=",".join(PATHS),
                         help=f"DiscoConvS2 paths to time (default all: {', '.join(PATHS)})")
-    parser.add_argument("--mix-gemm", default=None, metavar="KERNEL|registry:PATH",
-                        help="also time the fused paths with their mix on this tilecast GEMM "
-                             "kernel (or on the choices of the gemm model published in PATH), "
-                             "alone and raced against torch's sgemm")
+    parser.add_argument("--mix-gemm", default=None, metavar="KERNEL[,KERNEL...]|registry:PATH",
+                        help="also time the fused paths with their mix on tilecast GEMM kernels "
+                             "(or on the choices of the gemm model published in PATH): the "
+                             "first alone, and all raced against torch's sgemm")
     args = parser.parse_args(argv)
     paths = args.paths.split(",")
     names, precisions = args.configs.split(","), args.precisions.split(",")
@@ -391,7 +391,7 @@ def main(argv=None) -> None:
     if args.mix_gemm is not None:
         spec = args.mix_gemm
         mixer = Mixer(Dispatcher.from_registry(spec[len("registry:"):], "gemm")
-                      if spec.startswith("registry:") else spec, race=False)
+                      if spec.startswith("registry:") else spec.split(","), race=False)
     torch.set_num_threads(args.threads)
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}  {' '.join(sys.argv)}")
     print(f"torch {torch.__version__}, {args.threads} threads, forward tile "

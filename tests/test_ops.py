@@ -365,12 +365,33 @@ def test_disco_fused_mix_on_a_tilecast_gemm_matches_the_torch_mix(grid, channels
     assert all(p.dtype == "fp32" for p in dispatcher.problems)
 
 
-@pytest.mark.parametrize("kernel_extra_s, winner", [(1.0, "torch"), (-0.4, "kernel")])
-def test_disco_mix_race_keeps_the_faster_side_per_shape(monkeypatch, kernel_extra_s, winner):
+class RankingDispatcher(RecordingDispatcher):
+    """A dispatcher whose ranking is a fixed list of kernels, best first."""
+
+    def __init__(self, kernels: list[str]):
+        super().__init__(kernels[0])
+        self.ranked = kernels
+
+    def rank(self, problem, k: int = 5) -> list[tuple[str, float]]:
+        return [(name, 1.0) for name in self.ranked[:k]]
+
+
+FP32_KERNELS = [GEMM.kernel_name(c) for c in GEMM_VARIANTS if c.dtype == "fp32"]
+
+
+@pytest.mark.parametrize("choice, extra_s, winner", [
+    ("name", {FP32_KERNEL: 1.0}, "torch"),
+    ("name", {FP32_KERNEL: -0.4}, FP32_KERNEL),
+    # a dispatcher's ranking: its first three race torch, and the second wins
+    ("dispatcher", dict(zip(FP32_KERNELS, (1.0, -0.2, 0.5, -0.3))), FP32_KERNELS[1]),
+    ("names", dict(zip(FP32_KERNELS[:2], (0.3, 0.1))), "torch"),
+])
+def test_disco_mix_race_keeps_the_fastest_contender_per_shape(monkeypatch, choice, extra_s,
+                                                              winner):
     from tilecast.disco import mix
     from tilecast.runtime.ops import gemm_ops
 
-    # every timed call lasts 0.25 s on the race's clock, the kernel's kernel_extra_s more
+    # every timed call lasts 0.25 s on the race's clock, each kernel extra_s[kernel] more
     now, kernel_calls, real_gemm_into = [0.0], [], gemm_ops.gemm_into
 
     def tick() -> float:
@@ -379,42 +400,48 @@ def test_disco_mix_race_keeps_the_faster_side_per_shape(monkeypatch, kernel_extr
 
     def timed_gemm_into(out, a, b, kernel):
         kernel_calls.append(kernel)
-        now[0] += kernel_extra_s
+        now[0] += extra_s[kernel]
         return real_gemm_into(out, a, b, kernel)
 
     monkeypatch.setattr(mix, "clock", tick)
     monkeypatch.setattr(gemm_ops, "gemm_into", timed_gemm_into)
+    kernels = list(extra_s)[:mix.RACE_KERNELS] if choice == "dispatcher" else list(extra_s)
+    mixer = mix.Mixer({"name": kernels[0], "names": kernels,
+                       "dispatcher": RankingDispatcher(list(extra_s))}[choice])
+    contenders = 1 + len(kernels)
     gen = torch.Generator().manual_seed(4)
     a, b, c = (torch.randn(9, 20, generator=gen), torch.randn(20, 7, generator=gen),
                torch.randn(20, 5, generator=gen))
-    mixer, calls = mix.Mixer(FP32_KERNEL), 2 + 2 * mix.RACE_SAMPLES + 4
+    racing_calls, after = contenders * (1 + mix.RACE_SAMPLES), 4
     total = torch.zeros(9, 5)
-    for call in range(calls):
+    for call in range(racing_calls + after):
         out = torch.full((9, 7), float("nan"))
         mixer.mm(a, b, out)
         assert rel_error(out, a.double() @ b.double()) < 1e-5
-        if call < 3:                      # another shape, through the buffered addmm_
+        assert (mixer.races[(9, 7, 20, "row", "row")].winner is None) == (call < racing_calls - 1)
+        if call < 2:                      # another shape, through the buffered addmm_
             mixer.addmm_(total, a, c)
-    assert rel_error(total, 3 * (a.double() @ c.double())) < 1e-5
+    assert rel_error(total, 2 * (a.double() @ c.double())) < 1e-5
     race = mixer.races[(9, 7, 20, "row", "row")]
-    assert race.winner == winner
-    assert [len(race.seconds[side]) for side in ("torch", "kernel")] == [mix.RACE_SAMPLES] * 2
-    torch_s, kernel_s = race.medians()
-    assert torch_s == pytest.approx(0.25) and kernel_s == pytest.approx(0.25 + kernel_extra_s)
-    # after the decision: every call on the winner (the untimed first call and the timed ones
-    # before it ran the kernel 1 + RACE_SAMPLES times)
-    on_kernel = 1 + mix.RACE_SAMPLES + (4 if winner == "kernel" else 0)
-    addmm_race = mixer.races[(9, 5, 20, "row", "row")]
-    # (its 3 calls: torch, kernel untimed, kernel)
-    assert addmm_race.winner is None and len(kernel_calls) == on_kernel + 2
-    forced = mix.Mixer(FP32_KERNEL, race=False)
+    assert race.contenders == ("torch", *kernels) and race.winner == winner
+    assert {side: len(times) for side, times in race.seconds.items()} == dict.fromkeys(
+        race.contenders, mix.RACE_SAMPLES)
+    assert race.medians() == pytest.approx(
+        {"torch": 0.25, **{name: 0.25 + extra_s[name] for name in kernels}})
+    # each kernel ran 1 + RACE_SAMPLES times in the race (its first call untimed), the
+    # addmm_ shape's two calls (torch, then the first kernel) once, and the winner after
+    expected = {name: 1 + mix.RACE_SAMPLES + (name == kernels[0]) + after * (name == winner)
+                for name in kernels}
+    assert {name: kernel_calls.count(name) for name in kernels} == expected
+    assert mixer.races[(9, 5, 20, "row", "row")].winner is None
+    forced = mix.Mixer(kernels[0], race=False)
     for _ in range(3):
         forced.mm(a, b, torch.empty(9, 7))
-    assert not forced.races and len(kernel_calls) == on_kernel + 2 + 3
+    assert not forced.races and kernel_calls[-3:] == [kernels[0]] * 3
     # a module's copy keeps the choice and whether it races, not the races run so far
     copied = copy.deepcopy(mixer), copy.deepcopy(forced)
-    assert [(c.gemm, c.race, c.races) for c in copied] == [(FP32_KERNEL, True, {}),
-                                                          (FP32_KERNEL, False, {})]
+    assert [(c.gemm, c.race, c.races) for c in copied] == [(mixer.gemm, True, {}),
+                                                          (kernels[0], False, {})]
 
 
 def test_disco_mix_gemm_needs_the_fused_path_and_a_kernel_or_dispatcher():
@@ -423,7 +450,10 @@ def test_disco_mix_gemm_needs_the_fused_path_and_a_kernel_or_dispatcher():
     with pytest.raises(TypeError, match="mix_gemm must be None, a GEMM kernel name"):
         ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True, mix_gemm=3)
     with pytest.raises(ValueError, match="'fp32_avx2_6x16' is not a GEMM kernel name"):
-        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True, mix_gemm="fp32_avx2_6x16")
+        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True,
+                        mix_gemm=[FP32_KERNEL, "fp32_avx2_6x16"])
+    with pytest.raises(TypeError, match="a list of them or a gemm dispatcher"):
+        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True, mix_gemm=[])
     with pytest.raises(ValueError, match="picks grouped_conv_forward kernels"):
         ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True,
                         mix_gemm=RecordingDispatcher(CONV_2D["forward"],

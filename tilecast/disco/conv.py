@@ -303,10 +303,11 @@ class DiscoConvS2(_DiscoConvBase):
     path. nlon_in must be a multiple of nlon_out. registry (a path or fsspec URL) and
     registry_alias: the published DISCO selector whose kernel choices the forward follows
     (module docstring); SelectorError at construction if it cannot answer. mix_gemm (fused
-    path only): the fused path's float32 CPU channel-mix products may run on this tilecast
-    GEMM kernel (a kernel name) or on a gemm dispatcher's choice for each product's shape:
-    each shape's first products race it against torch's sgemm, and the faster runs the rest
-    (tilecast.disco.mix); None (the default) runs them on torch.
+    path only): the fused path's float32 CPU channel-mix products may run on tilecast GEMM
+    kernels (a kernel name, a list of them, or a gemm dispatcher, whose best-ranked kernels
+    for each product's shape are taken): each shape's first products race them against
+    torch's sgemm, and the fastest runs the rest (tilecast.disco.mix); None (the default) runs
+    them on torch.
     """
 
     def __init__(self, in_channels: int, out_channels: int, in_shape: tuple[int, int],

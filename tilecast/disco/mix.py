@@ -3,50 +3,57 @@
 A DISCO convolution spends most of its FLOPs in the channel/basis mix: per batch element and
 group, weight (M, C * K) @ slab (C * K, rows * nlon). `Mixer` runs those products. Without a
 GEMM choice it calls torch (torch.mm with out=, addmm_), as before. With one (a GEMM kernel
-name, or a dispatcher of the gemm family such as
+name, a list of them, or a dispatcher of the gemm family such as
 `Dispatcher.from_registry("registry", "gemm")`), float32 products on the CPU may run on that
 kernel: the dispatcher is asked once per product shape (m, n, k and the operands' layouts),
 and the product is written straight into the output's rows (tilecast.runtime.ops.gemm_into).
 Other dtypes and devices stay on torch.
 
-Whether the kernel beats torch's sgemm at a shape depends on the machine (on the AVX2 EPYC
-torch's MKL takes a slow path; on the AVX-512 Xeon it ran 1.1-1.3x the kernel at the mix's
-shapes), so by default each shape's first products are a race: they alternate between torch
-and the kernel, RACE_SAMPLES timed calls each after one untimed call each, and the shape then
-stays on the one with the lower median (`Race`). The race's calls are the convolution's own
-products, so it costs no extra work and every product is exact either way. `race=False` runs
-the kernel on every product (to time it alone).
+Whether a kernel beats torch's sgemm at a shape depends on the machine (on the AVX-512 Xeon
+MKL ran 1.1-1.3x the kernel at the mix's shapes) and on how well the dispatcher's model knows
+the shape, so by default each shape's first products are a race (`Race`): torch and the
+kernels (those named, or the dispatcher's RACE_KERNELS best) take turns, one untimed call
+each and then RACE_SAMPLES timed calls each, and the shape stays on the one with the lowest
+median from then on. The race's calls are the convolution's own products, so it costs no
+extra work and every product is exact whoever runs it. `race=False` runs the chosen kernel
+(the first named, or the dispatcher's choice) on every product, to time it alone.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-#: timed calls of each side before a shape's race is decided (after one untimed call each)
+#: timed calls of each contender before a shape's race is decided (after one untimed call each)
 RACE_SAMPLES = 3
+#: how many of a dispatcher's best-ranked kernels race beside torch
+RACE_KERNELS = 3
 #: the race's clock (a module attribute, so that a test can drive the race)
 clock: Callable[[], float] = time.perf_counter
+#: the contender that is torch's own product
+TORCH_SIDE = "torch"
 
 
 def _check_choice(gemm: Any) -> None:
     if gemm is None:
         return
-    if isinstance(gemm, str) and gemm:
+    names = [gemm] if isinstance(gemm, str) else gemm if isinstance(gemm, (list, tuple)) else None
+    if names is not None and names and all(isinstance(name, str) and name for name in names):
         from tilecast.families.base import FamilyError
         from tilecast.runtime.ops.gemm_ops import GEMM
 
-        try:
-            GEMM.parse_name(gemm)
-        except FamilyError as error:
-            raise ValueError(f"mix_gemm {gemm!r} is not a GEMM kernel name: {error}") from None
+        for name in names:
+            try:
+                GEMM.parse_name(name)
+            except FamilyError as error:
+                raise ValueError(f"mix_gemm {name!r} is not a GEMM kernel name: {error}") from None
         return
     if not callable(getattr(gemm, "select", None)):
-        raise TypeError("mix_gemm must be None, a GEMM kernel name or a gemm dispatcher (with "
-                        f".select), got {type(gemm).__name__}")
+        raise TypeError("mix_gemm must be None, a GEMM kernel name, a list of them or a gemm "
+                        f"dispatcher (with .select), got {gemm!r}")
     family = getattr(gemm, "family", None)
     if family is not None and family.name != "gemm":
         raise ValueError(f"mix_gemm's dispatcher picks {family.name} kernels; the mix needs "
@@ -54,49 +61,50 @@ def _check_choice(gemm: Any) -> None:
 
 
 class Race:
-    """One product shape's race between torch and `kernel`: `side()` names who runs the next
-    call ("torch" or "kernel"), `record(side, seconds)` keeps its time; `winner` is None until
-    both sides have RACE_SAMPLES timed calls, then "torch" or "kernel" (the lower median; torch
-    on a tie). Each side's first call is untimed (a first call loads the kernel and touches
-    fresh buffers)."""
+    """One product shape's race between torch and `kernels`: `side()` names who runs the next
+    call (TORCH_SIDE or a kernel name), `record(side, seconds)` keeps its time; `winner` is
+    None until every contender has RACE_SAMPLES timed calls, then the one with the lowest
+    median (the earlier contender on a tie, torch first). Each contender's first call is
+    untimed (a first call loads the kernel and touches fresh buffers); after that the
+    contenders take turns in an order rotated each round, so none always follows the same
+    one."""
 
-    def __init__(self, kernel: str):
-        self.kernel = kernel
-        self.seconds: dict[str, list[float]] = {"torch": [], "kernel": []}
+    def __init__(self, kernels: Sequence[str]):
+        self.contenders = (TORCH_SIDE, *dict.fromkeys(kernels))
+        self.seconds: dict[str, list[float]] = {side: [] for side in self.contenders}
         self._calls = 0
         self.winner: Optional[str] = None
 
     def side(self) -> str:
-        # torch, kernel, then pairs in alternating order: kernel torch, torch kernel, ...
-        calls = self._calls
-        if calls < 2:
-            return ("torch", "kernel")[calls]
-        pair, second = divmod(calls - 2, 2)
-        return ("kernel", "torch")[second] if pair % 2 == 0 else ("torch", "kernel")[second]
+        count = len(self.contenders)
+        if self._calls < count:
+            return self.contenders[self._calls]
+        turn, place = divmod(self._calls - count, count)
+        return self.contenders[(place + turn) % count]
 
     def record(self, side: str, seconds: float) -> None:
-        if self._calls >= 2:
+        if self._calls >= len(self.contenders):
             self.seconds[side].append(seconds)
         self._calls += 1
-        if min(len(times) for times in self.seconds.values()) >= RACE_SAMPLES:
-            torch_s, kernel_s = self.medians()
-            self.winner = "kernel" if kernel_s < torch_s else "torch"
+        if all(len(times) >= RACE_SAMPLES for times in self.seconds.values()):
+            medians = self.medians()
+            self.winner = min(self.contenders, key=medians.__getitem__)
 
-    def medians(self) -> tuple[float, float]:
-        """Median seconds of torch's and the kernel's timed calls (nan where none)."""
-        return tuple(statistics.median(times) if times else float("nan")
-                     for times in (self.seconds["torch"], self.seconds["kernel"]))
+    def medians(self) -> dict[str, float]:
+        """Each contender's median seconds over its timed calls (nan where none yet)."""
+        return {side: statistics.median(times) if times else float("nan")
+                for side, times in self.seconds.items()}
 
     def __repr__(self) -> str:
-        torch_s, kernel_s = self.medians()
-        return (f"Race({self.kernel!r}, torch {torch_s * 1e3:.3g} ms, kernel "
-                f"{kernel_s * 1e3:.3g} ms, winner {self.winner})")
+        times = ", ".join(f"{side} {median * 1e3:.3g} ms" for side, median in self.medians().items())
+        return f"Race({times}; winner {self.winner})"
 
 
 class Mixer:
     """The mix's products: torch's, or the GEMM kernel `gemm` names or chooses, raced
     against torch per product shape unless race=False (module docstring). `kernels` records
-    the kernel the choice gives for each product shape, `races` each shape's race."""
+    the kernel the choice gives for each product shape, `races` each shape's race (whose
+    winner runs the shape once it is decided)."""
 
     def __init__(self, gemm: Any = None, race: bool = True):
         _check_choice(gemm)
@@ -130,16 +138,28 @@ class Mixer:
         if key is None:
             return None
         if key not in self.kernels:
-            if isinstance(self.gemm, str):
-                self.kernels[key] = self.gemm
-            else:
-                from tilecast.runtime.ops import gemm_ops
-
-                m, n, k, layout_a, layout_b = key
-                problem = gemm_ops.GEMM.problem({"m": m, "n": n, "k": k, "dtype": "fp32",
-                                                 "layout_a": layout_a, "layout_b": layout_b})
-                self.kernels[key] = self.gemm.select(problem)
+            self.kernels[key] = (self.gemm if isinstance(self.gemm, str) else self.gemm[0]
+                                 if isinstance(self.gemm, (list, tuple))
+                                 else self.gemm.select(self._problem(key)))
         return self.kernels[key]
+
+    def _contenders(self, key: tuple, kernel: str) -> list[str]:
+        """The kernels that race torch at `key`: those named, or the dispatcher's RACE_KERNELS
+        best (its choice first)."""
+        if isinstance(self.gemm, (list, tuple)):
+            return list(self.gemm)
+        rank = getattr(self.gemm, "rank", None)
+        if isinstance(self.gemm, str) or not callable(rank):
+            return [kernel]
+        return [kernel] + [name for name, _ in rank(self._problem(key), RACE_KERNELS)]
+
+    @staticmethod
+    def _problem(key: tuple):
+        from tilecast.runtime.ops import gemm_ops
+
+        m, n, k, layout_a, layout_b = key
+        return gemm_ops.GEMM.problem({"m": m, "n": n, "k": k, "dtype": "fp32",
+                                      "layout_a": layout_a, "layout_b": layout_b})
 
     def _run(self, a: Tensor, b: Tensor, on_torch: Callable[[], None],
              on_kernel: Callable[[str], None]) -> None:
@@ -151,13 +171,16 @@ class Mixer:
         if not self.race:
             on_kernel(kernel)
             return
-        race = self.races.setdefault(self._key(a, b), Race(kernel))
+        key = self._key(a, b)
+        if key not in self.races:
+            self.races[key] = Race(self._contenders(key, kernel))
+        race = self.races[key]
         side = race.winner or race.side()
         start = clock()
-        if side == "kernel":
-            on_kernel(kernel)
-        else:
+        if side == TORCH_SIDE:
             on_torch()
+        else:
+            on_kernel(side)
         if race.winner is None:
             race.record(side, clock() - start)
 
