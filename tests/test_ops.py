@@ -444,6 +444,19 @@ def test_disco_mix_race_keeps_the_fastest_contender_per_shape(monkeypatch, choic
                                                           (kernels[0], False, {})]
 
 
+def test_disco_mix_race_takes_turns_in_rotated_order_and_breaks_ties_to_torch():
+    from tilecast.disco import mix
+
+    race, sides = mix.Race(["a", "b", "a"]), []
+    while race.winner is None:
+        sides.append(race.side())
+        race.record(sides[-1], 1.0)
+    assert race.contenders == ("torch", "a", "b")
+    turns = [["torch", "a", "b"], ["a", "b", "torch"], ["b", "torch", "a"]]
+    assert sides == ["torch", "a", "b"] + [s for turn in turns[:mix.RACE_SAMPLES] for s in turn]
+    assert race.winner == "torch"          # every median equal
+
+
 def test_disco_mix_gemm_needs_the_fused_path_and_a_kernel_or_dispatcher():
     with pytest.raises(ValueError, match="pass fused=True"):
         ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), mix_gemm=FP32_KERNEL)
