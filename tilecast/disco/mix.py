@@ -40,8 +40,8 @@ TORCH_SIDE = "torch"
 def _check_choice(gemm: Any) -> None:
     if gemm is None:
         return
-    names = [gemm] if isinstance(gemm, str) else gemm if isinstance(gemm, (list, tuple)) else None
-    if names is not None and names and all(isinstance(name, str) and name for name in names):
+    names = [gemm] if isinstance(gemm, str) else list(gemm) if isinstance(gemm, (list, tuple)) else []
+    if names and all(isinstance(name, str) and name for name in names):
         from tilecast.families.base import FamilyError
         from tilecast.runtime.ops.gemm_ops import GEMM
 
@@ -138,9 +138,12 @@ class Mixer:
         if key is None:
             return None
         if key not in self.kernels:
-            self.kernels[key] = (self.gemm if isinstance(self.gemm, str) else self.gemm[0]
-                                 if isinstance(self.gemm, (list, tuple))
-                                 else self.gemm.select(self._problem(key)))
+            if isinstance(self.gemm, str):
+                self.kernels[key] = self.gemm
+            elif isinstance(self.gemm, (list, tuple)):
+                self.kernels[key] = self.gemm[0]
+            else:
+                self.kernels[key] = self.gemm.select(self._problem(key))
         return self.kernels[key]
 
     def _contenders(self, key: tuple, kernel: str) -> list[str]:
