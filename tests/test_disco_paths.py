@@ -306,6 +306,32 @@ def test_kpacked_fallback_in_half_precision(dtype, fused_path):
     assert _rel_error(fallback, conv.float()(x)) < 8 * PRECISIONS[dtype]
 
 
+def test_fused_none_takes_the_fused_path_where_the_expansion_passes_the_slab_target(monkeypatch):
+    from tilecast.disco import fused as fused_module
+
+    calls, real_fused_conv = [], fused_module.fused_conv
+    monkeypatch.setattr(fused_module, "fused_conv",
+                        lambda *args: calls.append(args) or real_fused_conv(*args))
+    auto, unfused = _module(None), _module(False)
+    assert auto.fused is None and unfused.fused is False
+    (in_shape, out_shape, _), gen = GRIDS["down"], torch.Generator().manual_seed(5)
+    x, grad = torch.randn(2, 4, *in_shape, generator=gen), torch.randn(2, 6, *out_shape, generator=gen)
+    want = _run(unfused, x, grad)
+    # 4 channels x 9 basis functions x 12 x 24 floats: one block of the 24 MB target, unfused
+    assert fused_module.block_rows(4, 9, out_shape[1]) >= out_shape[0]
+    assert all(_rel_error(got, w) < 1e-6 for got, w in zip(_run(auto, x, grad), want))
+    assert calls == []
+    # a target of two output latitudes' expansion: six blocks, fused
+    monkeypatch.setattr(fused_module, "TARGET_SLAB_BYTES", 2 * 4 * 4 * 9 * out_shape[1])
+    assert all(_rel_error(got, w) < 1e-5 for got, w in zip(_run(auto, x, grad), want))
+    assert len(calls) == 1 and len(auto._fused_plan(x.device).blocks) == 6
+    # never with a registry (its selector chooses the unfused paths' kernels), nor off the CPU
+    assert auto._runs_fused(x) and not auto._runs_fused(x.to("meta"))
+    auto.registry = "elsewhere"
+    assert not auto._runs_fused(x)
+    assert not unfused._runs_fused(x) and _module(True)._runs_fused(x.to("meta"))
+
+
 def test_optimized_kernel_false_runs_the_reference(monkeypatch):
     in_shape, out_shape, cutoff = GRIDS["same"]
     conv = DiscoConvS2(4, 6, in_shape, out_shape, (3, 3), basis_type="harmonic",

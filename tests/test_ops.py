@@ -459,7 +459,8 @@ def test_disco_mix_race_takes_turns_in_rotated_order_and_breaks_ties_to_torch():
 
 def test_disco_mix_gemm_needs_the_fused_path_and_a_kernel_or_dispatcher():
     with pytest.raises(ValueError, match="pass fused=True"):
-        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), mix_gemm=FP32_KERNEL)
+        ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=False, mix_gemm=FP32_KERNEL)
+    assert ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), mix_gemm=FP32_KERNEL).fused is True
     with pytest.raises(TypeError, match="mix_gemm must be None, a GEMM kernel name"):
         ops.DiscoConvS2(4, 6, (12, 24), (6, 12), (3, 3), fused=True, mix_gemm=3)
     with pytest.raises(ValueError, match="'fp32_avx2_6x16' is not a GEMM kernel name"):

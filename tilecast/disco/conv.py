@@ -9,7 +9,8 @@ built once, in __init__, into buffers that move with the module. float64 input, 
 optimized_kernel=False, run the pure-torch reference instead.
 
 DiscoConvS2's forward picks one of four paths (`_contract_and_mix`), symmetric in its two
-switches as the seed prescribes:
+switches as the seed prescribes (fused=None, the default, decides the first switch per input:
+`_runs_fused`):
 
     fused + kpacked   fused.fused_conv with the kpacked contraction (its backward: fused.py)
     fused only        fused.fused_conv with the CSR contraction
@@ -209,7 +210,7 @@ class _DiscoConvBase(nn.Module):
         if x.dtype == torch.float64 or not self.optimized_kernel:
             return reference.disco_conv(x, self.psi, self.weight, nlon_out, self.groups)
         packed = self._kpacked()
-        if self.fused:
+        if self._runs_fused(x):
             plan = self._fused_plan(x.device)
             return fused_path.fused_conv(x, self.weight, plan, packed, self.groups, self.mixer)
         forward, backward = self._chosen_kernels(x)
@@ -284,6 +285,20 @@ class _DiscoConvBase(nn.Module):
                                                           min_fill=0.0)
         return self._chosen_line_layouts[key]
 
+    def _runs_fused(self, x: Tensor) -> bool:
+        """Whether x takes the fused path: `fused` where it is set; where it is None (auto),
+        on the CPU without a registry when psi's output needs more than one of the fused
+        path's latitude blocks, i.e. when the unfused path's (C, K, nlat_out, nlon_out)
+        expansion of one batch element would pass fused.TARGET_SLAB_BYTES (at
+        self_256x360x720, 2.4 GB: the unfused forward ran 0.82x torch-harmonics there, the
+        fused 2.0x)."""
+        if self.fused is not None:
+            return self.fused
+        if x.device.type != "cpu" or getattr(self, "registry", None) is not None:
+            return False
+        nlat_out, nlon_out = self.psi.out_shape
+        return fused_path.block_rows(self.in_channels, self.kernel_size, nlon_out) < nlat_out
+
     def _fused_plan(self, device: torch.device) -> "fused_path.FusedPlan":
         """psi cut into the fused path's latitude blocks, built once per device."""
         key = str(device)
@@ -300,7 +315,10 @@ class DiscoConvS2(_DiscoConvBase):
     the filter basis, basis_norm_mode its normalisation (default "nodal"), grid_in / grid_out
     the latitude grids, theta_cutoff the filter radius (default: one latitude gap of the
     output grid), optimized_kernel=False the pure-torch reference, fused=True the fused
-    path. nlon_in must be a multiple of nlon_out. registry (a path or fsspec URL) and
+    path, fused=False the unfused ones; fused=None (the default) takes the fused path on the
+    CPU where the unfused one would expand a batch element past the fused path's slab
+    target (24 MB; e.g. 256 channels on a 360x720 grid) and no registry is given, else the
+    unfused ones. nlon_in must be a multiple of nlon_out. registry (a path or fsspec URL) and
     registry_alias: the published DISCO selector whose kernel choices the forward follows
     (module docstring); SelectorError at construction if it cannot answer. mix_gemm (fused
     path only): the fused path's float32 CPU channel-mix products may run on tilecast GEMM
@@ -315,12 +333,18 @@ class DiscoConvS2(_DiscoConvBase):
                  basis_type: str = "piecewise linear", basis_norm_mode: str = "nodal",
                  groups: int = 1, grid_in: str = "equiangular", grid_out: str = "equiangular",
                  bias: bool = True, theta_cutoff: Optional[float] = None,
-                 optimized_kernel: bool = True, fused: bool = False,
+                 optimized_kernel: bool = True, fused: Optional[bool] = None,
                  registry: Optional[str] = None, registry_alias: Union[str, int] = "production",
                  mix_gemm=None):
         super().__init__(in_channels, out_channels, kernel_shape, basis_type, groups, bias,
                          optimized_kernel)
-        self.fused = bool(fused) and self.optimized_kernel
+        if fused is None and mix_gemm is not None:
+            fused = True
+        # None: decided per input (_runs_fused)
+        if not self.optimized_kernel:
+            self.fused = False
+        else:
+            self.fused = None if fused is None else bool(fused)
         if mix_gemm is not None and not self.fused:
             raise ValueError("mix_gemm runs the fused path's mix: pass fused=True (and "
                              "optimized_kernel=True) with it")
