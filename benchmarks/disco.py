@@ -20,8 +20,8 @@ mix on a tilecast GEMM kernel alone (+gemm; tilecast.disco.mix: the first of com
 kernel names, or with registry:PATH the choice of the gemm model published there), and with
 the kernels raced against torch's sgemm at each product shape (+raced, DiscoConvS2's
 mix_gemm: every name given, or the model's best three; each race's medians and winner
-printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm. The configs are DISCO_KERNEL_DEV.md's. --scale s
-multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
+printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm. The
+configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
 about as many grid points. Figures, not a test.
 """
 from __future__ import annotations

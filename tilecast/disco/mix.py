@@ -135,8 +135,10 @@ class Mixer:
         """The GEMM kernel the choice gives for a @ b, or None where torch runs it (no
         choice, another dtype or device; a lost race does not change this answer)."""
         key = self._key(a, b)
-        if key is None:
-            return None
+        return None if key is None else self._chosen(key)
+
+    def _chosen(self, key: tuple) -> str:
+        """The kernel the choice gives at `key` (asked once per key)."""
         if key not in self.kernels:
             if isinstance(self.gemm, str):
                 self.kernels[key] = self.gemm
@@ -167,14 +169,14 @@ class Mixer:
     def _run(self, a: Tensor, b: Tensor, on_torch: Callable[[], None],
              on_kernel: Callable[[str], None]) -> None:
         """One product: on torch, on the kernel, or the shape's race's next call."""
-        kernel = self.kernel_for(a, b)
-        if kernel is None:
+        key = self._key(a, b)
+        if key is None:
             on_torch()
             return
+        kernel = self._chosen(key)
         if not self.race:
             on_kernel(kernel)
             return
-        key = self._key(a, b)
         if key not in self.races:
             self.races[key] = Race(self._contenders(key, kernel))
         race = self.races[key]
