@@ -31,6 +31,10 @@ struct Variant {
 // Per storage type, direction and channel tile, the tile widths to choose from: BT * NV
 // accumulators fit the register file with room for the operands, and NV >= 4 when BT = 1
 // so that enough independent FMA chains are in flight.
+// In an unnamed namespace: a class template's static table is otherwise one symbol in the
+// whole process (STB_GNU_UNIQUE), so a process that loads two builds of this library (an
+// A/B benchmark) would run the first build's kernels through both.
+namespace {
 template <typename Elem>
 struct Variants {
 #ifdef __AVX512F__
@@ -54,6 +58,7 @@ struct Variants {
       {1, 6, transpose_blocked<1, 6, Elem>}};
 #endif
 };
+}  // namespace
 
 /// Whether the table holds the tile (channels, vectors): usable in a static_assert.
 template <typename Fn, std::size_t N>

@@ -29,6 +29,10 @@ struct PackedVariant {
 
 // KREG x NV accumulators fit the register file beside the NV slices and a broadcast; the
 // widest NV for each KREG, so that each loaded slice feeds as many FMAs as fit.
+// In an unnamed namespace: a class template's static table is otherwise one symbol in the
+// whole process (STB_GNU_UNIQUE), so a process that loads two builds of this library (an
+// A/B benchmark) would run the first build's kernels through both.
+namespace {
 template <typename Elem>
 struct PackedVariants {
 #ifdef __AVX512F__
@@ -45,6 +49,7 @@ struct PackedVariants {
       {3, 4, kpacked_forward_blocked<3, 4, Elem>},   {1, 8, kpacked_forward_blocked<1, 8, Elem>}};
 #endif
 };
+}  // namespace
 
 /// Whether the table holds the tile (kernels, vectors): usable in a static_assert.
 template <typename Fn, std::size_t N>
