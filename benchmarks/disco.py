@@ -20,7 +20,10 @@ mix on a tilecast GEMM kernel alone (+gemm; tilecast.disco.mix: the first of com
 kernel names, or with registry:PATH the choice of the gemm model published there), and with
 the kernels raced against torch's sgemm at each product shape (+raced, DiscoConvS2's
 mix_gemm: every name given, or the model's best three; each race's medians and winner
-printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm. The
+printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm.
+--mix-torch times the fused paths once more with their mix on torch's sgemm only (+torch):
+by default, where it can, DiscoConvS2 races the kpacked kernel that runs the contraction and
+the mix as one (tilecast.disco.fused) against that, and the race is printed. The
 configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
 about as many grid points. Figures, not a test.
 """
@@ -44,6 +47,7 @@ from tilecast.core import probe  # noqa: E402
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
 from tilecast.disco.fused import block_rows  # noqa: E402
 from tilecast.disco.lines import regroup  # noqa: E402
+from tilecast.disco.fused import KERNEL_SIDE  # noqa: E402
 from tilecast.disco.mix import Mixer  # noqa: E402
 from tilecast.runtime.dispatch import Dispatcher  # noqa: E402
 
@@ -166,13 +170,14 @@ def peer_kernels(peer: torch.nn.Module, config: dict):
 
 
 def bench_precision(work: Workload, x32: torch.Tensor, precision: str, reps: int, reference_out,
-                    modules: bool, paths: list[str], mixer: Mixer) -> None:
+                    modules: bool, paths: list[str], mixer: Mixer, mix_torch: bool = False) -> None:
     x = x32.to(PRECISIONS[precision])
     machine = (MachineRates(work, torch.get_num_threads(), mixer) if precision == "fp32"
                else None)
     peer_times = None
     if modules:
-        peer_times = bench_modules(work, x, precision, reps, reference_out, paths, machine, mixer)
+        peer_times = bench_modules(work, x, precision, reps, reference_out, paths, machine, mixer,
+                                   mix_torch)
     bench_kernels(work, x, precision, reps)
     if machine is not None and peer_times is not None:
         print_mix_bound(work, machine, peer_times)
@@ -236,12 +241,19 @@ def on_path(module: DiscoConvS2, path: str) -> DiscoConvS2 | None:
 
 def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, reference_out,
                   paths: list[str], machine: MachineRates | None = None,
-                  mixer: Mixer | None = None) -> tuple[float, float]:
+                  mixer: Mixer | None = None, mix_torch: bool = False) -> tuple[float, float]:
     """torch-harmonics and each of our paths, forward and forward+backward, with their errors
     against float64, and the fused paths again with `mixer`'s mix where it has a GEMM
     kernel; `machine` sampled in every round. Returns torch-harmonics' forward and
     forward+backward seconds."""
     candidates = [(f"tc:{path}", on_path(work.ours, path)) for path in paths]
+    if mix_torch:
+        # the fused paths with their mix on torch's sgemm only, never in the kpacked kernel
+        for path in paths:
+            module = on_path(work.ours, path) if PATHS[path][0] else None
+            if module is not None:
+                module.mixer = Mixer(in_kernel=False)
+                candidates.append((f"tc:{path}+torch", module))
     if mixer is not None and mixer.gemm is not None:
         # the mix on the kernel alone (+gemm), and raced against torch per shape (+raced)
         for path in paths:
@@ -273,10 +285,14 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
         print(f"  {precision:5s} {label:21s} fwd {forward * 1e3:9.1f} ms ({conv_flops / forward / 1e9:6.1f} GFLOP/s)"
               f"  fwd+bwd {both * 1e3:9.1f} ms ({train_flops / both / 1e9:6.1f} GFLOP/s)  err vs fp64 {error}")
     for label, module in modules.items():
-        for (m, n, k, layout_a, layout_b), race in getattr(module, "mixer", Mixer()).races.items():
+        for key, race in getattr(module, "mixer", Mixer()).races.items():
             times = ", ".join(f"{side} {median * 1e3:.2f} ms" for side, median in race.medians().items())
-            print(f"  {precision:5s} {label} race at {m}x{n}x{k}:{layout_a}:{layout_b}: {times} "
-                  f"-> {race.winner}")
+            if key[0] == KERNEL_SIDE:   # the forward's blocks: the kernel against torch's mix
+                where = f"the forward's blocks of x {key[1]}"
+            else:
+                m, n, k, layout_a, layout_b = key
+                where = f"{m}x{n}x{k}:{layout_a}:{layout_b}"
+            print(f"  {precision:5s} {label} race at {where}: {times} -> {race.winner}")
     peer = rows["th"]
     for label, (forward, both, _) in rows.items():
         if label != "th":
@@ -374,6 +390,10 @@ def main(argv=None) -> None:
                         help="also time the fused paths with their mix on tilecast GEMM kernels "
                              "(or on the choices of the gemm model published in PATH): the "
                              "first alone, and all raced against torch's sgemm")
+    parser.add_argument("--mix-torch", action="store_true",
+                        help="also time the fused paths with their mix on torch's sgemm only "
+                             "(+torch), never in the kpacked kernel that DiscoConvS2 races "
+                             "against it by default")
     args = parser.parse_args(argv)
     paths = args.paths.split(",")
     names, precisions = args.configs.split(","), args.precisions.split(",")
@@ -409,7 +429,7 @@ def main(argv=None) -> None:
         reference_out = work.reference_output(x32) if work.reference_fits() else None
         for precision in precisions:
             bench_precision(work, x32, precision, args.reps, reference_out, precision in module_precisions,
-                            paths, mixer)
+                            paths, mixer, args.mix_torch)
         del work, reference_out
 
 

@@ -444,3 +444,135 @@ def test_transposed_backward_in_half_precision(dtype):
     assert results[1].dtype == dtype and results[2].dtype == dtype
     for actual, want in zip(results, expected):
         assert _rel_error(actual, want) < 8 * PRECISIONS[dtype]
+
+
+# ---------------------------------------------------------------- the mix inside the kernel
+
+# grids whose nlon_out is a whole number of the kernel's panels on AVX2 (16) and AVX-512 (32)
+MIX_GRIDS = {"same": ((16, 32), (16, 32), 0.4), "down": ((23, 64), (12, 32), None)}
+
+
+def _mix_module(grid, channels, out_channels, seed=0, **kwargs):
+    in_shape, out_shape, cutoff = MIX_GRIDS[grid]
+    torch.manual_seed(seed)
+    return DiscoConvS2(channels, out_channels, in_shape, out_shape, (3, 3), basis_type="harmonic",
+                       basis_norm_mode="mean", grid_in="equiangular", grid_out="legendre-gauss",
+                       theta_cutoff=cutoff, fused=True, **kwargs)
+
+
+def _blockwise(conv, x):
+    """conv's forward on the blocks, torch mixing (the kernel never asked)."""
+    plan = conv._fused_plan(x.device)
+    return fused.fused_conv(x, conv.weight, plan, conv._kpacked(), 1,
+                            fused.Mixer(in_kernel=False)).detach()
+
+
+@pytest.mark.parametrize("grid", list(MIX_GRIDS))
+@pytest.mark.parametrize("channels, out_channels, batch", [(3, 1, 2), (61, 13, 1), (30, 20, 3)])
+def test_kpacked_mix_equals_the_blockwise_forward(grid, channels, out_channels, batch):
+    """Channels past one chunk of the kernel's k (61, 30 > 28 at K = 9), output channels off
+    its MR rows (1, 13, 20), batches, and a stride-2 grid; a row range writes those rows only."""
+    conv = _mix_module(grid, channels, out_channels)
+    x = torch.randn(batch, channels, *conv.in_shape)
+    packed, (nlat_out, nlon_out) = conv._kpacked(), conv.out_shape
+    weight = conv.weight.detach().reshape(out_channels, -1).contiguous()
+    expected = _blockwise(conv, x)
+    whole = native.kpacked_mix(x, weight, *packed.tensors(), conv.kernel_size, nlat_out, nlon_out)
+    assert _rel_error(whole, expected) < 1e-6
+    out = torch.full_like(expected, float("nan"))
+    native.kpacked_mix(x, weight, *packed.tensors(), conv.kernel_size, nlat_out, nlon_out, 3, 5,
+                       out=out)
+    assert torch.isnan(out[:, :, :3]).all() and torch.isnan(out[:, :, 8:]).all()
+    assert _rel_error(out[:, :, 3:8], expected[:, :, 3:8]) < 1e-6
+
+
+def test_kpacked_mix_bad_input_is_refused_with_the_reason():
+    conv = _mix_module("same", 4, 6)
+    x, packed = torch.randn(1, 4, *conv.in_shape), conv._kpacked()
+    weight = conv.weight.detach().reshape(6, -1).contiguous()
+    k, (nlat_out, nlon_out) = conv.kernel_size, conv.out_shape
+    with pytest.raises(ValueError, match="multiple of kpacked_mix_width"):
+        native.kpacked_mix(x[..., :24], weight, *packed.tensors(), k, nlat_out, 24)
+    with pytest.raises(ValueError, match="float32 only"):
+        native.kpacked_mix(x.double(), weight, *packed.tensors(), k, nlat_out, nlon_out)
+    with pytest.raises(ValueError, match=r"weight must be \(C_out, C \* K\)"):
+        native.kpacked_mix(x, weight[:, :-1], *packed.tensors(), k, nlat_out, nlon_out)
+    with pytest.raises(ValueError, match="rows 15\\+2"):
+        native.kpacked_mix(x, weight, *packed.tensors(), k, nlat_out, nlon_out, 15, 2)
+    with pytest.raises(ValueError, match="out must be a contiguous float32"):
+        native.kpacked_mix(x, weight, *packed.tensors(), k, nlat_out, nlon_out,
+                           out=torch.empty(1, 6, nlat_out, nlon_out + 1))
+
+
+@pytest.mark.parametrize("kernel_s, winner", [(0.1, "kpacked_mix"), (0.5, "torch"), (0.25, "torch")])
+def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_s, winner,
+                                                                         monkeypatch):
+    """Every block lasts 0.25 s on the race's clock through torch, kernel_s through the kernel
+    (a tie goes to torch); once decided, the winner runs every later forward (the kernel in
+    one call for all rows), and every output and gradient matches the reference."""
+    from tilecast.disco import mix
+
+    monkeypatch.setattr(fused, "block_rows", lambda *args, **kwargs: 1)   # 16 blocks
+    now, calls, real_mix = [0.0], [], native.kpacked_mix
+
+    def tick() -> float:
+        return now[0]
+
+    def timed_mix(*args, **kwargs):
+        # (first row, rows) of a block, or of all nlat_out
+        calls.append((args[8], args[9]) if len(args) > 9 else (0, args[6]))
+        now[0] += kernel_s
+        return real_mix(*args, **kwargs)
+
+    real_matmul_into = fused._matmul_into
+
+    def timed_matmul_into(*args, **kwargs):
+        now[0] += 0.25
+        return real_matmul_into(*args, **kwargs)
+
+    monkeypatch.setattr(mix, "clock", tick)
+    monkeypatch.setattr(native, "kpacked_mix", timed_mix)
+    monkeypatch.setattr(fused, "_matmul_into", timed_matmul_into)
+    conv = _mix_module("same", 5, 7)
+    x, grad = torch.randn(2, 5, *conv.in_shape), torch.randn(2, 7, *conv.out_shape)
+    key = ("kpacked_mix", (2, 5, 16, 32), 7, (16, 32))
+    expected = _reference(conv, x, grad)
+    for call in range(3):
+        for actual, want in zip(_run(conv, x, grad), expected):
+            assert _rel_error(actual, want) < 1e-5
+        race = conv.mixer.races[key]
+        assert race.winner == winner
+        if call == 0:
+            # 2 untimed blocks, then RACE_SAMPLES timed each; the rest of the 16 on the winner
+            assert {side: len(t) for side, t in race.seconds.items()} == {
+                "torch": mix.RACE_SAMPLES, "kpacked_mix": mix.RACE_SAMPLES}
+            assert race.medians() == pytest.approx({"torch": 0.25, "kpacked_mix": kernel_s})
+            raced_blocks = 2 + 2 * mix.RACE_SAMPLES
+            assert len(calls) == 1 + mix.RACE_SAMPLES + (16 - raced_blocks) * (winner != "torch")
+            assert {rows for _, rows in calls} == {1}
+            # the race starts at the middle block (torch's untimed call), the kernel next
+            assert calls[0][0] == 16 // 2 + 1
+            calls.clear()
+    # the two later forwards: the kernel once each over all 16 rows, or never
+    assert calls == ([(0, 16), (0, 16)] if winner == "kpacked_mix" else [])
+
+
+def test_the_kernel_mix_applies_only_where_it_can_run():
+    conv = _mix_module("same", 4, 6)
+    plan, packed = conv._fused_plan(torch.device("cpu")), conv._kpacked()
+    x, weight = torch.randn(1, 4, *conv.in_shape), conv.weight
+    assert fused.kernel_mix_applies(x, weight, plan, packed, 1, fused.Mixer())
+    assert not fused.kernel_mix_applies(x, weight, plan, packed, 2, fused.Mixer())
+    assert not fused.kernel_mix_applies(x, weight, plan, None, 1, fused.Mixer())
+    assert not fused.kernel_mix_applies(x.bfloat16(), weight, plan, packed, 1, fused.Mixer())
+    assert not fused.kernel_mix_applies(x, weight, plan, packed, 1, fused.Mixer(in_kernel=False))
+    name = "gemm_fp32_avx2_6x16_mc192_nc2048_kc256_parm_pa1_pf0"
+    assert not fused.kernel_mix_applies(x, weight, plan, packed, 1, fused.Mixer(name))
+    narrow = _module(True, grid="same")   # nlon_out 24: not whole panels
+    assert not fused.kernel_mix_applies(torch.randn(1, 4, 12, 24), narrow.weight,
+                                        narrow._fused_plan(torch.device("cpu")),
+                                        narrow._kpacked(), 1, fused.Mixer())
+    # race=False runs the kernel on every forward, no race kept
+    forced = _mix_module("same", 4, 6)
+    forced.mixer = fused.Mixer(race=False)
+    assert _rel_error(forced(x), conv(x)) < 1e-6 and not forced.mixer.races

@@ -4,14 +4,17 @@
 // disco_csr.cpp). tc_disco_kpacked_contraction picks the tile per call;
 // tc_disco_kpacked_contraction_variant runs a named tile and latitude block (what tilecast's
 // disco_forward family benchmarks; tilecast.disco.selector picks one).
+// tc_disco_kpacked_mix runs the contraction and the channel mix as one kernel
+// (disco_kpacked_mix.hpp), float32 only.
 //
-// Return value: 0 ok, else a Status (the codes of disco_csr.cpp, plus kBadKPad and
-// kBadVariant); nothing is written past the output on error.
+// Return value: 0 ok, else a Status (the codes of disco_csr.cpp, plus kBadKPad, kBadVariant
+// and kBadWidth); nothing is written past the output on error.
 #include <omp.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "disco_kpacked_mix.hpp"
 #include "disco_kpacked_variants.hpp"
 
 namespace tc::disco {
@@ -19,7 +22,8 @@ namespace {
 
 enum Status : int {
   kOk = 0, kBadShape = 1, kBadOffsets = 2, kEntryOutOfRange = 3, kBadStorage = 4, kBadKPad = 5,
-  kBadVariant = 6  // a (KREG, NV) tile the library lacks, or lat_block < 1
+  kBadVariant = 6,  // a (KREG, NV) tile the library lacks, or lat_block < 1
+  kBadWidth = 7     // the fused mix needs wo a multiple of its panel width (kMixNR)
 };
 enum Storage : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
@@ -81,6 +85,32 @@ int contraction(const void* x, void* y, const Dims& d, index_t ho_begin, index_t
   return run<Float16>(x, y, d, ho_begin, ho_count, kpad, offset, l, q, vals, threads, kreg, nv, lat_block);
 }
 
+/// The fused contraction and mix: output latitudes [ho_begin, ho_begin + ho_count) of out
+/// (batch, m, ho, wo) from x (batch, channels, hi, wi) and w (m, channels * k), all float32.
+int kpacked_mix(const float* x, const float* w, float* out, index_t batch, index_t channels,
+                const Dims& d, index_t ho_begin, index_t ho_count, index_t m,
+                const std::int64_t* offset, const std::int64_t* idx, const float* vals,
+                index_t nbr, int kpad, int threads) {
+  const bool positive = batch > 0 && channels > 0 && m > 0 && d.hi > 0 && d.wi > 0 && d.k > 0 &&
+                        d.ho > 0 && d.wo > 0;
+  if (!positive || d.wi % d.wo != 0 || ho_begin < 0 || ho_count < 1 || ho_begin + ho_count > d.ho)
+    return kBadShape;
+  if (!mix_fits(d.wo)) return kBadWidth;
+  if ((kpad != 8 && kpad != 16) || d.k > kpad) return kBadKPad;
+  if (!offsets_ok(offset, d.ho, nbr)) return kBadOffsets;
+  threads = threads > 0 ? threads : omp_get_max_threads();
+  const index_t first = offset[ho_begin], last = offset[ho_begin + ho_count];
+  std::vector<std::int32_t> line(last - first), quot(last - first);
+  if (!decode_neighbours(idx, first, last, d, threads, line.data(), quot.data()))
+    return kEntryOutOfRange;
+  advise_huge_pages(out, sizeof(float) * batch * m * d.ho * d.wo);  // the whole of out
+  Dims items = d;
+  items.bc = batch;
+  kpacked_mix_forward(x, w, out, items, ho_begin, ho_count, channels, m, offset, line.data(),
+                      quot.data(), vals, kpad, threads);
+  return kOk;
+}
+
 }  // namespace
 }  // namespace tc::disco
 
@@ -133,5 +163,22 @@ int tc_disco_kpacked_tile(index_t k) {
   const auto* variant = choose_packed(PackedVariants<float>::tiles, k);
   return variant == nullptr ? 0 : (variant->kernels << 16) | (variant->vectors * kLanes);
 }
+
+/// Output latitudes [ho_begin, ho_begin + ho_count) of out (batch, m, ho, wo) = the kpacked
+/// contraction of x (batch, channels, hi, wi) mixed by w (m, channels * k): DiscoConvS2's
+/// forward without bias on one group, float32, in one kernel (disco_kpacked_mix.hpp); the
+/// other latitudes of out are not touched. kBadWidth (7) when wo is not a multiple of
+/// tc_disco_kpacked_mix_width().
+int tc_disco_kpacked_mix(const float* x, const float* w, float* out, index_t batch,
+                         index_t channels, index_t hi, index_t wi, index_t k, index_t ho,
+                         index_t wo, index_t ho_begin, index_t ho_count, index_t m,
+                         const std::int64_t* offset, const std::int64_t* idx, const float* vals,
+                         index_t nbr, int kpad, int threads) {
+  return tc::disco::kpacked_mix(x, w, out, batch, channels, Dims{batch * channels, hi, wi, k, ho, wo},
+                                ho_begin, ho_count, m, offset, idx, vals, nbr, kpad, threads);
+}
+
+/// The longitudes the fused mix computes at a time: nlon_out must be a multiple of it.
+int tc_disco_kpacked_mix_width() { return static_cast<int>(tc::disco::kMixNR); }
 
 }  // extern "C"

@@ -104,22 +104,28 @@ class Mixer:
     """The mix's products: torch's, or the GEMM kernel `gemm` names or chooses, raced
     against torch per product shape unless race=False (module docstring). `kernels` records
     the kernel the choice gives for each product shape, `races` each shape's race (whose
-    winner runs the shape once it is decided)."""
+    winner runs the shape once it is decided).
 
-    def __init__(self, gemm: Any = None, race: bool = True):
+    in_kernel (with no `gemm`): the fused forward may run the contraction and the mix as one
+    kernel (tilecast.disco.fused, kpacked_mix), raced against the contraction and torch's
+    products block by block per input shape (its race is in `races` too), or on every call
+    with race=False."""
+
+    def __init__(self, gemm: Any = None, race: bool = True, in_kernel: bool = True):
         _check_choice(gemm)
         self.gemm = gemm
         self.race = bool(race)
+        self.in_kernel = bool(in_kernel)
         self.kernels: dict[tuple, str] = {}
         self.races: dict[tuple, Race] = {}
 
     def __deepcopy__(self, memo) -> "Mixer":
         # a module's copy shares the kernel choice (a dispatcher holds a loaded model)
-        return Mixer(self.gemm, self.race)
+        return Mixer(self.gemm, self.race, self.in_kernel)
 
     def __repr__(self) -> str:
         if self.gemm is None:
-            return "Mixer(torch)"
+            return "Mixer(torch)" if self.in_kernel else "Mixer(torch, never in the kernel)"
         return f"Mixer({self.gemm!r}{', raced against torch' if self.race else ''})"
 
     def _key(self, a: Tensor, b: Tensor) -> Optional[tuple]:

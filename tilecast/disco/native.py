@@ -254,13 +254,16 @@ KPACKED_SOURCE = SOURCE.with_name("disco_kpacked.cpp")
 #: extra statuses of the kpacked entry points (enum Status in disco_kpacked.cpp)
 KPACKED_STATUS = {5: "K_PAD must be 8 or 16 and at least kernel_size",
                   6: "no such (kreg, nv) register tile in the kpacked library "
-                     "(kpacked_variant_tiles lists them), or lat_block < 1"}
+                     "(kpacked_variant_tiles lists them), or lat_block < 1",
+                  7: "nlon_out must be a multiple of kpacked_mix_width()"}
 _kpacked_library: ctypes.CDLL | None = None
 _KPACKED_ARGS = [_PTR, _PTR, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX,
                  _PTR, _PTR, _PTR, _INDEX, ctypes.c_int, ctypes.c_int, ctypes.c_int]
 #: the variant entry adds the tile and the latitude block: (kreg, nv, lat_block)
 _KPACKED_VARIANT_ARGS = [*_KPACKED_ARGS, ctypes.c_int, ctypes.c_int, _INDEX]
 KPACKED_TILE_FIELDS = ("kreg", "nv", "lat_block")
+_KPACKED_MIX_ARGS = [_PTR, _PTR, _PTR, *[_INDEX] * 10, _PTR, _PTR, _PTR, _INDEX, ctypes.c_int,
+                     ctypes.c_int]
 
 
 def kpacked_library() -> ctypes.CDLL:
@@ -277,8 +280,11 @@ def kpacked_library() -> ctypes.CDLL:
             lib.tc_disco_kpacked_contraction_variant.argtypes = _KPACKED_VARIANT_ARGS
             lib.tc_disco_kpacked_variant_tiles.argtypes = [_PTR, _PTR, ctypes.c_int]
             lib.tc_disco_kpacked_tile.argtypes = [_INDEX]
+            lib.tc_disco_kpacked_mix.argtypes = _KPACKED_MIX_ARGS
+            lib.tc_disco_kpacked_mix_width.argtypes = []
             for name in ("tc_disco_kpacked_contraction", "tc_disco_kpacked_contraction_variant",
-                         "tc_disco_kpacked_variant_tiles", "tc_disco_kpacked_tile"):
+                         "tc_disco_kpacked_variant_tiles", "tc_disco_kpacked_tile",
+                         "tc_disco_kpacked_mix", "tc_disco_kpacked_mix_width"):
                 getattr(lib, name).restype = ctypes.c_int
             _kpacked_library = lib
         return _kpacked_library
@@ -330,3 +336,45 @@ def kpacked_tile(kernel_size: int) -> tuple[int, int]:
     runs for kernel_size basis functions when given none; (0, 0) if none."""
     packed = int(kpacked_library().tc_disco_kpacked_tile(kernel_size))
     return packed >> 16, packed & 0xFFFF
+
+
+def kpacked_mix_width() -> int:
+    """The longitudes kpacked_mix computes at a time (its GEMM panel width: 16 on AVX2, 32 on
+    AVX-512): nlon_out must be a multiple of it."""
+    return int(kpacked_library().tc_disco_kpacked_mix_width())
+
+
+def kpacked_mix(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
+                offset: torch.Tensor, kernel_size: int, nlat_out: int, nlon_out: int,
+                ho_begin: int = 0, ho_count: int | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """out (B, C_out, nlat_out, nlon_out) = the kpacked contraction of x (B, C, nlat_in,
+    nlon_in) mixed by weight (C_out, C * kernel_size): the convolution without bias on one
+    group, as one kernel that never writes the contraction (kernels/cpu/disco_kpacked_mix.hpp).
+    Only output latitudes [ho_begin, ho_begin + ho_count) (default all) are computed, into
+    `out` when given (the others left as they are). float32, contiguous, CPU; nlon_out a
+    multiple of kpacked_mix_width(), else ValueError."""
+    batch, channels, nlat_in, nlon_in = x.shape
+    out_channels = weight.shape[0]
+    ho_count = nlat_out - ho_begin if ho_count is None else ho_count
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise ValueError(f"kpacked_mix is float32 only, got x {x.dtype}, weight {weight.dtype}")
+    if weight.shape != (out_channels, channels * kernel_size):
+        raise ValueError(f"weight must be (C_out, C * K) = (C_out, {channels * kernel_size}), "
+                         f"got {tuple(weight.shape)}")
+    shape = (batch, out_channels, nlat_out, nlon_out)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32)
+    elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous float32 tensor of shape {shape}, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    status = kpacked_library().tc_disco_kpacked_mix(
+        x.data_ptr(), weight.data_ptr(), out.data_ptr(), batch, channels, nlat_in, nlon_in,
+        kernel_size, nlat_out, nlon_out, ho_begin, ho_count, out_channels, offset.data_ptr(),
+        idx.data_ptr(), vals.data_ptr(), idx.shape[0], vals.shape[1], torch.get_num_threads())
+    if status != 0:
+        reason = KPACKED_STATUS.get(status) or STATUS_MESSAGES.get(status, f"unknown status {status}")
+        raise ValueError(f"disco kpacked mix rejected input of shape {tuple(x.shape)} (K="
+                         f"{kernel_size}, K_PAD={vals.shape[1]}, rows {ho_begin}+{ho_count} of "
+                         f"{nlat_out}x{nlon_out}): {reason}")
+    return out
