@@ -504,15 +504,20 @@ def test_kpacked_mix_bad_input_is_refused_with_the_reason():
                            out=torch.empty(1, 6, nlat_out, nlon_out + 1))
 
 
+@pytest.mark.parametrize("rows, raced_forwards", [(1, 1), (8, 4)])
 @pytest.mark.parametrize("kernel_s, winner", [(0.1, "kpacked_mix"), (0.5, "torch"), (0.25, "torch")])
-def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_s, winner,
+def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_s, winner, rows,
+                                                                         raced_forwards,
                                                                          monkeypatch):
     """Every block lasts 0.25 s on the race's clock through torch, kernel_s through the kernel
-    (a tie goes to torch); once decided, the winner runs every later forward (the kernel in
-    one call for all rows), and every output and gradient matches the reference."""
+    (a tie goes to torch). The blocks go A B B A ... over whole forwards (16 blocks of a row,
+    or 2 of 8 rows, when the race takes 4 forwards), each side's first untimed; the race ends
+    with the forward that gives both RACE_SAMPLES timed blocks, and the winner runs every
+    later forward (the kernel in one call for all rows). Every output and gradient matches
+    the reference."""
     from tilecast.disco import mix
 
-    monkeypatch.setattr(fused, "block_rows", lambda *args, **kwargs: 1)   # 16 blocks
+    monkeypatch.setattr(fused, "block_rows", lambda *args, **kwargs: rows)
     now, calls, real_mix = [0.0], [], native.kpacked_mix
 
     def tick() -> float:
@@ -537,21 +542,24 @@ def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_
     x, grad = torch.randn(2, 5, *conv.in_shape), torch.randn(2, 7, *conv.out_shape)
     key = ("kpacked_mix", (2, 5, 16, 32), 7, (16, 32))
     expected = _reference(conv, x, grad)
-    for call in range(3):
+    blocks = 16 // rows
+    for call in range(raced_forwards + 2):
         for actual, want in zip(_run(conv, x, grad), expected):
             assert _rel_error(actual, want) < 1e-5
         race = conv.mixer.races[key]
-        assert race.winner == winner
-        if call == 0:
-            # 2 untimed blocks, then RACE_SAMPLES timed each; the rest of the 16 on the winner
-            assert {side: len(t) for side, t in race.seconds.items()} == {
-                "torch": mix.RACE_SAMPLES, "kpacked_mix": mix.RACE_SAMPLES}
+        assert (race.winner is None) == (call < raced_forwards - 1)
+        if call == raced_forwards - 1:
+            assert race.winner == winner
+            raced = blocks * raced_forwards
+            pattern = ["torch", "kpacked_mix", "kpacked_mix", "torch"] * raced
+            sides = pattern[:raced]
+            timed = {side: sides.count(side) - 1 for side in race.contenders}
+            assert {side: len(t) for side, t in race.seconds.items()} == timed
+            assert min(timed.values()) >= mix.RACE_SAMPLES
             assert race.medians() == pytest.approx({"torch": 0.25, "kpacked_mix": kernel_s})
-            raced_blocks = 2 + 2 * mix.RACE_SAMPLES
-            assert len(calls) == 1 + mix.RACE_SAMPLES + (16 - raced_blocks) * (winner != "torch")
-            assert {rows for _, rows in calls} == {1}
-            # the race starts at the middle block (torch's untimed call), the kernel next
-            assert calls[0][0] == 16 // 2 + 1
+            # the kernel's blocks, in the pattern's places
+            assert calls == [((i % blocks) * rows, rows) for i, side in enumerate(sides)
+                             if side == "kpacked_mix"]
             calls.clear()
     # the two later forwards: the kernel once each over all 16 rows, or never
     assert calls == ([(0, 16), (0, 16)] if winner == "kpacked_mix" else [])
@@ -576,3 +584,38 @@ def test_the_kernel_mix_applies_only_where_it_can_run():
     forced = _mix_module("same", 4, 6)
     forced.mixer = fused.Mixer(race=False)
     assert _rel_error(forced(x), conv(x)) < 1e-6 and not forced.mixer.races
+
+
+@pytest.mark.parametrize("in_shape", [(16, 32), (13, 32)])
+def test_the_transposed_backward_takes_the_input_gradient_in_the_kernel(in_shape, monkeypatch):
+    """Where the forward ran on the kernel, the transposed backward's input gradient is one
+    kpacked_mix call on gy with psi's adjoint; the blocks then run only for the weight
+    gradient, and every gradient matches the float64 reference."""
+    torch.manual_seed(3)
+    conv = DiscoConvS2(7, 5, in_shape, (16, 32), (3, 3), basis_type="harmonic",
+                       basis_norm_mode="mean", grid_in="equiangular", grid_out="legendre-gauss",
+                       theta_cutoff=0.4, fused=True)
+    conv.mixer = fused.Mixer(race=False)
+    assert conv._fused_plan(torch.device("cpu")).transposed is not None
+    calls, real_mix = [], native.kpacked_mix
+
+    def counted_mix(*args, **kwargs):
+        calls.append(tuple(args[0].shape))
+        return real_mix(*args, **kwargs)
+
+    monkeypatch.setattr(native, "kpacked_mix", counted_mix)
+    x, grad = torch.randn(2, 7, *in_shape), torch.randn(2, 5, 16, 32)
+    spy = _Spy(monkeypatch)
+    results = _run(conv, x, grad)
+    assert calls == [tuple(x.shape), tuple(grad.shape)]          # forward on x, grad_x on gy
+    assert spy.calls.get("disco_kpacked_contraction", 0) >= 1    # the weight gradient's blocks
+    for actual, expected in zip(results, _reference(conv, x, grad)):
+        assert _rel_error(actual, expected) < 1e-5
+    # the input gradient alone: no block runs in the backward
+    calls.clear()
+    spy.calls.clear()
+    xg = x.clone().requires_grad_()
+    conv.weight.requires_grad_(False)
+    conv(xg).backward(grad)
+    assert calls == [tuple(x.shape), tuple(grad.shape)] and not spy.calls
+    assert _rel_error(xg.grad, results[1]) < 1e-6

@@ -12,8 +12,9 @@
 // stores its K basis rows straight into the panel, and the GEMM micro-kernel
 // (gemm_microkernel.hpp) runs on the panel while it is in cache.
 //
-// Loops, per work item (batch element b, output latitude ho; a thread owns whole items, so
-// no two threads write the same output and none waits for another):
+// Loops, per work item (batch element b, output latitude ho, or part of its panels where
+// the call has fewer latitudes than twice the threads; a thread owns whole items, so no two
+// threads write the same output and none waits for another):
 //   for each chunk of channels (kc = channels * K rows of the GEMM's k, about kKcTarget):
 //     contract the chunk into the item's B block: wo / NR panels of kc x NR
 //     for each block of mc output channels, each panel, each MR rows: C tile (+)= A * panel
@@ -119,7 +120,11 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
   const index_t rowlen = ceil_div(2 * d.wo + NR, kLanes) * kLanes;
   const index_t panels = d.wo / NR;
   const index_t ldc = d.ho * d.wo;
-  const index_t items = d.bc * ho_count;
+  // a work item is one output latitude's panels [p0, p1): a latitude is cut in parts only
+  // where there are too few of them for the threads (a block of one or two rows)
+  const index_t row_items = d.bc * ho_count;
+  const index_t parts = std::min(panels, std::max<index_t>(1, ceil_div(2 * threads, row_items)));
+  const index_t items = row_items * parts;
   const index_t first = offset[ho_begin];
 #pragma omp parallel num_threads(threads)
   {
@@ -130,11 +135,14 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
     tc::gemm::Ahead none{nullptr, nullptr, nullptr, nullptr, 0};
 #pragma omp for schedule(dynamic, 1)
     for (index_t item = 0; item < items; ++item) {
-      const index_t b = item / ho_count, ho = ho_begin + item % ho_count;
+      const index_t row = item / parts, part = item % parts;
+      const index_t b = row / ho_count, ho = ho_begin + row % ho_count;
+      const index_t p0 = part * panels / parts, p1 = (part + 1) * panels / parts;
       float* c_row = out + b * m * ldc + ho * d.wo;
       const index_t count = offset[ho + 1] - offset[ho];
       if (count == 0) {  // no neighbours: the row is zero
-        for (index_t o = 0; o < m; ++o) std::fill(c_row + o * ldc, c_row + o * ldc + d.wo, 0.0f);
+        for (index_t o = 0; o < m; ++o)
+          std::fill(c_row + o * ldc + p0 * NR, c_row + o * ldc + p1 * NR, 0.0f);
         continue;
       }
       const index_t hi_lo = line[offset[ho] - first] / s;
@@ -144,7 +152,7 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
       for (index_t n = offset[ho]; n < offset[ho + 1]; ++n)
         src.push_back(band.data() + (line[n - first] - hi_lo * s) * rowlen + quot[n - first]);
       const float* ho_vals = vals + offset[ho] * kpad;
-      b_storage.resize(panels * chunk * d.k * NR + 16);
+      b_storage.resize((p1 - p0) * chunk * d.k * NR + 16);
       // the micro-kernel loads B panels aligned: 64 bytes
       float* b_block = b_storage.data() +
                        (16 - reinterpret_cast<std::uintptr_t>(b_storage.data()) / 4 % 16) % 16;
@@ -154,8 +162,8 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
         for (index_t c = c0; c < c0 + cc; ++c) {
           fill_periodic_band(x + (b * channels + c) * d.hi * d.wi, d, hi_lo, hi_hi, rowlen,
                              band.data());
-          for (index_t p = 0; p < panels; ++p) {
-            float* rows = b_block + p * kc * NR + (c - c0) * d.k * NR;
+          for (index_t p = p0; p < p1; ++p) {
+            float* rows = b_block + (p - p0) * kc * NR + (c - c0) * d.k * NR;
             for (int k0 = 0; k0 < kernels; k0 += kMixKreg)
               packed_tile<kMixKreg, kMixNV>(src.data(), count, ho_vals, kpad,
                                             std::min(kMixKreg, kernels - k0), k0, p * NR,
@@ -166,8 +174,8 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
         const float* a_chunk = a.data.data() + a.chunk_offset[q];
         for (index_t ic = 0; ic < m; ic += mc) {
           const index_t mb = std::min(mc, m - ic);
-          for (index_t p = 0; p < panels; ++p) {
-            const float* panel = b_block + p * kc * NR;
+          for (index_t p = p0; p < p1; ++p) {
+            const float* panel = b_block + (p - p0) * kc * NR;
             for (index_t ir = ic; ir < ic + mb; ir += kMixMR) {
               const float* a_panel = a_chunk + ir * kc;
               float* c_tile = c_row + ir * ldc + p * NR;

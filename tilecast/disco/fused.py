@@ -15,10 +15,10 @@ whole number of GEMM panels (16 longitudes on AVX2, 32 on AVX-512), the forward 
 one kernel (native.kpacked_mix, kernels/cpu/disco_kpacked_mix.hpp): the contraction writes
 each output latitude's expansion straight into the GEMM's packed B panels, which the GEMM
 micro-kernel consumes while they are in cache, so no slab is written, read back and packed.
-Whether that beats the contraction plus torch's sgemm depends on the machine, so the mixer
-races the two on a forward's blocks (from the middle block on, where neighbourhoods are
-alike) per input shape, and the winner runs every later forward (the kernel in one call);
-on the AVX2 EPYC the kernel ran self_256x360x720's forward 1.17-1.38x faster.
+Whether that beats the contraction plus torch's sgemm depends on the machine and the grid,
+so the mixer races the two per input shape over the blocks of a whole forward (SweepRace),
+and the winner runs every later forward (the kernel in one call); on the AVX2 EPYC the
+kernel ran self_256x360x720's forward 1.17-1.38x faster.
 
 The transposed backward. Where kpacked is eligible, both grids have the same longitudes and
 the backward does no more matrix work on the input grid than on the output grid (nlat_in <=
@@ -51,7 +51,7 @@ from tilecast.disco.blocks import restrict_psi
 from tilecast.disco.csr import csr_from_psi
 from tilecast.disco.kpacked import KPacked, kpack_psi
 from tilecast.disco.lines import LineBlocked, line_blocked
-from tilecast.disco.mix import TORCH, TORCH_SIDE, Mixer, Race
+from tilecast.disco.mix import TORCH, TORCH_SIDE, Mixer
 from tilecast.disco.psi import Psi
 
 #: float32 bytes of one block's slab per batch element (C * K * rows * nlon_out * 4): most of
@@ -225,12 +225,48 @@ def kernel_mix_applies(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optio
             and plan.out_shape[1] % native.kpacked_mix_width() == 0)
 
 
-def _race_order(blocks: tuple[FusedBlock, ...]) -> tuple[FusedBlock, ...]:
-    """The blocks from the middle one on, then the rest: a race's timed blocks are then the
-    equator's, alike in neighbours, where the first (polar) blocks' neighbourhoods grow from
-    block to block."""
-    middle = len(blocks) // 2
-    return blocks[middle:] + blocks[:middle]
+class SweepRace:
+    """The forward's race between torch's mix (TORCH_SIDE) and the kernel (KERNEL_SIDE), over
+    whole forwards: the blocks go to the two in the order A B B A, A B B A, ... from the first
+    block to the last, so each gets blocks from every latitude (a polar block's neighbourhood
+    can be many times an equatorial one's, and the two sides' costs grow differently with
+    it); each side's first block is untimed. At the end of the first forward in which both
+    have RACE_SAMPLES timed blocks, the side with the lower mean seconds per timed block wins
+    (torch on a tie); `winner` is None until then. `medians()` gives those means (the name
+    Race's printers read)."""
+
+    contenders = (TORCH_SIDE, KERNEL_SIDE)
+
+    def __init__(self):
+        self.seconds: dict[str, list[float]] = {side: [] for side in self.contenders}
+        self._calls = 0
+        self._untimed: set[str] = set()
+        self.winner: Optional[str] = None
+
+    def side(self) -> str:
+        return self.contenders[(self._calls + 1) // 2 % 2]
+
+    def record(self, side: str, seconds: float) -> None:
+        self._calls += 1
+        if side in self._untimed:
+            self.seconds[side].append(seconds)
+        else:
+            self._untimed.add(side)
+
+    def end_forward(self) -> None:
+        """Called after each raced forward: decides the race once both sides have enough."""
+        if self.winner is None and all(len(t) >= mixing.RACE_SAMPLES for t in self.seconds.values()):
+            means = self.medians()
+            self.winner = min(self.contenders, key=means.__getitem__)
+
+    def medians(self) -> dict[str, float]:
+        """Each side's mean seconds per timed block (nan where none yet)."""
+        return {side: sum(times) / len(times) if times else float("nan")
+                for side, times in self.seconds.items()}
+
+    def __repr__(self) -> str:
+        times = ", ".join(f"{side} {mean * 1e3:.3g} ms" for side, mean in self.medians().items())
+        return f"SweepRace({times} a block; winner {self.winner})"
 
 
 class _DiscoFusedFn(torch.autograd.Function):
@@ -252,15 +288,15 @@ class _DiscoFusedFn(torch.autograd.Function):
         race = None
         if in_kernel and mixer.race:
             key = (KERNEL_SIDE, tuple(x.shape), out_channels, plan.out_shape)
-            race = mixer.races.setdefault(key, Race([KERNEL_SIDE]))
+            race = mixer.races.setdefault(key, SweepRace())
         if in_kernel and (race is None or race.winner == KERNEL_SIDE):
             native.kpacked_mix(x, mix_2d, *packed.tensors(), plan.kernel_size, nlat_out,
                                nlon_out, out=out)
         else:
             racing = race is not None and race.winner is None
-            for block in _race_order(plan.blocks) if racing else plan.blocks:
+            for block in plan.blocks:
                 h0, h1 = block.out_rows
-                side = (race.winner or race.side()) if racing else TORCH_SIDE
+                side = race.side() if racing else TORCH_SIDE
                 start = mixing.clock()
                 if side == KERNEL_SIDE:
                     native.kpacked_mix(x, mix_2d, *packed.tensors(), plan.kernel_size, nlat_out,
@@ -270,10 +306,15 @@ class _DiscoFusedFn(torch.autograd.Function):
                                                                  (h1 - h0) * nlon_out)
                     dtype = mix_dtype(slab)
                     _matmul_into(out, h0, h1, mix.to(dtype), slab.to(dtype), mixer)
-                if racing and race.winner is None:
+                if racing:
                     race.record(side, mixing.clock() - start)
+            if racing:
+                race.end_forward()
         ctx.save_for_backward(x, weight)
         ctx.plan, ctx.packed, ctx.groups, ctx.mixer = plan, packed, groups, mixer
+        # the transposed backward's input gradient follows the forward's race (its product
+        # has the forward's shape on a self-convolution)
+        ctx.in_kernel = in_kernel and (race is None or race.winner == KERNEL_SIDE)
         return out
 
     @staticmethod
@@ -282,8 +323,8 @@ class _DiscoFusedFn(torch.autograd.Function):
         plan, packed, groups, mixer = ctx.plan, ctx.packed, ctx.groups, ctx.mixer
         if packed is not None and plan.transposed is not None:
             return (*_transposed_backward(x, weight, grad_out, plan, groups,
-                                          ctx.needs_input_grad[:2], mixer), None, None, None,
-                    None)
+                                          ctx.needs_input_grad[:2], mixer, ctx.in_kernel),
+                    None, None, None, None)
         batch, channels = x.shape[:2]
         out_channels = weight.shape[0]
         nlon_in = plan.in_shape[1]
@@ -317,9 +358,12 @@ class _DiscoFusedFn(torch.autograd.Function):
 
 
 def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: FusedPlan,
-                         groups: int, needs: tuple[bool, bool], mixer: Mixer = TORCH):
+                         groups: int, needs: tuple[bool, bool], mixer: Mixer = TORCH,
+                         in_kernel: bool = False):
     """(grad_x, grad_weight) by the transposed backward of the module docstring, block by
-    block of input latitudes; None for a gradient not needed."""
+    block of input latitudes; None for a gradient not needed. in_kernel: grad_x in one call of
+    the kpacked mix kernel (as the forward, on gy and psi's adjoint) where it can run, and the
+    blocks compute grad_weight only."""
     want_x, want_w = needs
     batch, channels, nlat_in, nlon = x.shape
     out_channels, kernel_size = weight.shape[0], plan.kernel_size
@@ -332,14 +376,20 @@ def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: Fuse
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_x else None
     grad_w = (torch.zeros(groups, cout * kernel_size, cin, dtype=torch.float32, device=x.device)
               if want_w else None)
+    blocks_x = want_x
+    if want_x and in_kernel and grad_out.dtype == torch.float32 and groups == 1:
+        # grad_x = w_x @ T with T the kpacked contraction of gy: the forward's kernel
+        native.kpacked_mix(grad_out, w_x[0].contiguous(), *plan.transposed.tensors(),
+                           kernel_size, nlat_in, nlon, out=grad_x)
+        blocks_x = False
     rows = block_rows(out_channels, kernel_size, nlon)
-    for h0 in range(0, nlat_in, rows):
+    for h0 in range(0, nlat_in, rows) if blocks_x or want_w else ():
         h1 = min(nlat_in, h0 + rows)
         width = (h1 - h0) * nlon
         expanded = ops.disco_kpacked_contraction(grad_out, *plan.transposed.tensors(),
                                                  kernel_size, nlat_in, nlon, h0, h1 - h0)
         expanded = expanded.reshape(batch, groups, cout * kernel_size, width).to(dtype)
-        if want_x:
+        if blocks_x:
             _matmul_into(grad_x, h0, h1, w_x, expanded, mixer)
         if want_w:
             rows_x = x[:, :, h0:h1].reshape(batch, groups, cin, width).to(dtype)
