@@ -584,38 +584,3 @@ def test_the_kernel_mix_applies_only_where_it_can_run():
     forced = _mix_module("same", 4, 6)
     forced.mixer = fused.Mixer(race=False)
     assert _rel_error(forced(x), conv(x)) < 1e-6 and not forced.mixer.races
-
-
-@pytest.mark.parametrize("in_shape", [(16, 32), (13, 32)])
-def test_the_transposed_backward_takes_the_input_gradient_in_the_kernel(in_shape, monkeypatch):
-    """Where the forward ran on the kernel, the transposed backward's input gradient is one
-    kpacked_mix call on gy with psi's adjoint; the blocks then run only for the weight
-    gradient, and every gradient matches the float64 reference."""
-    torch.manual_seed(3)
-    conv = DiscoConvS2(7, 5, in_shape, (16, 32), (3, 3), basis_type="harmonic",
-                       basis_norm_mode="mean", grid_in="equiangular", grid_out="legendre-gauss",
-                       theta_cutoff=0.4, fused=True)
-    conv.mixer = fused.Mixer(race=False)
-    assert conv._fused_plan(torch.device("cpu")).transposed is not None
-    calls, real_mix = [], native.kpacked_mix
-
-    def counted_mix(*args, **kwargs):
-        calls.append(tuple(args[0].shape))
-        return real_mix(*args, **kwargs)
-
-    monkeypatch.setattr(native, "kpacked_mix", counted_mix)
-    x, grad = torch.randn(2, 7, *in_shape), torch.randn(2, 5, 16, 32)
-    spy = _Spy(monkeypatch)
-    results = _run(conv, x, grad)
-    assert calls == [tuple(x.shape), tuple(grad.shape)]          # forward on x, grad_x on gy
-    assert spy.calls.get("disco_kpacked_contraction", 0) >= 1    # the weight gradient's blocks
-    for actual, expected in zip(results, _reference(conv, x, grad)):
-        assert _rel_error(actual, expected) < 1e-5
-    # the input gradient alone: no block runs in the backward
-    calls.clear()
-    spy.calls.clear()
-    xg = x.clone().requires_grad_()
-    conv.weight.requires_grad_(False)
-    conv(xg).backward(grad)
-    assert calls == [tuple(x.shape), tuple(grad.shape)] and not spy.calls
-    assert _rel_error(xg.grad, results[1]) < 1e-6

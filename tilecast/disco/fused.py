@@ -312,9 +312,6 @@ class _DiscoFusedFn(torch.autograd.Function):
                 race.end_forward()
         ctx.save_for_backward(x, weight)
         ctx.plan, ctx.packed, ctx.groups, ctx.mixer = plan, packed, groups, mixer
-        # the transposed backward's input gradient follows the forward's race (its product
-        # has the forward's shape on a self-convolution)
-        ctx.in_kernel = in_kernel and (race is None or race.winner == KERNEL_SIDE)
         return out
 
     @staticmethod
@@ -323,8 +320,8 @@ class _DiscoFusedFn(torch.autograd.Function):
         plan, packed, groups, mixer = ctx.plan, ctx.packed, ctx.groups, ctx.mixer
         if packed is not None and plan.transposed is not None:
             return (*_transposed_backward(x, weight, grad_out, plan, groups,
-                                          ctx.needs_input_grad[:2], mixer, ctx.in_kernel),
-                    None, None, None, None)
+                                          ctx.needs_input_grad[:2], mixer), None, None, None,
+                    None)
         batch, channels = x.shape[:2]
         out_channels = weight.shape[0]
         nlon_in = plan.in_shape[1]
@@ -358,12 +355,11 @@ class _DiscoFusedFn(torch.autograd.Function):
 
 
 def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: FusedPlan,
-                         groups: int, needs: tuple[bool, bool], mixer: Mixer = TORCH,
-                         in_kernel: bool = False):
+                         groups: int, needs: tuple[bool, bool], mixer: Mixer = TORCH):
     """(grad_x, grad_weight) by the transposed backward of the module docstring, block by
-    block of input latitudes; None for a gradient not needed. in_kernel: grad_x in one call of
-    the kpacked mix kernel (as the forward, on gy and psi's adjoint) where it can run, and the
-    blocks compute grad_weight only."""
+    block of input latitudes; None for a gradient not needed. (grad_x alone could run on the
+    forward's kpacked mix kernel, on gy and psi's adjoint, but the weight gradient then
+    needs the contraction again: on the AVX2 EPYC the two came out level.)"""
     want_x, want_w = needs
     batch, channels, nlat_in, nlon = x.shape
     out_channels, kernel_size = weight.shape[0], plan.kernel_size
@@ -376,20 +372,14 @@ def _transposed_backward(x: Tensor, weight: Tensor, grad_out: Tensor, plan: Fuse
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_x else None
     grad_w = (torch.zeros(groups, cout * kernel_size, cin, dtype=torch.float32, device=x.device)
               if want_w else None)
-    blocks_x = want_x
-    if want_x and in_kernel and grad_out.dtype == torch.float32 and groups == 1:
-        # grad_x = w_x @ T with T the kpacked contraction of gy: the forward's kernel
-        native.kpacked_mix(grad_out, w_x[0].contiguous(), *plan.transposed.tensors(),
-                           kernel_size, nlat_in, nlon, out=grad_x)
-        blocks_x = False
     rows = block_rows(out_channels, kernel_size, nlon)
-    for h0 in range(0, nlat_in, rows) if blocks_x or want_w else ():
+    for h0 in range(0, nlat_in, rows):
         h1 = min(nlat_in, h0 + rows)
         width = (h1 - h0) * nlon
         expanded = ops.disco_kpacked_contraction(grad_out, *plan.transposed.tensors(),
                                                  kernel_size, nlat_in, nlon, h0, h1 - h0)
         expanded = expanded.reshape(batch, groups, cout * kernel_size, width).to(dtype)
-        if blocks_x:
+        if want_x:
             _matmul_into(grad_x, h0, h1, w_x, expanded, mixer)
         if want_w:
             rows_x = x[:, :, h0:h1].reshape(batch, groups, cin, width).to(dtype)
