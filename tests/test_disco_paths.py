@@ -504,20 +504,23 @@ def test_kpacked_mix_bad_input_is_refused_with_the_reason():
                            out=torch.empty(1, 6, nlat_out, nlon_out + 1))
 
 
-@pytest.mark.parametrize("rows, raced_forwards", [(1, 1), (8, 4)])
+@pytest.mark.parametrize("rows, race_rows, raced_forwards", [(1, 1, 1), (8, 8, 4), (1, 4, 2)])
 @pytest.mark.parametrize("kernel_s, winner", [(0.1, "kpacked_mix"), (0.5, "torch"), (0.25, "torch")])
 def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_s, winner, rows,
+                                                                         race_rows,
                                                                          raced_forwards,
                                                                          monkeypatch):
-    """Every block lasts 0.25 s on the race's clock through torch, kernel_s through the kernel
-    (a tie goes to torch). The blocks go A B B A ... over whole forwards (16 blocks of a row,
-    or 2 of 8 rows, when the race takes 4 forwards), each side's first untimed; the race ends
-    with the forward that gives both RACE_SAMPLES timed blocks, and the winner runs every
-    later forward (the kernel in one call for all rows). Every output and gradient matches
-    the reference."""
+    """A unit (a run of blocks of race_rows latitudes) lasts 0.25 s on the race's clock
+    through torch, kernel_s through the kernel (a tie goes to torch). The units go A B B A ...
+    over whole forwards (16 units of a row; 2 of 8 rows, when the race takes 4 forwards; 4 of
+    4 blocks of a row, the kernel running each unit in one call), each side's first untimed;
+    the race ends with the forward that gives both RACE_SAMPLES timed units, and the winner
+    runs every later forward (the kernel in one call for all rows). Every output and
+    gradient matches the reference."""
     from tilecast.disco import mix
 
     monkeypatch.setattr(fused, "block_rows", lambda *args, **kwargs: rows)
+    monkeypatch.setattr(fused, "RACE_ROWS", race_rows)
     now, calls, real_mix = [0.0], [], native.kpacked_mix
 
     def tick() -> float:
@@ -531,8 +534,8 @@ def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_
 
     real_matmul_into = fused._matmul_into
 
-    def timed_matmul_into(*args, **kwargs):
-        now[0] += 0.25
+    def timed_matmul_into(*args, **kwargs):   # one block of a unit
+        now[0] += 0.25 * rows / race_rows
         return real_matmul_into(*args, **kwargs)
 
     monkeypatch.setattr(mix, "clock", tick)
@@ -542,7 +545,7 @@ def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_
     x, grad = torch.randn(2, 5, *conv.in_shape), torch.randn(2, 7, *conv.out_shape)
     key = ("kpacked_mix", (2, 5, 16, 32), 7, (16, 32))
     expected = _reference(conv, x, grad)
-    blocks = 16 // rows
+    units = 16 // race_rows
     for call in range(raced_forwards + 2):
         for actual, want in zip(_run(conv, x, grad), expected):
             assert _rel_error(actual, want) < 1e-5
@@ -550,15 +553,15 @@ def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_
         assert (race.winner is None) == (call < raced_forwards - 1)
         if call == raced_forwards - 1:
             assert race.winner == winner
-            raced = blocks * raced_forwards
+            raced = units * raced_forwards
             pattern = ["torch", "kpacked_mix", "kpacked_mix", "torch"] * raced
             sides = pattern[:raced]
             timed = {side: sides.count(side) - 1 for side in race.contenders}
             assert {side: len(t) for side, t in race.seconds.items()} == timed
             assert min(timed.values()) >= mix.RACE_SAMPLES
             assert race.medians() == pytest.approx({"torch": 0.25, "kpacked_mix": kernel_s})
-            # the kernel's blocks, in the pattern's places
-            assert calls == [((i % blocks) * rows, rows) for i, side in enumerate(sides)
+            # the kernel's units, one call each, in the pattern's places
+            assert calls == [((i % units) * race_rows, race_rows) for i, side in enumerate(sides)
                              if side == "kpacked_mix"]
             calls.clear()
     # the two later forwards: the kernel once each over all 16 rows, or never

@@ -212,6 +212,10 @@ def _accumulate_products(total: Tensor, left: Tensor, right: Tensor,
 
 #: the contender of a forward's race that runs the contraction and the mix as one kernel
 KERNEL_SIDE = "kpacked_mix"
+#: output latitudes a race unit spans at least (whole blocks): a kernel call on fewer splits
+#: its latitudes across the threads and repacks the weight for little work, which would
+#: time the kernel below what it does on a whole forward
+RACE_ROWS = 8
 
 
 def kernel_mix_applies(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optional[KPacked],
@@ -225,15 +229,22 @@ def kernel_mix_applies(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optio
             and plan.out_shape[1] % native.kpacked_mix_width() == 0)
 
 
+def _race_units(blocks: tuple[FusedBlock, ...]) -> list[tuple[FusedBlock, ...]]:
+    """The blocks in runs of RACE_ROWS output latitudes or more (the last run may be short)."""
+    rows = blocks[0].out_rows[1] - blocks[0].out_rows[0]
+    size = -(-RACE_ROWS // rows)
+    return [blocks[i:i + size] for i in range(0, len(blocks), size)]
+
+
 class SweepRace:
     """The forward's race between torch's mix (TORCH_SIDE) and the kernel (KERNEL_SIDE), over
-    whole forwards: the blocks go to the two in the order A B B A, A B B A, ... from the first
-    block to the last, so each gets blocks from every latitude (a polar block's neighbourhood
-    can be many times an equatorial one's, and the two sides' costs grow differently with
-    it); each side's first block is untimed. At the end of the first forward in which both
-    have RACE_SAMPLES timed blocks, the side with the lower mean seconds per timed block wins
-    (torch on a tie); `winner` is None until then. `medians()` gives those means (the name
-    Race's printers read)."""
+    whole forwards: the units (runs of blocks, _race_units) go to the two in the order A B B
+    A, A B B A, ... from the first to the last, so each gets units from every latitude (a
+    polar block's neighbourhood can be many times an equatorial one's, and the two sides'
+    costs grow differently with it); each side's first unit is untimed. At the end of the
+    first forward in which both have RACE_SAMPLES timed units, the side with the lower mean
+    seconds per timed unit wins (torch on a tie); `winner` is None until then. `medians()`
+    gives those means (the name Race's printers read)."""
 
     contenders = (TORCH_SIDE, KERNEL_SIDE)
 
@@ -260,13 +271,13 @@ class SweepRace:
             self.winner = min(self.contenders, key=means.__getitem__)
 
     def medians(self) -> dict[str, float]:
-        """Each side's mean seconds per timed block (nan where none yet)."""
+        """Each side's mean seconds per timed unit (nan where none yet)."""
         return {side: sum(times) / len(times) if times else float("nan")
                 for side, times in self.seconds.items()}
 
     def __repr__(self) -> str:
         times = ", ".join(f"{side} {mean * 1e3:.3g} ms" for side, mean in self.medians().items())
-        return f"SweepRace({times} a block; winner {self.winner})"
+        return f"SweepRace({times} a unit; winner {self.winner})"
 
 
 class _DiscoFusedFn(torch.autograd.Function):
@@ -294,14 +305,15 @@ class _DiscoFusedFn(torch.autograd.Function):
                                nlon_out, out=out)
         else:
             racing = race is not None and race.winner is None
-            for block in plan.blocks:
-                h0, h1 = block.out_rows
+            for unit in _race_units(plan.blocks) if racing else [plan.blocks]:
                 side = race.side() if racing else TORCH_SIDE
                 start = mixing.clock()
                 if side == KERNEL_SIDE:
+                    h0, h1 = unit[0].out_rows[0], unit[-1].out_rows[1]
                     native.kpacked_mix(x, mix_2d, *packed.tensors(), plan.kernel_size, nlat_out,
                                        nlon_out, h0, h1 - h0, out=out)
-                else:
+                for block in unit if side == TORCH_SIDE else ():
+                    h0, h1 = block.out_rows
                     slab = _slab(x, block, plan, packed).reshape(batch, groups, -1,
                                                                  (h1 - h0) * nlon_out)
                     dtype = mix_dtype(slab)
