@@ -43,6 +43,21 @@ bool offsets_ok(const std::int64_t* offset, index_t rows, index_t nbr) {
   return true;
 }
 
+/// The phase lines and quotients of the neighbours of output latitudes [ho_begin, ho_begin +
+/// ho_count) only (decode_neighbours; the fused path asks block by block), from neighbour
+/// offset[ho_begin] on; false if one lies outside the grid.
+struct Decoded {
+  std::vector<std::int32_t> line, quot;
+};
+
+bool decode_rows(const std::int64_t* offset, const std::int64_t* idx, index_t ho_begin,
+                 index_t ho_count, const Dims& d, int threads, Decoded& decoded) {
+  const index_t first = offset[ho_begin], last = offset[ho_begin + ho_count];
+  decoded.line.resize(last - first);
+  decoded.quot.resize(last - first);
+  return decode_neighbours(idx, first, last, d, threads, decoded.line.data(), decoded.quot.data());
+}
+
 template <typename Elem>
 int run(const void* x, void* y, const Dims& d, index_t ho_begin, index_t ho_count, int kpad,
         const std::int64_t* offset, const std::int32_t* line, const std::int32_t* quot,
@@ -70,14 +85,10 @@ int contraction(const void* x, void* y, const Dims& d, index_t ho_begin, index_t
     return kBadVariant;
   if (!offsets_ok(offset, d.ho, nbr)) return kBadOffsets;
   threads = threads > 0 ? threads : omp_get_max_threads();
-  // only the neighbours of the latitudes asked for are decoded (the fused path asks block
-  // by block)
-  const index_t first = offset[ho_begin], last = offset[ho_begin + ho_count];
-  std::vector<std::int32_t> line(last - first), quot(last - first);
-  if (!decode_neighbours(idx, first, last, d, threads, line.data(), quot.data()))
-    return kEntryOutOfRange;
-  const std::int32_t* l = line.data();
-  const std::int32_t* q = quot.data();
+  Decoded decoded;
+  if (!decode_rows(offset, idx, ho_begin, ho_count, d, threads, decoded)) return kEntryOutOfRange;
+  const std::int32_t* l = decoded.line.data();
+  const std::int32_t* q = decoded.quot.data();
   if (storage == kFloat32)
     return run<float>(x, y, d, ho_begin, ho_count, kpad, offset, l, q, vals, threads, kreg, nv, lat_block);
   if (storage == kBFloat16)
@@ -99,15 +110,13 @@ int kpacked_mix(const float* x, const float* w, float* out, index_t batch, index
   if ((kpad != 8 && kpad != 16) || d.k > kpad) return kBadKPad;
   if (!offsets_ok(offset, d.ho, nbr)) return kBadOffsets;
   threads = threads > 0 ? threads : omp_get_max_threads();
-  const index_t first = offset[ho_begin], last = offset[ho_begin + ho_count];
-  std::vector<std::int32_t> line(last - first), quot(last - first);
-  if (!decode_neighbours(idx, first, last, d, threads, line.data(), quot.data()))
-    return kEntryOutOfRange;
+  Decoded decoded;
+  if (!decode_rows(offset, idx, ho_begin, ho_count, d, threads, decoded)) return kEntryOutOfRange;
   advise_huge_pages(out, sizeof(float) * batch * m * d.ho * d.wo);  // the whole of out
   Dims items = d;
   items.bc = batch;
-  kpacked_mix_forward(x, w, out, items, ho_begin, ho_count, channels, m, offset, line.data(),
-                      quot.data(), vals, kpad, threads);
+  kpacked_mix_forward(x, w, out, items, ho_begin, ho_count, channels, m, offset,
+                      decoded.line.data(), decoded.quot.data(), vals, kpad, threads);
   return kOk;
 }
 

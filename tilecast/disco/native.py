@@ -266,6 +266,11 @@ _KPACKED_MIX_ARGS = [_PTR, _PTR, _PTR, *[_INDEX] * 10, _PTR, _PTR, _PTR, _INDEX,
                      ctypes.c_int]
 
 
+def _kpacked_reason(status: int) -> str:
+    """What a kpacked entry point's non-zero status means."""
+    return KPACKED_STATUS.get(status) or STATUS_MESSAGES.get(status, f"unknown status {status}")
+
+
 def kpacked_library() -> ctypes.CDLL:
     """The kpacked kernel library (kernels/cpu/disco_kpacked.cpp), compiled on first use."""
     global _kpacked_library
@@ -315,10 +320,9 @@ def kpacked_contraction(x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
         status = kpacked_library().tc_disco_kpacked_contraction_variant(
             *args, kreg, nv, lat_block)
     if status != 0:
-        reason = KPACKED_STATUS.get(status) or STATUS_MESSAGES.get(status, f"unknown status {status}")
         raise ValueError(f"disco kpacked contraction rejected input of shape {tuple(x.shape)} "
                          f"(K={kernel_size}, K_PAD={vals.shape[1]}, rows {ho_begin}+{ho_count} "
-                         f"of {nlat_out}, tile {tile!r}): {reason}")
+                         f"of {nlat_out}, tile {tile!r}): {_kpacked_reason(status)}")
     return y
 
 
@@ -373,8 +377,7 @@ def kpacked_mix(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, vals: 
         kernel_size, nlat_out, nlon_out, ho_begin, ho_count, out_channels, offset.data_ptr(),
         idx.data_ptr(), vals.data_ptr(), idx.shape[0], vals.shape[1], torch.get_num_threads())
     if status != 0:
-        reason = KPACKED_STATUS.get(status) or STATUS_MESSAGES.get(status, f"unknown status {status}")
         raise ValueError(f"disco kpacked mix rejected input of shape {tuple(x.shape)} (K="
                          f"{kernel_size}, K_PAD={vals.shape[1]}, rows {ho_begin}+{ho_count} of "
-                         f"{nlat_out}x{nlon_out}): {reason}")
+                         f"{nlat_out}x{nlon_out}): {_kpacked_reason(status)}")
     return out
