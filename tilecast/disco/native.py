@@ -356,11 +356,15 @@ def kpacked_mix(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, vals: 
     nlon_in) mixed by weight (C_out, C * kernel_size): the convolution without bias on one
     group, as one kernel that never writes the contraction (kernels/cpu/disco_kpacked_mix.hpp).
     Only output latitudes [ho_begin, ho_begin + ho_count) (default all) are computed, into
-    `out` when given (the others left as they are). float32, contiguous, CPU; nlon_out a
-    multiple of kpacked_mix_width(), else ValueError."""
+    `out` when given (the others left as they are). float32 on the CPU (x and weight made
+    contiguous; out must be); nlon_out a multiple of kpacked_mix_width(), else ValueError."""
     batch, channels, nlat_in, nlon_in = x.shape
     out_channels = weight.shape[0]
     ho_count = nlat_out - ho_begin if ho_count is None else ho_count
+    if x.device.type != "cpu" or weight.device.type != "cpu":
+        raise ValueError(f"kpacked_mix runs on the CPU, got x on {x.device}, weight on "
+                         f"{weight.device}")
+    x, weight = x.contiguous(), weight.contiguous()
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         raise ValueError(f"kpacked_mix is float32 only, got x {x.dtype}, weight {weight.dtype}")
     if weight.shape != (out_channels, channels * kernel_size):
