@@ -65,7 +65,9 @@ def test_describe_reports_the_compiled_parameters(built):
 # of T contiguous, columns contiguous), every small dimension 1-8 on either side, column
 # tails of every width, K tails, split-K with K below the thread count, past the serial limit,
 # and several of the rows form's column chunks (16384 / R floats, whole pages) with a tail
-# (at 8 rows in ymm, blocks of 14 columns: tails of 1-13 columns);
+# (at 8 rows in ymm, blocks of 14 columns: tails of 1-13 columns), groups of T's rows cut
+# short where they would share an L1 set (rows 4 KiB or 6 KiB apart: 7 or 14 rows a group)
+# with K tails;
 # then the cols form's dots past 8 rows (9-24 rows or columns, K >= 256, B column-major or
 # A row-major; blocked in the other layouts): row and column blocks with tails, both sides,
 # K = 256 exactly, split between threads, and just past the limits (25 rows, K = 255)
@@ -74,7 +76,8 @@ SKINNY_SHAPES = [(1, 1, 1), (1, 300, 200), (3, 70, 131), (5, 2, 333), (8, 40, 17
                  (1000, 5, 700), (8, 8, 8), (4, 17, 2049), (1, 9000, 1), (4500, 7, 1),
                  (8, 4100, 20), (3, 10250, 9), (1, 16390, 3), (8, 29, 40), (8, 2063, 9),
                  (9, 33, 256), (16, 100, 300), (24, 41, 1029), (100, 12, 517), (23, 3000, 300),
-                 (3000, 21, 260), (25, 30, 300), (20, 20, 255)]
+                 (3000, 21, 260), (25, 30, 300), (20, 20, 255), (8, 1024, 37), (8, 1536, 45),
+                 (5, 2048, 30)]
 
 
 def test_gemv_class_shapes_match_torch_in_every_layout(built, tmp_path):

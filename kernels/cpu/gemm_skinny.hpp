@@ -9,10 +9,12 @@
 // Both cases are one task, out (R x N) = S (R x K) * T (K x N) with R <= kSkinnyMax and
 // every operand strided: small M takes S = A, T = B, out = C; small N takes the transpose,
 // S = B^T, T = A^T, out = C^T. T is read one of two ways:
-//   rows  T's rows contiguous (t_cs == 1): kRowsDepth rows of T stream side by side along a
-//         chunk of columns, each step one broadcast of S(r, p) per row of S (axpys) in the
-//         variant's vectors (zmm or ymm), the chunk's sums kept in L1-L2 between sweeps; 8
-//         rows in ymm transposed: a broadcast of T(p, c) per column against S's column;
+//   rows  T's rows contiguous (t_cs == 1): a group of T's rows (rows_depth: 8, 16 for 8 rows
+//         in ymm when T fits the LLC, fewer where their lines would share an L1 set) stream
+//         side by side along a chunk of columns, each step one broadcast of S(r, p) per row of
+//         S (axpys) in the variant's vectors (zmm or ymm), the chunk's sums kept in L1-L2
+//         between sweeps; 8 rows in ymm transposed: a broadcast of T(p, c) per column against
+//         S's column;
 //   cols  T's columns contiguous (t_rs == 1): R x CB dot products down CB columns at once,
 //         S's rows read as vectors (packed first when they are strided). Up to kDotsMax rows
 //         (R > kSkinnyMax: dots_range) when the dots are at least kDotsMinDepth long: a few
@@ -30,6 +32,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -55,6 +58,11 @@ constexpr index_t kPrefetchBytes = 512;
 constexpr index_t kRowsSums = 16384;
 constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024); on the
                                    // AVX2 EPYC 16 and 32 read 0.5-0.8x past the LLC (6144^2 T)
+/// 8 rows transposed, when T fits the last-level cache: its rows come from the LLC, no stream
+/// to keep, and longer runs of FMAs between loads and stores of the sums pay (paired, 2
+/// threads, AVX2 EPYC: 8x1000x1000 to 8x3000x2000 1.11-1.19x; 5 rows, not transposed, 0.98x;
+/// past the LLC 0.94-0.99x).
+constexpr index_t kRowsDepthInCache = 16;
 /// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
 /// reduction of each dot's vector, a few adds, is then under 2 % of its multiply-adds).
 /// Measured against the blocked path in paired runs (AVX-512, 2 threads): 1.02-3x at 12-25
@@ -71,6 +79,45 @@ struct Task {
   float* out;
   index_t o_rs, o_cs;
 };
+
+/// The caches rows_depth sizes a group by, read once from the C library (sysconf); an
+/// unknown figure takes the common one (8 ways, 64 sets of 64 bytes) or, for the LLC, none.
+struct CacheShape {
+  index_t l1_ways = 8, l1_sets = 64, line = 64, llc_bytes = 0;
+  static const CacheShape& here() {
+    static const CacheShape shape = [] {
+      CacheShape c;
+      const long ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC), size = sysconf(_SC_LEVEL1_DCACHE_SIZE),
+                 line = sysconf(_SC_LEVEL1_DCACHE_LINESIZE), llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+      if (ways > 1 && line > 0 && size > ways * line) c.l1_ways = ways, c.line = line, c.l1_sets = size / (ways * line);
+      if (llc > 0) c.llc_bytes = llc;
+      return c;
+    }();
+    return shape;
+  }
+};
+
+/// The rows of T a rows-form group reads side by side: `wanted`, or fewer when more than
+/// one less than the L1's ways of them would share a set. A column block touches one line of
+/// each row; T's rows a multiple of 4 KiB apart (n = 1024, 3072, 6144 floats) put all of
+/// them in one set, and 8 fill an 8-way set, so the block's other data (its sums, S's
+/// column) evicts them between steps. One thread, 8 rows transposed: 8x768x3072 59.6 ->
+/// 66.0 GFLOP/s at 7 rows, 8x6144x6144 past the LLC 50-52 -> 53-56.
+inline index_t rows_depth(const Task& t, index_t wanted) {
+  const CacheShape& cache = CacheShape::here();
+  const index_t row_bytes = t.t_rs * index_t(sizeof(float));
+  const auto set = [&](index_t q) { return q * row_bytes / cache.line % cache.l1_sets; };
+  for (index_t depth = wanted; depth > 1; --depth) {
+    index_t most = 0;  // the most rows of the group whose lines share one set
+    for (index_t q = 0; q < depth; ++q) {
+      index_t sharing = 0;
+      for (index_t o = 0; o < depth; ++o) sharing += set(o) == set(q);
+      most = std::max(most, sharing);
+    }
+    if (most < cache.l1_ways) return depth;
+  }
+  return 1;
+}
 
 /// Whether `problem` takes this path, and its task; false for bf16 or odd strides.
 template <class P>
@@ -115,10 +162,10 @@ constexpr int kRowW = Vec::width;
 /// the last vector holding `tail` lanes when kMasked. T's rows in [p0, p1) are read side by
 /// side, each contiguously along the block: sequential streams the prefetchers follow. With
 /// TC_PREFETCH, each line is also fetched into L2 for the next group of rows (the same
-/// columns kRowsDepth rows down), whose streams start a page the hardware has not seen.
+/// columns `depth` rows down), whose streams start a page the hardware has not seen.
 template <int R, int NV, bool kMasked, index_t kChunk>
 TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, index_t c,
-                          index_t p0, index_t p1, int tail) {
+                          index_t p0, index_t p1, int tail, index_t depth) {
   using V = Vec;
   typename V::reg acc[R][NV];
   for (int r = 0; r < R; ++r)
@@ -128,7 +175,7 @@ TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, inde
   for (index_t p = p0; p < p1; ++p, tp += t.t_rs, sp += t.s_cs) {
     if constexpr (kPrefetch)
       for (int j = 0; j < NV; j += 64 / (4 * kRowW))  // one prefetch per 64-byte line
-        _mm_prefetch(reinterpret_cast<const char*>(tp + kRowsDepth * t.t_rs + kRowW * j), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(tp + depth * t.t_rs + kRowW * j), _MM_HINT_T1);
     typename V::reg row[NV];
     for (int j = 0; j < NV; ++j)
       row[j] = kMasked && j == NV - 1 ? V::load_first(tp + kRowW * j, tail) : V::load(tp + kRowW * j);
@@ -179,13 +226,15 @@ void rows_range_t(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1,
   constexpr int NC = 14;  // 14 accumulators + S's column + a broadcast: the 16 ymm
   constexpr index_t kChunk = kRowsSums / R;
   alignas(64) float sums[kChunk][R];
-  alignas(64) float st[kRowsDepth][R];
+  alignas(64) float st[kRowsDepthInCache][R];
+  const bool in_llc = t.depth * t.cols * index_t(sizeof(float)) <= CacheShape::here().llc_bytes;
+  const index_t depth = rows_depth(t, in_llc ? kRowsDepthInCache : kRowsDepth);
   for (index_t cb = c0; cb < c1; cb += kChunk) {
     const index_t width = std::min(kChunk, c1 - cb);
     const index_t whole = width / NC * NC;
     std::fill(sums[0], sums[0] + width * R, 0.0f);
-    for (index_t p = p0; p < p1; p += kRowsDepth) {
-      const index_t pe = std::min(p + kRowsDepth, p1);
+    for (index_t p = p0; p < p1; p += depth) {
+      const index_t pe = std::min(p + depth, p1);
       for (index_t q = p; q < pe; ++q)
         for (int r = 0; r < R; ++r) st[q - p][r] = t.s[r * t.s_rs + q * t.s_cs];
       for (index_t c = 0; c < whole; c += NC) rows_block_t<NC>(t, sums, st, cb, c, p, pe);
@@ -214,21 +263,23 @@ void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, f
   constexpr index_t kChunk = kRowsSums / R / 1024 * 1024;
   static_assert(kChunk >= 1024 && kChunk % kStep == 0);
   alignas(64) float sums[R][kChunk];
+  const index_t depth = rows_depth(t, kRowsDepth);
   for (index_t cb = c0; cb < c1; cb += kChunk) {
     const index_t width = std::min(kChunk, c1 - cb);
     const index_t whole = width / kStep * kStep;
     for (int r = 0; r < R; ++r) std::fill(sums[r], sums[r] + round_up(width, kRowW), 0.0f);
-    for (index_t p = p0; p < p1; p += kRowsDepth) {
-      const index_t pe = std::min(p + kRowsDepth, p1);
-      for (index_t c = 0; c < whole; c += kStep) rows_block<kBand, NV, false, kChunk>(t, sums, cb, c, p, pe, kRowW);
+    for (index_t p = p0; p < p1; p += depth) {
+      const index_t pe = std::min(p + depth, p1);
+      for (index_t c = 0; c < whole; c += kStep)
+        rows_block<kBand, NV, false, kChunk>(t, sums, cb, c, p, pe, kRowW, depth);
       if constexpr (kBand < R) {
         Task band = t;
         band.s = t.s + kBand * t.s_rs;
         for (index_t c = 0; c < whole; c += kStep)
-          rows_block<R - kBand, NV, false, kChunk>(band, sums + kBand, cb, c, p, pe, kRowW);
+          rows_block<R - kBand, NV, false, kChunk>(band, sums + kBand, cb, c, p, pe, kRowW, depth);
       }
       for (index_t c = whole; c < width; c += kRowW)
-        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, int(std::min<index_t>(kRowW, width - c)));
+        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, int(std::min<index_t>(kRowW, width - c)), depth);
     }
     for (int r = 0; r < R; ++r) {
       float* row = out + r * o_rs + cb * o_cs;
