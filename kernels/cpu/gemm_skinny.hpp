@@ -60,8 +60,8 @@ constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1
                                    // AVX2 EPYC 16 and 32 read 0.5-0.8x past the LLC (6144^2 T)
 /// 8 rows transposed, when T fits the last-level cache: its rows come from the LLC, no stream
 /// to keep, and longer runs of FMAs between loads and stores of the sums pay (paired, 2
-/// threads, AVX2 EPYC: 8x1000x1000 to 8x3000x2000 1.11-1.19x; 5 rows, not transposed, 0.98x;
-/// past the LLC 0.94-0.99x).
+/// threads, AVX2 EPYC: 8x1000x1000 to 8x3000x2000 1.07-1.19x; 5 rows, not transposed, 0.98x;
+/// past the LLC 0.94-0.99x; 24 and 32 rows 0.75-0.95x).
 constexpr index_t kRowsDepthInCache = 16;
 /// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
 /// reduction of each dot's vector, a few adds, is then under 2 % of its multiply-adds).
@@ -89,34 +89,40 @@ struct CacheShape {
       CacheShape c;
       const long ways = sysconf(_SC_LEVEL1_DCACHE_ASSOC), size = sysconf(_SC_LEVEL1_DCACHE_SIZE),
                  line = sysconf(_SC_LEVEL1_DCACHE_LINESIZE), llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-      if (ways > 1 && line > 0 && size > ways * line) c.l1_ways = ways, c.line = line, c.l1_sets = size / (ways * line);
+      if (ways > 1 && line > 0 && size > ways * line)
+        c.l1_ways = ways, c.line = line, c.l1_sets = size / (ways * line);
       if (llc > 0) c.llc_bytes = llc;
       return c;
     }();
     return shape;
   }
+  /// The L1 set of the line `bytes` past a line's start.
+  index_t set_of(index_t bytes) const { return bytes / line % l1_sets; }
 };
 
-/// The rows of T a rows-form group reads side by side: `wanted`, or fewer when more than
-/// one less than the L1's ways of them would share a set. A column block touches one line of
-/// each row; T's rows a multiple of 4 KiB apart (n = 1024, 3072, 6144 floats) put all of
-/// them in one set, and 8 fill an 8-way set, so the block's other data (its sums, S's
-/// column) evicts them between steps. One thread, 8 rows transposed: 8x768x3072 59.6 ->
-/// 66.0 GFLOP/s at 7 rows, 8x6144x6144 past the LLC 50-52 -> 53-56.
+/// The rows of T a rows-form group reads side by side: the first `wanted` (at most
+/// kRowsDepthInCache), cut before the row whose line would be the L1's ways-th in one set. A
+/// column block touches one line of each row; T's rows a multiple of 4 KiB apart (n = 1024,
+/// 3072, 6144 floats) put all of them in one set, and 8 fill an 8-way set, so the block's
+/// other data (its sums, S's column) evicts them between steps. One thread, 8 rows
+/// transposed: 8x768x3072 59.6 -> 66.0 GFLOP/s at 7 rows, 8x6144x6144 past the LLC 50-52 ->
+/// 53-56. The last answer is kept per thread: a tiny product (8x40x17) called it each time
+/// at 0.9x.
 inline index_t rows_depth(const Task& t, index_t wanted) {
+  thread_local index_t last_rs = -1, last_wanted = 0, last_depth = 0;
+  if (t.t_rs == last_rs && wanted == last_wanted) return last_depth;
   const CacheShape& cache = CacheShape::here();
   const index_t row_bytes = t.t_rs * index_t(sizeof(float));
-  const auto set = [&](index_t q) { return q * row_bytes / cache.line % cache.l1_sets; };
-  for (index_t depth = wanted; depth > 1; --depth) {
-    index_t most = 0;  // the most rows of the group whose lines share one set
-    for (index_t q = 0; q < depth; ++q) {
-      index_t sharing = 0;
-      for (index_t o = 0; o < depth; ++o) sharing += set(o) == set(q);
-      most = std::max(most, sharing);
-    }
-    if (most < cache.l1_ways) return depth;
+  index_t sets[kRowsDepthInCache];
+  index_t depth = std::min(wanted, kRowsDepthInCache);
+  for (index_t q = 0; q < depth; ++q) {
+    sets[q] = cache.set_of(q * row_bytes);
+    index_t sharing = 1;  // rows [0, q] whose line falls in row q's set
+    for (index_t o = 0; o < q; ++o) sharing += sets[o] == sets[q];
+    if (sharing >= cache.l1_ways) depth = q;
   }
-  return 1;
+  last_rs = t.t_rs, last_wanted = wanted, last_depth = depth;
+  return depth;
 }
 
 /// Whether `problem` takes this path, and its task; false for bf16 or odd strides.
