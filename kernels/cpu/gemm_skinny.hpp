@@ -285,7 +285,8 @@ void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, f
           rows_block<R - kBand, NV, false, kChunk>(band, sums + kBand, cb, c, p, pe, kRowW, depth);
       }
       for (index_t c = whole; c < width; c += kRowW)
-        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, int(std::min<index_t>(kRowW, width - c)), depth);
+        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, int(std::min<index_t>(kRowW, width - c)),
+                                       depth);
     }
     for (int r = 0; r < R; ++r) {
       float* row = out + r * o_rs + cb * o_cs;
