@@ -99,3 +99,18 @@ def test_panel_packing_matches_a_plain_loop(tmp_path):
                     str(FIXTURES / "pack_check.cpp"), "-o", str(binary)], check=True)
     run = subprocess.run([str(binary)], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip().endswith("0 failures"), run.stdout
+
+
+def test_gemv_groups_of_rows_avoid_full_l1_sets(tmp_path):
+    """group_depth (kernels/cpu/gemm_skinny.hpp), the rows of T a GEMV-class group reads side
+    by side (tests/fixtures/group_depth_check.cpp): for 2-12 ways and row strides of 0-12 KiB,
+    no L1 set holds `ways` of a group's lines and a group is cut only one row short of that;
+    and the comment's figures (7 rows 4 KiB apart, 14 at 6 KiB, 16 otherwise, 8 on 12 ways)."""
+    binary = tmp_path / "group_depth_check"
+    defines = [f"-D{name}={value}" for name, value in
+               {"TC_DTYPE": 0, "TC_ISA": 0, "TC_MR": 6, "TC_NR": 16, "TC_MC": 96, "TC_NC": 256,
+                "TC_KC": 64, "TC_PACK_A": 1, "TC_PAR": 2, "TC_PREFETCH": 0}.items()]
+    subprocess.run(["g++", *DEFAULT_FLAGS, *defines, f"-I{KERNELS_DIR / 'cpu'}",
+                    str(FIXTURES / "group_depth_check.cpp"), "-o", str(binary)], check=True)
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip().endswith("0 failures"), run.stdout

@@ -100,19 +100,14 @@ struct CacheShape {
   index_t set_of(index_t bytes) const { return bytes / line % l1_sets; }
 };
 
-/// The rows of T a rows-form group reads side by side: the first `wanted` (at most
-/// kRowsDepthInCache), cut before the row whose line would be the L1's ways-th in one set. A
-/// column block touches one line of each row; T's rows a multiple of 4 KiB apart (n = 1024,
-/// 3072, 6144 floats) put all of them in one set, and 8 fill an 8-way set, so the block's
-/// other data (its sums, S's column) evicts them between steps. One thread, 8 rows
-/// transposed: 8x768x3072 59.6 -> 66.0 GFLOP/s at 7 rows, 8x6144x6144 past the LLC 50-52 ->
-/// 53-56. The last answer is kept per thread: a tiny product (8x40x17) called it each time
-/// at 0.9x.
-inline index_t rows_depth(const Task& t, index_t wanted) {
-  thread_local index_t last_rs = -1, last_wanted = 0, last_depth = 0;
-  if (t.t_rs == last_rs && wanted == last_wanted) return last_depth;
-  const CacheShape& cache = CacheShape::here();
-  const index_t row_bytes = t.t_rs * index_t(sizeof(float));
+/// The rows of T a rows-form group reads side by side, T's rows `row_bytes` apart: the first
+/// `wanted` (at most kRowsDepthInCache), cut before the row whose line would be the L1's
+/// ways-th in one set. A column block touches one line of each row; T's rows a multiple of
+/// 4 KiB apart (n = 1024, 3072, 6144 floats) put all of them in one set, and 8 fill an 8-way
+/// set, so the block's other data (its sums, S's column) evicts them between steps. One
+/// thread, 8 rows transposed: 8x768x3072 59.6 -> 66.0 GFLOP/s at 7 rows, 8x6144x6144 past
+/// the LLC 50-52 -> 53-56.
+inline index_t group_depth(index_t row_bytes, index_t wanted, const CacheShape& cache) {
   index_t sets[kRowsDepthInCache];
   index_t depth = std::min(wanted, kRowsDepthInCache);
   for (index_t q = 0; q < depth; ++q) {
@@ -121,8 +116,18 @@ inline index_t rows_depth(const Task& t, index_t wanted) {
     for (index_t o = 0; o < q; ++o) sharing += sets[o] == sets[q];
     if (sharing >= cache.l1_ways) depth = q;
   }
-  last_rs = t.t_rs, last_wanted = wanted, last_depth = depth;
   return depth;
+}
+
+/// group_depth for T on this machine's L1, the last answer kept per thread (a tiny product,
+/// 8x40x17, read 0.9x when every call worked it out).
+inline index_t rows_depth(const Task& t, index_t wanted) {
+  thread_local index_t last_rs = -1, last_wanted = 0, last_depth = 0;
+  if (t.t_rs != last_rs || wanted != last_wanted) {
+    last_depth = group_depth(t.t_rs * index_t(sizeof(float)), wanted, CacheShape::here());
+    last_rs = t.t_rs, last_wanted = wanted;
+  }
+  return last_depth;
 }
 
 /// Whether `problem` takes this path, and its task; false for bf16 or odd strides.
