@@ -91,13 +91,7 @@ def test_panel_packing_matches_a_plain_loop(tmp_path):
     """The packer's whole-vector stores that spill into the next step (tests/fixtures/
     pack_check.cpp): every panel width, valid-lane count and step count, both source
     layouts, panels packed in either order, sentinels around them."""
-    binary = tmp_path / "pack_check"
-    defines = [f"-D{name}={value}" for name, value in
-               {"TC_DTYPE": 0, "TC_ISA": 0, "TC_MR": 6, "TC_NR": 16, "TC_MC": 96, "TC_NC": 256,
-                "TC_KC": 64, "TC_PACK_A": 1, "TC_PAR": 0, "TC_PREFETCH": 0}.items()]
-    subprocess.run(["g++", *DEFAULT_FLAGS, *defines, f"-I{KERNELS_DIR / 'cpu'}",
-                    str(FIXTURES / "pack_check.cpp"), "-o", str(binary)], check=True)
-    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    run = _run_fixture("pack_check", tmp_path, TC_PAR=0)
     assert run.returncode == 0 and run.stdout.strip().endswith("0 failures"), run.stdout
 
 
@@ -106,11 +100,17 @@ def test_gemv_groups_of_rows_avoid_full_l1_sets(tmp_path):
     by side (tests/fixtures/group_depth_check.cpp): for 2-12 ways and row strides of 0-12 KiB,
     no L1 set holds `ways` of a group's lines and a group is cut only one row short of that;
     and the comment's figures (7 rows 4 KiB apart, 14 at 6 KiB, 16 otherwise, 8 on 12 ways)."""
-    binary = tmp_path / "group_depth_check"
-    defines = [f"-D{name}={value}" for name, value in
-               {"TC_DTYPE": 0, "TC_ISA": 0, "TC_MR": 6, "TC_NR": 16, "TC_MC": 96, "TC_NC": 256,
-                "TC_KC": 64, "TC_PACK_A": 1, "TC_PAR": 2, "TC_PREFETCH": 0}.items()]
-    subprocess.run(["g++", *DEFAULT_FLAGS, *defines, f"-I{KERNELS_DIR / 'cpu'}",
-                    str(FIXTURES / "group_depth_check.cpp"), "-o", str(binary)], check=True)
-    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    run = _run_fixture("group_depth_check", tmp_path, TC_PAR=2)
     assert run.returncode == 0 and run.stdout.strip().endswith("0 failures"), run.stdout
+
+
+def _run_fixture(name: str, tmp_path: Path, **params: int) -> subprocess.CompletedProcess:
+    """Build tests/fixtures/NAME.cpp against the GEMM headers (an AVX2 fp32 6x16 variant's
+    parameters, `params` overriding them) and run it."""
+    binary = tmp_path / name
+    defines = {"TC_DTYPE": 0, "TC_ISA": 0, "TC_MR": 6, "TC_NR": 16, "TC_MC": 96, "TC_NC": 256,
+               "TC_KC": 64, "TC_PACK_A": 1, "TC_PAR": 0, "TC_PREFETCH": 0, **params}
+    subprocess.run(["g++", *DEFAULT_FLAGS, *(f"-D{k}={v}" for k, v in defines.items()),
+                    f"-I{KERNELS_DIR / 'cpu'}", str(FIXTURES / f"{name}.cpp"), "-o", str(binary)],
+                   check=True)
+    return subprocess.run([str(binary)], capture_output=True, text=True)
