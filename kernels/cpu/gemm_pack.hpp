@@ -143,7 +143,7 @@ inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel
 /// instead of kc short reads per panel, a page apart, and each panel gets kPackBRows * NR
 /// contiguous floats a visit. (One row at a time, every panel's 64-byte write fell in the
 /// same L1 set, the panels being kc * NR * 4 bytes apart; paired on the AVX2 EPYC, 6x16
-/// split-K: 4 rows 1.08-1.14x at 16-64 x 4096 x 4096, where packing B from memory takes a
+/// split-K: 4 rows 1.06-1.14x at 16-64 x 4096 x 4096, where packing B from memory takes a
 /// third of the time, 2 rows 1.04-1.09x, 8 rows 1.05-1.14x, 16 rows 0.99-1.04x.)
 /// Other layouts go a panel at a time.
 constexpr index_t kPackBRows = 4;
