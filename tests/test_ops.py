@@ -227,6 +227,52 @@ def test_libraries_are_built_once_loaded_once_and_report_their_parameters(librar
     assert loaded[0].param("NO_SUCH") is None
 
 
+def test_a_changed_cache_variable_is_followed_by_the_next_lookup(libraries, monkeypatch,
+                                                                 tmp_path, build_cache):
+    """The kernel lookup every product makes goes by the raw variables first; a changed
+    TILECAST_BUILD_CACHE (or TILECAST_CXX) must still load from the new place."""
+    monkeypatch.setattr(kernel_library, "_loaded", dict(kernel_library._loaded))
+    monkeypatch.setattr(kernel_library, "_by_variables", dict(kernel_library._by_variables))
+    monkeypatch.delenv("TILECAST_CXX", raising=False)
+    first = kernel_library.load(GEMM, FP32_KERNEL)
+    assert first.path.parent == build_cache
+    asked = []
+    monkeypatch.setattr(kernel_library, "_build_and_load",
+                        lambda family, name, directory, cxx: asked.append((directory, cxx)) or first)
+    monkeypatch.setenv(build.BUILD_CACHE_ENV, str(tmp_path / "elsewhere"))
+    kernel_library.load(GEMM, FP32_KERNEL)
+    monkeypatch.setenv("TILECAST_CXX", "clang++")
+    kernel_library.load(GEMM, FP32_KERNEL)
+    monkeypatch.setenv(build.BUILD_CACHE_ENV, str(build_cache))
+    monkeypatch.delenv("TILECAST_CXX")
+    assert kernel_library.load(GEMM, FP32_KERNEL) is first
+    assert asked == [(tmp_path / "elsewhere", "g++"), (tmp_path / "elsewhere", "clang++")]
+
+
+def test_a_product_with_no_gradient_to_record_runs_without_the_custom_op(libraries, monkeypatch):
+    """In eager mode with nothing for autograd to record, ops.gemm runs the kernel directly
+    (the custom op's dispatch costs more than a small product); with a gradient to record it
+    goes through the op, and the backward runs on the kernel too."""
+    from tilecast.runtime.ops import gemm_ops
+
+    calls = []
+    real = gemm_ops.gemm_op
+    monkeypatch.setattr(gemm_ops, "gemm_op", lambda *args: calls.append(args[2:]) or real(*args))
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(9, 70, generator=gen), torch.randn(70, 33, generator=gen)
+    reference = a.double() @ b.double()
+    with torch.no_grad():
+        assert rel_error(ops.gemm(a, b, kernel=FP32_KERNEL), reference) < 1e-5
+    assert rel_error(ops.gemm(a, b, kernel=FP32_KERNEL), reference) < 1e-5
+    assert calls == []
+    a.requires_grad_(True)
+    product = ops.gemm(a, b, kernel=FP32_KERNEL)
+    assert rel_error(product, reference) < 1e-5 and product.requires_grad
+    product.sum().backward()
+    assert calls == [(FP32_KERNEL,) * 3] * 2   # the forward, then grad_a's product
+    assert rel_error(a.grad, torch.ones(9, 33, dtype=torch.float64) @ b.double().t()) < 1e-5
+
+
 class _UnbuildableGemm:
     """The GEMM family, but every variant compiled with a micro-tile too large for the
     registers, which the kernel's compile-time checks refuse."""

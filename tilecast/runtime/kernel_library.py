@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from tilecast.core import hardware
+from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, COMPILER_ENV
 from tilecast.families.gemm_isa import DTYPES, ISAS
 from tilecast.families.grouped_conv_kernels import REQUIRED_FLAGS
 from tilecast.stages import build
@@ -132,6 +134,10 @@ class InProcessKernel:
 
 
 _loaded: dict[tuple, InProcessKernel] = {}
+# what the build directory and the compiler follow (core.settings; HOME: the default root)
+_KEY_VARIABLES = (CACHE_ENV, BUILD_CACHE_ENV, COMPILER_ENV, "HOME")
+# (family, name, cache_dir, those variables' values) -> the key of _loaded they resolve to
+_by_variables: dict[tuple, tuple] = {}
 _key_locks: dict[tuple, threading.Lock] = {}
 _lock = threading.Lock()
 
@@ -141,11 +147,19 @@ def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel
     process. FamilyError (a ValueError) for a name the family does not know; CpuFeatureError
     (a KernelBuildError) for a variant this CPU cannot run; KernelBuildError when it does not
     compile or load."""
+    # A product asks for its kernel on every call: first by the raw variables that decide the
+    # directory and the compiler, with no paths built (that took most of a small call's time).
+    quick_key = (family.name, name, None if cache_dir is None else str(cache_dir),
+                 *(os.environ.get(variable) for variable in _KEY_VARIABLES))
+    kernel = _loaded.get(_by_variables.get(quick_key))
+    if kernel is not None:
+        return kernel
     directory = Path(cache_dir) if cache_dir is not None else build.default_cache_dir()
     cxx = compiler()
     key = (family.name, name, str(directory), cxx)
     kernel = _loaded.get(key)
     if kernel is not None:
+        _by_variables[quick_key] = key
         return kernel
     with _lock:
         key_lock = _key_locks.setdefault(key, threading.Lock())
@@ -154,6 +168,7 @@ def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel
         if kernel is None:
             kernel = _build_and_load(family, name, directory, cxx)
             _loaded[key] = kernel
+    _by_variables[quick_key] = key
     return kernel
 
 

@@ -5,12 +5,26 @@ from __future__ import annotations
 from tilecast.runtime import kernel_library
 
 
+# (family, kernel name) -> its parsed config: parsing and validating a name on every product
+# took about as long as a small product itself
+_configs: dict[tuple[str, str], object] = {}
+
+
+def _config(family, name: str):
+    """family.parse_name(name), parsed once per process (a bad name raises every time)."""
+    key = (family.name, name)
+    config = _configs.get(key)
+    if config is None:
+        config = _configs[key] = family.parse_name(name)
+    return config
+
+
 def load_kernel(family, name: str, problem) -> kernel_library.InProcessKernel:
     """The loaded kernel `name` after checking that it can run `problem`."""
     if not name:
         raise ValueError(f"no {family.name} kernel was chosen for {family.dims_key(problem)}; "
                          "pass kernel='<name>' or a dispatcher")
-    reason = family.unsupported_reason(family.parse_name(name), problem)
+    reason = family.unsupported_reason(_config(family, name), problem)
     if reason is not None:
         raise ValueError(f"kernel {name!r} cannot run {family.dims_key(problem)}: {reason}")
     return kernel_library.load(family, name)

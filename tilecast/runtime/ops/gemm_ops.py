@@ -68,8 +68,23 @@ def _operand(t: Tensor) -> tuple[Tensor, int, int]:
 def gemm_op(a: Tensor, b: Tensor, kernel: str, kernel_grad_a: str, kernel_grad_b: str) -> Tensor:
     """a (m, k) @ b (k, n) -> (m, n) float32 on the GEMM kernel `kernel`; the gradients run
     on `kernel_grad_a` / `kernel_grad_b` ("" where none is needed)."""
+    return _product(a, b, kernel)
+
+
+def _product(a: Tensor, b: Tensor, kernel: str) -> Tensor:
+    """gemm_op's body: a new (m, n) float32 output, filled by `kernel`."""
     _check_gemm(a, b)
     return gemm_into(torch.empty(a.shape[0], b.shape[1], dtype=torch.float32), a, b, kernel)
+
+
+def _run(a: Tensor, b: Tensor, kernel: str, kernel_grad_a: str, kernel_grad_b: str) -> Tensor:
+    """gemm_op where autograd or a compiler must see it; otherwise (eager, plain tensors, no
+    gradient to record) its body directly: the custom op's dispatch costs about 50 us a call,
+    more than a small product itself."""
+    if (type(a) is not Tensor or type(b) is not Tensor or torch.compiler.is_compiling()
+            or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))):
+        return gemm_op(a, b, kernel, kernel_grad_a, kernel_grad_b)
+    return _product(a, b, kernel)
 
 
 @gemm_op.register_fake
@@ -137,7 +152,7 @@ def gemm(a: Tensor, b: Tensor, *, dispatcher=None, kernel: str | None = None) ->
     if kernel is not None:
         if not isinstance(kernel, str):
             raise TypeError(f"kernel must be a kernel name (str), got {type(kernel).__name__}")
-        return gemm_op(a, b, kernel, kernel, kernel)
+        return _run(a, b, kernel, kernel, kernel)
     if dispatcher is None:
         raise ValueError("no GEMM kernel: pass kernel='<name>' or dispatcher=<a gemm Dispatcher> "
                          "(e.g. tilecast.Dispatcher.from_registry('registry', 'gemm'))")
@@ -149,4 +164,4 @@ def gemm(a: Tensor, b: Tensor, *, dispatcher=None, kernel: str | None = None) ->
                 _gemm_problem(k, n, m, a.dtype, operand_layout(a.t()), "row")
                 if grad_enabled and b.requires_grad else None)
     names = ["" if problem is None else select(GEMM, dispatcher, problem) for problem in problems]
-    return gemm_op(a, b, *names)
+    return _run(a, b, *names)
