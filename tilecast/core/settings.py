@@ -74,8 +74,8 @@ _last: tuple[tuple, Settings] | None = None
 
 def settings() -> Settings:
     """The settings of the environment as it is now. The variables are read on every call;
-    the Settings built from them are reused while they stay the same (building the paths
-    took ~120 us, and the runtime's kernel lookup asks on every product)."""
+    the Settings built from them are reused while they stay the same (building their paths
+    cost more than a small product, and the runtime's kernel lookup asks on every call)."""
     global _last
     values = tuple(os.environ.get(name) for name in _READ)
     last = _last
