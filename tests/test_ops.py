@@ -546,6 +546,32 @@ def test_grouped_conv_forward_and_gradients_match_torch(case):
     assert rel_error(x.grad, x_ref.grad) < 1e-4 and rel_error(w.grad, w_ref.grad) < 1e-4
 
 
+def test_a_convolution_with_no_gradient_to_record_runs_without_the_custom_op(monkeypatch):
+    """As for GEMM: eager and nothing for autograd to record, the forward runs directly; with a
+    weight that requires grad it goes through the op, and the gradient runs on its kernel."""
+    from tilecast.runtime.ops import grouped_conv_ops
+
+    calls = []
+    real = grouped_conv_ops.grouped_conv_op
+    monkeypatch.setattr(grouped_conv_ops, "grouped_conv_op",
+                        lambda *args: calls.append(args[-3:]) or real(*args))
+    gen = torch.Generator().manual_seed(8)
+    x, w = torch.randn(2, 6, 9, 11, generator=gen), torch.randn(8, 3, 3, 2, generator=gen)
+    reference = F.conv2d(x.double(), w.double(), None, 1, 1, 1, 2)
+    with torch.no_grad():
+        assert rel_error(ops.grouped_conv(x, w, padding=1, groups=2, kernel=CONV_2D), reference) < 1e-4
+    assert rel_error(ops.grouped_conv(x, w, padding=1, groups=2, kernel=CONV_2D), reference) < 1e-4
+    assert calls == []
+    w.requires_grad_(True)
+    y = ops.grouped_conv(x, w, padding=1, groups=2, kernel=CONV_2D)
+    assert rel_error(y, reference) < 1e-4 and y.requires_grad
+    assert calls == [(CONV_2D["forward"], "", CONV_2D["bwd_weight"])]
+    y.sum().backward()
+    w_ref = w.detach().double().requires_grad_()
+    F.conv2d(x.double(), w_ref, None, 1, 1, 1, 2).sum().backward()
+    assert rel_error(w.grad, w_ref.grad) < 1e-4
+
+
 def test_grouped_conv_3d_and_depthwise_kernels():
     gen = torch.Generator().manual_seed(6)
     x, w = torch.randn(1, 6, 5, 6, 5, generator=gen), torch.randn(8, 3, 3, 2, 3, generator=gen)
