@@ -1,8 +1,7 @@
 """tilecast's settings from the environment: one place that reads every TILECAST_* variable.
 
 `settings()` reads the environment each time it is called (never at import), so a test's
-monkeypatched variable or a worker's environment is seen by the next call (it rebuilds the
-Settings only when one of the variables it reads has changed). The cache
+monkeypatched variable or a worker's environment is seen by the next call. The cache
 directories all derive from one root:
 
     TILECAST_CACHE            the root (default ~/.cache/tilecast)
@@ -66,21 +65,6 @@ class Settings:
                                        if p))
 
 
-# every variable from_env reads, and HOME (Path.home()'s default root)
-_READ = (CACHE_ENV, BUILD_CACHE_ENV, REGISTRY_CACHE_ENV, LOCKS_ENV, DEVICE_ENV,
-         EMBEDDED_SERVER_ENV, COMPILER_ENV, DEVICES_ENV, "HOME")
-_last: tuple[tuple, Settings] | None = None
-
-
 def settings() -> Settings:
-    """The settings of the environment as it is now. The variables are read on every call;
-    the Settings built from them are reused while they stay the same (building their paths
-    cost more than a small product, and the runtime's kernel lookup asks on every call)."""
-    global _last
-    values = tuple(os.environ.get(name) for name in _READ)
-    last = _last
-    if last is not None and last[0] == values:
-        return last[1]
-    found = Settings.from_env()
-    _last = (values, found)
-    return found
+    """The settings of the environment as it is now."""
+    return Settings.from_env()

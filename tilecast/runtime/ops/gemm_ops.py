@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from tilecast.families import get_family
-from tilecast.runtime.ops.choice import load_kernel, select
+from tilecast.runtime.ops.choice import load_kernel, needs_custom_op, select
 
 GEMM = get_family("gemm")
 GEMM_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}   # tensor dtype -> family dtype
@@ -78,11 +78,8 @@ def _product(a: Tensor, b: Tensor, kernel: str) -> Tensor:
 
 
 def _run(a: Tensor, b: Tensor, kernel: str, kernel_grad_a: str, kernel_grad_b: str) -> Tensor:
-    """gemm_op where autograd or a compiler must see it; otherwise (eager, plain tensors, no
-    gradient to record) its body directly: the custom op's dispatch costs about 50 us a call,
-    more than a small product itself."""
-    if (type(a) is not Tensor or type(b) is not Tensor or torch.compiler.is_compiling()
-            or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))):
+    """gemm_op, or its body where no one needs the op (choice.needs_custom_op)."""
+    if needs_custom_op((a, b), torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return gemm_op(a, b, kernel, kernel_grad_a, kernel_grad_b)
     return _product(a, b, kernel)
 

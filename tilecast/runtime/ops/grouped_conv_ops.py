@@ -14,7 +14,7 @@ from torch import Tensor
 from tilecast.families import get_family
 from tilecast.families.grouped_conv import JOB_FIELDS, geometry_reason
 from tilecast.families.grouped_conv_kernels import DIRECTIONS
-from tilecast.runtime.ops.choice import load_kernel, select
+from tilecast.runtime.ops.choice import load_kernel, needs_custom_op, select
 
 CONV = {direction: get_family(f"grouped_conv_{direction}") for direction in DIRECTIONS}
 
@@ -235,11 +235,7 @@ def grouped_conv(x: Tensor, w: Tensor, *, stride=1, padding=0, dilation=1, group
             raise ValueError(f"no {direction} kernel{why}: pass kernel={{'{direction}': "
                              f"'<name>'}} or dispatcher={{'{direction}': <a grouped_conv_"
                              f"{direction} Dispatcher>}}")
-    # In eager mode with no gradient to record, the body runs without the custom op's dispatch
-    # (about 100 us a call: a third of a small depthwise layer's call); autograd and compilers
-    # see the op.
-    if (type(x) is Tensor and type(w) is Tensor and not torch.compiler.is_compiling()
-            and not needed["bwd_data"] and not needed["bwd_weight"]):
+    if not needs_custom_op((x, w), needed["bwd_data"] or needed["bwd_weight"]):
         return _forward(x, w, *geometry, groups, names["forward"])
     return grouped_conv_op(x, w, *geometry, groups, names["forward"], names["bwd_data"],
                            names["bwd_weight"])
