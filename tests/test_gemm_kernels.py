@@ -25,8 +25,12 @@ SCHEMES = itertools.cycle([("m", True, True), ("n", False, True), ("k", True, Fa
 VARIANTS = [GemmConfig("fp32", isa, mr, nr, 2 * mr, 2 * nr, 48, par, pack_a, prefetch)
             for isa in sorted(ISAS, reverse=True) for (mr, nr), (par, pack_a, prefetch)
             in zip(micro_tiles(isa), SCHEMES)]
+# bf16: on AVX-512 BF16 pairs of k steps packed for vdpbf16ps (KC 47: blocks of an odd depth,
+# pairs starting at odd offsets), 8- and 16-row A panels beside the 14- and 6-row ones
 VARIANTS += [GemmConfig("bf16", "avx512", 14, 32, 28, 64, 48, "m", True, True),
-             GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False)]
+             GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False),
+             GemmConfig("bf16", "avx512", 8, 32, 32, 96, 47, "n", True, False),
+             GemmConfig("bf16", "avx512", 16, 16, 32, 64, 47, "k", True, True)]
 SHAPES = [(1, 1, 1), (7, 13, 5), (1, 300, 200), (130, 1, 70), (33, 65, 300), (129, 257, 65),
           (64, 64, 1000)]
 LAYOUTS = [("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")]
@@ -49,6 +53,22 @@ def test_variant_matches_torch(index, built, tmp_path):
     b = built[index]
     problems = [(*shape, *layouts) for shape, layouts in zip(SHAPES, itertools.cycle(LAYOUTS))]
     expect_gemm_matches_torch([b], problems, tmp_path, PROTOCOL, b.config.dtype)
+
+
+# past the GEMV-class limit, so the blocked path: odd K (a pair's upper half past the end),
+# K of 1 and 2, odd leading dimensions (pairs read at odd offsets), partial panels
+BF16_SHAPES = [(37, 70, 301), (29, 45, 99), (100, 130, 517), (64, 96, 1), (40, 33, 2),
+               (65, 129, 48), (9, 17, 3)]
+
+
+def test_bf16_pairs_match_torch_in_every_layout(built, tmp_path):
+    """bf16 variants (vdpbf16ps on two k steps at a time where the CPU has AVX-512 BF16)
+    on odd depths and leading dimensions, every layout of A and B."""
+    bf16 = [b for b in built if b.config.dtype == "bf16"]
+    if not bf16:
+        pytest.skip("this CPU lacks AVX-512")
+    problems = [(*shape, *layouts) for shape, layouts in itertools.product(BF16_SHAPES, LAYOUTS)]
+    expect_gemm_matches_torch(bf16, problems, tmp_path, PROTOCOL, "bf16")
 
 
 def test_describe_reports_the_compiled_parameters(built):

@@ -42,7 +42,7 @@
 #error "TC_PACK_A must be 0 or 1"
 #endif
 #if TC_DTYPE == 1 && TC_PACK_A == 0
-#error "TC_DTYPE=1 (bf16) converts to fp32 while packing, so it needs TC_PACK_A=1"
+#error "TC_DTYPE=1 (bf16) is repacked (widened to fp32, or paired for vdpbf16ps), so it needs TC_PACK_A=1"
 #endif
 #if TC_PAR != 0 && TC_PAR != 1 && TC_PAR != 2
 #error "TC_PAR must be 0 (m), 1 (n) or 2 (k, split-K)"
@@ -98,6 +98,20 @@ using Vec = VecAvx512;
 #else
 using Vec = VecAvx2;
 #endif
+
+/// bf16 on a CPU with AVX-512 BF16 keeps its operands bf16 in the packed panels, two k
+/// steps to a 32-bit word, and the micro-kernel multiplies them with vdpbf16ps; elsewhere
+/// (and in the GEMV-class path) bf16 is widened to fp32 while packing.
+#if TC_DTYPE == 1 && TC_ISA == 1 && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+constexpr bool kBf16Dot = true;
+using MicroVec = VecAvx512Bf16Dot;
+#else
+constexpr bool kBf16Dot = false;
+using MicroVec = Vec;
+#endif
+
+/// The steps a packed panel holds for a kc-deep block: k pairs for the bf16 dot, else kc.
+constexpr index_t packed_steps(index_t kc) { return kBf16Dot ? (kc + 1) / 2 : kc; }
 
 constexpr int kMR = TC_MR;
 constexpr int kNR = TC_NR;

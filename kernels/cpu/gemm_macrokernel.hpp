@@ -35,16 +35,17 @@ inline void macrokernel(index_t mc, index_t nc, index_t kc, const ABlock& a,
                         index_t panel_begin, index_t panel_end) {
   alignas(64) float edge_tile[kMR * kNR];
   const index_t calls = ceil_div(mc, kMR);  // per B micro-panel
+  const index_t steps = packed_steps(kc);   // rows of a packed micro-panel
   // The next B micro-panel reaches L2 in slices, one a call, while this one is in use.
-  const index_t panel_lines = kNR * kc / 16;
-  const index_t slice_lines = std::min(ceil_div(panel_lines, calls), kc / kAheadStepsB);
+  const index_t panel_lines = kNR * steps / 16;
+  const index_t slice_lines = std::min(ceil_div(panel_lines, calls), steps / kAheadStepsB);
   auto full_tile = [&](index_t panel, index_t ir) {
     return panel < panel_end && ir + kMR <= mc && (panel + 1) * kNR <= nc;
   };
   for (index_t panel = panel_begin; panel < panel_end; ++panel) {
     const index_t jr = panel * kNR;
     const index_t nr = nc - jr < kNR ? nc - jr : kNR;
-    const float* b_panel = b_packed + jr * kc;
+    const float* b_panel = b_packed + jr * steps;
     const bool later_panel = panel + 1 < panel_end;
     for (index_t ir = 0; ir < mc; ir += kMR) {
       const index_t mr = mc - ir < kMR ? mc - ir : kMR;
@@ -56,17 +57,17 @@ inline void macrokernel(index_t mc, index_t nc, index_t kc, const ABlock& a,
       const bool c_accumulate = full && accumulate;
       const index_t slice_begin = ir / kMR * slice_lines;
       Ahead next;
-      next.b = last_row ? b_panel + kNR * kc : b_panel;
+      next.b = last_row ? b_panel + kNR * steps : b_panel;
       next.c = last_row ? (full_tile(panel + 1, 0) ? c + jr + kNR : nullptr)
                         : (full_tile(panel, ir + kMR) ? c + (ir + kMR) * ldc + jr : nullptr);
-      next.b_later = b_panel + kNR * kc + slice_begin * 16;
+      next.b_later = b_panel + kNR * steps + slice_begin * 16;
       next.b_lines = later_panel ? int(std::max<index_t>(0, std::min(slice_lines, panel_lines - slice_begin))) : 0;
 
       if constexpr (PackA) {
-        const float* a_panel = a.base + ir * kc;
-        next.a = last_row ? a.base : a_panel + kMR * kc;
-        microkernel<Vec, kMR, kNR, true, kPrefetch>(kc, {a_panel, 1, kMR}, b_panel, c_tile, c_ld,
-                                                    c_accumulate, next);
+        const float* a_panel = a.base + ir * steps;
+        next.a = last_row ? a.base : a_panel + kMR * steps;
+        microkernel<MicroVec, kMR, kNR, true, kPrefetch>(steps, {a_panel, 1, kMR}, b_panel, c_tile, c_ld,
+                                                         c_accumulate, next);
       } else if (mr == kMR) {
         const float* a_rows = a.base + ir * a.row_stride;
         next.a = last_row ? a.base : a_rows + kMR * a.row_stride;

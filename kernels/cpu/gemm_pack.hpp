@@ -129,13 +129,102 @@ inline void pack_panel(index_t len, index_t width, const T* src, index_t lane_st
   }
 }
 
+/// bf16 pairs for vdpbf16ps (kBf16Dot): word [p * W + lane] of dst holds the source elements
+/// (lane, 2p) in its lower half and (lane, 2p + 1) in its upper half; the upper half is zero
+/// past `len` steps and lanes past `width` are zero, so a zero pair meets whatever the other
+/// operand holds there. Words are written as 32-bit integers into the float buffers the
+/// micro-kernel reads with vector loads (which may alias any type).
+inline std::uint32_t pair_at(const std::uint16_t* src, index_t step_stride, index_t step, index_t len) {
+  const std::uint32_t low = src[step * step_stride];
+  const std::uint32_t high = step + 1 < len ? src[(step + 1) * step_stride] : 0u;
+  return low | high << 16;
+}
+inline void put_word(float* dst, std::uint32_t word) { std::memcpy(dst, &word, sizeof(word)); }
+
+/// Pairs [pair_begin, pair_end) of a pair panel whose lanes are contiguous in the source
+/// (row-major B, column-major A): each pair interleaves two source lines, 16 lanes a vector.
+template <int W>
+inline void pack_pairs_lanes_contiguous(index_t len, index_t width, const std::uint16_t* src,
+                                        index_t step_stride, index_t pair_begin, index_t pair_end,
+                                        float* __restrict dst) {
+  for (index_t pair = pair_begin; pair < pair_end; ++pair) {
+    const std::uint16_t* low = src + 2 * pair * step_stride;
+    const bool has_high = 2 * pair + 1 < len;
+    float* out = dst + pair * W;
+    for (int lane = 0; lane < W; lane += 16) {
+      const int valid = int(std::clamp<index_t>(width - lane, 0, 16));
+      const int room = std::min(16, W - lane);
+      const __mmask16 read = __mmask16((1u << valid) - 1);
+      __m512i words = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(read, low + lane));
+      if (has_high)
+        words = _mm512_or_si512(words, _mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(read, low + step_stride + lane)), 16));
+      if (room == 16) _mm512_storeu_si512(out + lane, words);
+      else _mm512_mask_storeu_epi32(out + lane, __mmask16((1u << room) - 1), words);
+    }
+  }
+}
+
+/// A pair panel whose steps are contiguous in the source (row-major A, column-major B): a
+/// pair is one 32-bit word of the source, so 8 lanes x 8 pairs go through an 8x8 transpose
+/// of words; the lanes of a partial block past `width` come from zero rows, and the pairs
+/// that reach the last 16 steps go one by one.
+template <int W>
+inline void pack_pairs_steps_contiguous(index_t len, index_t width, const std::uint16_t* src,
+                                        index_t lane_stride, float* __restrict dst) {
+  const index_t pairs = (len + 1) / 2;
+  const index_t whole = len / 16 * 8;  // pairs in blocks of 8 whose 16 steps all exist
+  index_t lane = 0;
+  for (; lane < width; lane += 8) {
+    const int rows = int(std::min<index_t>(8, width - lane));
+    const int room = int(std::min<index_t>(8, W - lane));
+    for (index_t pair = 0; pair < whole; pair += 8) {
+      __m256 block[8];
+      for (int r = 0; r < 8; ++r)
+        block[r] = r < rows ? _mm256_castsi256_ps(_mm256_loadu_si256(
+                                  reinterpret_cast<const __m256i*>(src + (lane + r) * lane_stride + 2 * pair)))
+                            : _mm256_setzero_ps();
+      transpose8x8(block);
+      for (int r = 0; r < 8; ++r) {
+        float* out = dst + (pair + r) * W + lane;
+        if (room == 8) _mm256_storeu_ps(out, block[r]);
+        else _mm256_mask_storeu_epi32(out, __mmask8((1u << room) - 1), _mm256_castps_si256(block[r]));
+      }
+    }
+    for (index_t pair = whole; pair < pairs; ++pair)
+      for (int l = 0; l < room; ++l)
+        put_word(dst + pair * W + lane + l, l < rows ? pair_at(src + (lane + l) * lane_stride, 1, 2 * pair, len) : 0u);
+  }
+  // lanes no block above reached: zeros
+  for (; lane < W; ++lane)
+    for (index_t pair = 0; pair < pairs; ++pair) put_word(dst + pair * W + lane, 0u);
+}
+
+/// Packs `width` (<= W) lines of `len` bf16 steps into a pair panel (see pair_at).
+template <int W>
+inline void pack_pair_panel(index_t len, index_t width, const std::uint16_t* src, index_t lane_stride,
+                            index_t step_stride, float* __restrict dst) {
+  if (lane_stride == 1) {
+    pack_pairs_lanes_contiguous<W>(len, width, src, step_stride, 0, (len + 1) / 2, dst);
+  } else if (step_stride == 1) {
+    pack_pairs_steps_contiguous<W>(len, width, src, lane_stride, dst);
+  } else {  // only for a 1-element dimension
+    for (index_t pair = 0; pair < (len + 1) / 2; ++pair)
+      for (index_t lane = 0; lane < W; ++lane)
+        put_word(dst + pair * W + lane, lane < width ? pair_at(src + lane * lane_stride, step_stride, 2 * pair, len) : 0u);
+  }
+}
+
 /// Packs NR-column micro-panel `panel` of the kc x nc block of B at `b`:
 /// dst holds kc rows of NR floats.
 template <int NR, class T>
 inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel, float* dst) {
   const index_t col = panel * NR;
   const index_t width = nc - col < NR ? nc - col : NR;
-  pack_panel<NR>(kc, width, b.at(0, col), b.col_stride, b.row_stride, dst + panel * NR * kc);
+  if constexpr (kBf16Dot)
+    pack_pair_panel<NR>(kc, width, b.at(0, col), b.col_stride, b.row_stride, dst + panel * NR * packed_steps(kc));
+  else
+    pack_panel<NR>(kc, width, b.at(0, col), b.col_stride, b.row_stride, dst + panel * NR * kc);
 }
 
 /// Packs NR-column micro-panels [panel_begin, panel_end) of the kc x nc block of B at `b`.
@@ -154,6 +243,16 @@ inline void pack_b_panels(StridedView<T> b, index_t kc, index_t nc, index_t pane
   static_assert(NR % 8 == 0, "a B micro-panel row is whole 8-float vectors");
   if (b.col_stride != 1) {
     for (index_t panel = panel_begin; panel < panel_end; ++panel) pack_b_panel<NR>(b, kc, nc, panel, dst);
+    return;
+  }
+  if constexpr (kBf16Dot) {  // kPackBRows / 2 pairs of every panel a visit
+    const index_t pairs = packed_steps(kc);
+    for (index_t pair = 0; pair < pairs; pair += kPackBRows / 2)
+      for (index_t panel = panel_begin; panel < panel_end; ++panel) {
+        const index_t col = panel * NR;
+        pack_pairs_lanes_contiguous<NR>(kc, std::min<index_t>(NR, nc - col), b.at(0, col), b.row_stride, pair,
+                                        std::min(pairs, pair + kPackBRows / 2), dst + panel * NR * pairs);
+      }
     return;
   }
   // rows [step, step + Rows) of every panel; Rows a compile-time count, so the copies unroll
@@ -188,7 +287,10 @@ template <int MR, class T>
 inline void pack_a_panel(StridedView<T> a, index_t mc, index_t kc, index_t panel, float* dst) {
   const index_t row = panel * MR;
   const index_t width = mc - row < MR ? mc - row : MR;
-  pack_panel<MR>(kc, width, a.at(row, 0), a.row_stride, a.col_stride, dst + panel * MR * kc);
+  if constexpr (kBf16Dot)
+    pack_pair_panel<MR>(kc, width, a.at(row, 0), a.row_stride, a.col_stride, dst + panel * MR * packed_steps(kc));
+  else
+    pack_panel<MR>(kc, width, a.at(row, 0), a.row_stride, a.col_stride, dst + panel * MR * kc);
 }
 
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }

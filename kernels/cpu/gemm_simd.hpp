@@ -7,6 +7,9 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 #define TC_INLINE inline __attribute__((always_inline))
 
 namespace tc::gemm {
@@ -54,6 +57,25 @@ struct VecAvx512 {
   static TC_INLINE reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static TC_INLINE reg add(reg a, reg b) { return _mm512_add_ps(a, b); }
   static TC_INLINE float sum(reg v) { return _mm512_reduce_add_ps(v); }
+};
+#endif
+
+#ifdef __AVX512BF16__
+/// The micro-kernel's view of bf16 operands on AVX-512 BF16: a "float" of a packed panel is
+/// two bf16 of consecutive k steps (the lower half the even step), and one `fma` is a
+/// vdpbf16ps, two k steps of multiply-adds into fp32 accumulators (products exact, sums
+/// rounded to fp32). One vdpbf16ps issues at the rate of one fp32 FMA on Zen 4, so the same
+/// micro-kernel does twice the flops a cycle. Everything else is VecAvx512's.
+struct VecAvx512Bf16Dot : VecAvx512 {
+  /// One pair of bf16 broadcast, its bits unchanged.
+  static TC_INLINE reg broadcast(const float* p) {
+    std::uint32_t bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    return _mm512_castsi512_ps(_mm512_set1_epi32(int(bits)));
+  }
+  static TC_INLINE reg fma(reg a, reg b, reg c) {
+    return _mm512_dpbf16_ps(c, (__m512bh)_mm512_castps_si512(a), (__m512bh)_mm512_castps_si512(b));
+  }
 };
 #endif
 
