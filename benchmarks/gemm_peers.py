@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/gemm_peers.py --shapes 1x4096x4096 --rounds 5
     .venv/bin/python benchmarks/gemm_peers.py --holdout             # the nightly's held-out shapes
     .venv/bin/python benchmarks/gemm_peers.py --past-llc --shapes   # GEMV-class shapes ~4x the LLC
+    .venv/bin/python benchmarks/gemm_peers.py --dtype bf16          # bf16 against torch's bf16
 
 The variants are a config's GEMM candidates (default: the nightly's 64, those this CPU runs),
 built as in-process libraries like the benchmark stage builds them. Each round reads the
@@ -17,11 +18,16 @@ warning when the peak reads of the run differ by more than 15 %) or its bytes pe
 cache; "in LLC" otherwise). The bandwidth probe reads a buffer of several last-level caches
 (tilecast.stages.roofline.buffer_mib), and --past-llc adds GEMV-class shapes whose large
 operand is about four of this machine's last-level caches (1 x N x N, N x 1 x N, 8 x N x N).
+--dtype bf16 (a CPU with AVX-512 BF16) times the same variants built for bf16 operands (A
+packed, as bf16 needs) against torch.matmul on bf16 tensors, with OpenBLAS's sgemm on the same
+values as fp32 beside them, and holds them against the bf16 dot-product peak
+(probe.bf16_dot_peak_gflops) instead of the FMA peak.
 Figures, not a test: a shared machine's timings are not a pass/fail matter.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -62,12 +68,16 @@ def past_llc_shapes(l3_bytes: int) -> list[str]:
     return [f"1x{n}x{n}", f"{n}x1x{n}", f"8x{n}x{n}"]
 
 
-def variants(config: str, machine: dict) -> list:
+def variants(config: str, machine: dict, dtype: str = "fp32") -> list:
+    """The config's fp32 candidates; for bf16 the same ones built for bf16 operands (A packed)."""
     cfg = load_config(config)
     fc = cfg.families["gemm"]
     space = {GEMM.kernel_name(c): c for c in GEMM.candidate_space(fc.candidates, machine)}
     names = tune.seeded_order(list(space), fc.seed)[:fc.budget]
-    return [space[n] for n in names if space[n].dtype == "fp32"]
+    fp32 = [space[n] for n in names if space[n].dtype == "fp32"]
+    if dtype == "fp32":
+        return fp32
+    return list(dict.fromkeys(dataclasses.replace(c, dtype=dtype, pack_a=True) for c in fp32))
 
 
 def sized(call, min_s: float) -> int:
@@ -98,6 +108,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sample-ms", type=float, default=30.0)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="the operands' dtype (bf16: a CPU with AVX-512 BF16)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -106,15 +118,19 @@ def main() -> None:
     print(f"CPU: {machine['cpu_model']}; {args.threads} threads; numpy BLAS: "
           + ", ".join(f"{i['internal_api']} {i.get('version')} ({i.get('architecture')} kernels)"
                       for i in blas))
-    configs = variants(args.config, machine)
+    if args.dtype == "bf16" and probe.bf16_dot_peak_gflops(1, 1000) is None:
+        parser.error("--dtype bf16 needs a CPU with AVX-512 BF16, which this one lacks")
+    # the ceiling each shape is held against: the FMA peak, or for bf16 the dot-product peak
+    ceiling = probe.fma_peak_gflops if args.dtype == "fp32" else probe.bf16_dot_peak_gflops
+    configs = variants(args.config, machine, args.dtype)
     builts = build.build_candidates(GEMM, configs, build.default_cache_dir(), jobs=2, shared=True)
     libraries = {b.kernel: b.binary for b in builts if b.binary is not None}
-    print(f"{len(libraries)} of {len(configs)} fp32 variants of config {args.config!r} built")
+    print(f"{len(libraries)} of {len(configs)} {args.dtype} variants of config {args.config!r} built")
     if args.holdout:
         problems = [GEMM.problem(p) for p in load_config(args.config).families["gemm"].problems["holdout"]]
     else:
         shapes = args.shapes + (past_llc_shapes(machine["l3_bytes"]) if args.past_llc else [])
-        problems = [GEMM.problem(parse_shape(s)) for s in shapes]
+        problems = [GEMM.problem({**parse_shape(s), "dtype": args.dtype}) for s in shapes]
     buffer_mib = roofline.buffer_mib(machine["l3_bytes"])
     print(f"last-level cache {machine['l3_bytes'] / 2**20:.0f} MiB; the bandwidth probe reads "
           f"{buffer_mib} MiB")
@@ -124,12 +140,12 @@ def main() -> None:
     for number, problem in enumerate(problems):
         prepared = GEMM.prepare(problem, Path("/tmp") / "tilecast-gemm-peers" / f"p{number}", seed=number)
         a, b = prepared.tensors["a"], prepared.tensors["b"]
-        an, bn = a.numpy(), b.numpy()
+        an, bn = a.float().numpy(), b.float().numpy()   # bf16: its values, as fp32
         outputs = {kernel: GEMM.output_tensor(prepared) for kernel in libraries}
         calls = {kernel: GEMM.timer(library, prepared, args.threads, outputs[kernel])
                  for kernel, library in libraries.items()}
         c_np = np.empty((problem.m, problem.n), dtype=np.float32)
-        c_torch = torch.empty(problem.m, problem.n)
+        c_torch = torch.empty(problem.m, problem.n, dtype=a.dtype)
         peers = {"OpenBLAS": lambda an=an, bn=bn, c=c_np: np.matmul(an, bn, out=c),
                  "torch": lambda a=a, b=b, c=c_torch: torch.matmul(a, b, out=c)}
         setups.append((problem, outputs, calls, peers, c_np))
@@ -143,7 +159,7 @@ def main() -> None:
     for round_index in range(args.rounds):
         bandwidths.append(probe.read_bandwidth_gbps(args.threads, buffer_mib))
         for number, (problem, outputs, calls, peers, c_np) in enumerate(setups):
-            peaks[number].append(probe.fma_peak_gflops(args.threads))
+            peaks[number].append(ceiling(args.threads))
             order = list(calls) + list(peers)
             rng.shuffle(order)
             with threadpool_limits(limits=args.threads, user_api="blas"):
@@ -161,15 +177,15 @@ def main() -> None:
                 if not error <= GEMM.tolerance(problem):
                     samples[number, kernel] = [math.inf]   # fast and wrong is never a winner
         reads = [p[-1] for p in peaks.values()]
-        print(f"round {round_index + 1}/{args.rounds}: FMA peak {min(reads):.0f}-{max(reads):.0f} "
+        print(f"round {round_index + 1}/{args.rounds}: peak {min(reads):.0f}-{max(reads):.0f} "
               f"GFLOP/s, read {bandwidths[-1]:.1f} GB/s", flush=True)
 
     every_peak = [v for p in peaks.values() for v in p]
     peak, bandwidth = statistics.median(every_peak), statistics.median(bandwidths)
-    print(f"\nmedians of {args.rounds} rounds; FMA peak {peak:.0f} GFLOP/s (each shape against "
+    print(f"\nmedians of {args.rounds} rounds; {'FMA' if args.dtype == 'fp32' else 'bf16 dot'} peak {peak:.0f} GFLOP/s (each shape against "
           f"the median of its own reads), read bandwidth {bandwidth:.1f} GB/s")
     if max(every_peak) > 1.15 * min(every_peak):
-        print(f"the FMA peak read {min(every_peak):.0f}-{max(every_peak):.0f} GFLOP/s: the machine's "
+        print(f"the peak read {min(every_peak):.0f}-{max(every_peak):.0f} GFLOP/s: the machine's "
               f"speed moved during the run, so ratios to the peak are unreliable; rerun when quiet")
     print(f"{'shape':>22} {'best variant':>44} {'GFLOP/s':>8} {'OpenBLAS':>8} {'torch':>8} "
           f"{'/OpenBLAS':>9} {'/better':>8} {'ceiling':>14}")

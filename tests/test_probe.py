@@ -31,6 +31,18 @@ def test_bad_arguments_are_refused(threads, iterations, named):
         probe.fma_peak_gflops(threads, iterations)
 
 
+def test_the_bf16_dot_probe_reads_a_rate_a_core_can_reach_or_says_there_is_none(hw):
+    rate = probe.bf16_dot_peak_gflops(1, iterations=2_000_000)
+    if "avx512_bf16" not in hw["flags"]:
+        assert rate is None
+        return
+    # 4 flops a lane a vdpbf16ps, 16 lanes; an overstated count (2x) passes this cap on any
+    # core slower than 3 GHz per port pair
+    assert rate is not None and 0 < rate <= FMA_PORTS * 4 * 16 * MAX_GHZ
+    with pytest.raises(ValueError, match="iterations.*got 0"):
+        probe.bf16_dot_peak_gflops(1, 0)
+
+
 #: two 32-byte loads per cycle per core at MAX_GHZ: no core reads its L1 faster, let alone memory
 MAX_READ_GBPS_PER_THREAD = 2 * 32 * MAX_GHZ
 

@@ -70,6 +70,40 @@ double tc_fma_peak(int threads, int64_t iterations, double* seconds, float* sink
   return 2.0 * LANES * CHAINS * static_cast<double>(iterations) * ran;
 }
 
+// The bf16 dot-product ceiling (AVX-512 BF16): as tc_fma_peak with vdpbf16ps, which does two
+// bf16 multiply-adds a lane into fp32 (4 flops a lane an instruction): the rate no bf16 GEMM
+// can pass. Returns -1 where this build has no AVX-512 BF16 or for bad arguments.
+double tc_bf16_dot_peak(int threads, int64_t iterations, double* seconds, float* sink) {
+#if defined(__AVX512BF16__)
+  if (threads < 1 || iterations < 1) return -1.0;
+  float total = 0.0f;
+  int ran = 0;
+  double start = omp_get_wtime();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+#pragma omp single nowait
+    ran = omp_get_num_threads();
+    __m512 acc[CHAINS];
+    // (1.0, 1e-3) pairs in bf16 bits: each step adds about 1.001 to a chain
+    const __m512bh pair = (__m512bh)_mm512_set1_epi32(0x3a833f80);
+    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_ps(float(i + omp_get_thread_num()));
+    for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 10
+      for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], pair, pair);
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < CHAINS; ++i) s = _mm512_add_ps(s, acc[i]);
+    total += _mm512_cvtss_f32(s);
+  }
+  *seconds = omp_get_wtime() - start;
+  *sink = total;
+  return 4.0 * 16 * CHAINS * static_cast<double>(iterations) * ran;
+#else
+  (void)threads, (void)iterations, (void)seconds, (void)sink;
+  return -1.0;
+#endif
+}
+
 // Read bandwidth: `threads` threads each sum their own contiguous share of a `bytes` buffer
 // (first touched by the thread that reads it, so its pages sit near that core), `passes`
 // times. Each share is read as kStreams sequential streams side by side, one vector sum per

@@ -38,6 +38,8 @@ def _lib() -> ctypes.CDLL:
                                          ctypes.POINTER(ctypes.c_double),
                                          ctypes.POINTER(ctypes.c_float)]
             lib.tc_read_gbps.restype = ctypes.c_double
+            lib.tc_bf16_dot_peak.argtypes = lib.tc_fma_peak.argtypes
+            lib.tc_bf16_dot_peak.restype = ctypes.c_double
             lib.tc_fma_lanes.argtypes = []
             lib.tc_fma_lanes.restype = ctypes.c_int
             _library = lib
@@ -60,6 +62,23 @@ def fma_peak_gflops(threads: int, iterations: int = 16_000_000) -> float:
     flops = _lib().tc_fma_peak(threads, iterations, ctypes.byref(seconds), ctypes.byref(sink))
     if flops < 0 or seconds.value <= 0:
         raise RuntimeError(f"the FMA probe failed (flops {flops}, {seconds.value} s)")
+    return flops / seconds.value / 1e9
+
+
+def bf16_dot_peak_gflops(threads: int, iterations: int = 8_000_000) -> float | None:
+    """GFLOP/s of `threads` threads running independent chains of AVX-512 BF16 dot products
+    (vdpbf16ps: two multiply-adds a lane), the ceiling of a bf16 GEMM; None where the CPU (the
+    probe is built for this one) has no AVX-512 BF16."""
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be at least 1, got {iterations}")
+    seconds, sink = ctypes.c_double(), ctypes.c_float()
+    flops = _lib().tc_bf16_dot_peak(threads, iterations, ctypes.byref(seconds), ctypes.byref(sink))
+    if flops < 0:
+        return None
+    if seconds.value <= 0:
+        raise RuntimeError(f"the bf16 dot probe failed ({seconds.value} s)")
     return flops / seconds.value / 1e9
 
 
