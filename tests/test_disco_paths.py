@@ -448,8 +448,11 @@ def test_transposed_backward_in_half_precision(dtype):
 
 # ---------------------------------------------------------------- the mix inside the kernel
 
-# grids whose nlon_out is a whole number of the kernel's panels on AVX2 (16) and AVX-512 (32)
-MIX_GRIDS = {"same": ((16, 32), (16, 32), 0.4), "down": ((23, 64), (12, 32), None)}
+# nlon_out a whole number of the kernel's panels on AVX2 (16) and AVX-512 (32): 32; a partial
+# last panel: 40 (16+16+8, 32+8), 24 (16+8; one partial panel of 32), 48 (three of 16; 32+16)
+MIX_GRIDS = {"same": ((16, 32), (16, 32), 0.4), "down": ((23, 64), (12, 32), None),
+             "partial": ((20, 40), (20, 40), 0.3), "narrow": ((12, 24), (12, 24), 0.5),
+             "down-partial": ((23, 96), (12, 48), None)}
 
 
 def _mix_module(grid, channels, out_channels, seed=0, **kwargs):
@@ -491,8 +494,6 @@ def test_kpacked_mix_bad_input_is_refused_with_the_reason():
     x, packed = torch.randn(1, 4, *conv.in_shape), conv._kpacked()
     weight = conv.weight.detach().reshape(6, -1).contiguous()
     k, (nlat_out, nlon_out) = conv.kernel_size, conv.out_shape
-    with pytest.raises(ValueError, match="multiple of kpacked_mix_width"):
-        native.kpacked_mix(x[..., :24], weight, *packed.tensors(), k, nlat_out, 24)
     with pytest.raises(ValueError, match="float32 only"):
         native.kpacked_mix(x.double(), weight, *packed.tensors(), k, nlat_out, nlon_out)
     with pytest.raises(ValueError, match=r"weight must be \(C_out, C \* K\)"):

@@ -7,8 +7,8 @@
 // tc_disco_kpacked_mix runs the contraction and the channel mix as one kernel
 // (disco_kpacked_mix.hpp), float32 only.
 //
-// Return value: 0 ok, else a Status (the codes of disco_csr.cpp, plus kBadKPad, kBadVariant
-// and kBadWidth); nothing is written past the output on error.
+// Return value: 0 ok, else a Status (the codes of disco_csr.cpp, plus kBadKPad and
+// kBadVariant); nothing is written past the output on error.
 #include <omp.h>
 
 #include <cstdint>
@@ -22,8 +22,7 @@ namespace {
 
 enum Status : int {
   kOk = 0, kBadShape = 1, kBadOffsets = 2, kEntryOutOfRange = 3, kBadStorage = 4, kBadKPad = 5,
-  kBadVariant = 6,  // a (KREG, NV) tile the library lacks, or lat_block < 1
-  kBadWidth = 7     // the fused mix needs wo a multiple of its panel width (kMixNR)
+  kBadVariant = 6   // a (KREG, NV) tile the library lacks, or lat_block < 1
 };
 enum Storage : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
@@ -106,7 +105,6 @@ int kpacked_mix(const float* x, const float* w, float* out, index_t batch, index
                         d.ho > 0 && d.wo > 0;
   if (!positive || d.wi % d.wo != 0 || ho_begin < 0 || ho_count < 1 || ho_begin + ho_count > d.ho)
     return kBadShape;
-  if (!mix_fits(d.wo)) return kBadWidth;
   if ((kpad != 8 && kpad != 16) || d.k > kpad) return kBadKPad;
   if (!offsets_ok(offset, d.ho, nbr)) return kBadOffsets;
   threads = threads > 0 ? threads : omp_get_max_threads();
@@ -176,8 +174,7 @@ int tc_disco_kpacked_tile(index_t k) {
 /// Output latitudes [ho_begin, ho_begin + ho_count) of out (batch, m, ho, wo) = the kpacked
 /// contraction of x (batch, channels, hi, wi) mixed by w (m, channels * k): DiscoConvS2's
 /// forward without bias on one group, float32, in one kernel (disco_kpacked_mix.hpp); the
-/// other latitudes of out are not touched. kBadWidth (7) when wo is not a multiple of
-/// tc_disco_kpacked_mix_width().
+/// other latitudes of out are not touched.
 int tc_disco_kpacked_mix(const float* x, const float* w, float* out, index_t batch,
                          index_t channels, index_t hi, index_t wi, index_t k, index_t ho,
                          index_t wo, index_t ho_begin, index_t ho_count, index_t m,
@@ -186,8 +183,5 @@ int tc_disco_kpacked_mix(const float* x, const float* w, float* out, index_t bat
   return tc::disco::kpacked_mix(x, w, out, batch, channels, Dims{batch * channels, hi, wi, k, ho, wo},
                                 ho_begin, ho_count, m, offset, idx, vals, nbr, kpad, threads);
 }
-
-/// The longitudes the fused mix computes at a time: nlon_out must be a multiple of it.
-int tc_disco_kpacked_mix_width() { return static_cast<int>(tc::disco::kMixNR); }
 
 }  // extern "C"

@@ -10,7 +10,10 @@
 // contraction tile of packed_tile (disco_kpacked.hpp) is exactly one row segment of a GEMM
 // B panel when its width is the micro-kernel's NR (16 floats on AVX2, 32 on AVX-512), so it
 // stores its K basis rows straight into the panel, and the GEMM micro-kernel
-// (gemm_microkernel.hpp) runs on the panel while it is in cache.
+// (gemm_microkernel.hpp) runs on the panel while it is in cache. Where wo is not a whole
+// number of panels (720 longitudes on AVX-512: 22 panels and 16), the last panel is
+// contracted whole from the band (whose lines run on periodically past wo) and only its
+// first wo % NR columns reach the output.
 //
 // Loops, per work item (batch element b, output latitude ho, or part of its panels where
 // the call has fewer latitudes than twice the threads; a thread owns whole items, so no two
@@ -70,9 +73,6 @@ constexpr index_t kMcTarget = 192;   // output channels per A block (mc x kc: L2
 /// Channels per chunk for K basis functions: kc = channels * K close to kKcTarget.
 inline index_t mix_chunk_channels(index_t k) { return std::max<index_t>(1, kKcTarget / k); }
 
-/// Whether the fused kernel takes wo longitudes: whole panels per output latitude.
-inline bool mix_fits(index_t wo) { return wo % kMixNR == 0; }
-
 /// w (m x channels*k, row-major) packed per channel chunk and MR-row panel: chunk q's panels
 /// start at chunk_offset[q]; panel i holds w[i*MR + r, rows of the chunk] step by step,
 /// MR floats a step, rows past m zero.
@@ -105,7 +105,7 @@ inline PackedWeight pack_weight(const float* w, index_t m, index_t channels, ind
 /// d.bc is the batch, `channels` the input channels (x is (batch, channels, hi, wi)), m the
 /// output channels (out is (batch, m, ho, wo), only those latitudes written). offset / line /
 /// quot / vals: the kpacked psi as kpacked_forward_blocked takes it (line and quot decoded
-/// from neighbour offset[ho_begin] on). Needs mix_fits(d.wo).
+/// from neighbour offset[ho_begin] on).
 inline void kpacked_mix_forward(const float* x, const float* w, float* out, const Dims& d,
                                 index_t ho_begin, index_t ho_count, index_t channels, index_t m,
                                 const std::int64_t* offset, const std::int32_t* line,
@@ -118,7 +118,7 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
   const PackedWeight a = pack_weight(w, m, channels, d.k, chunk);
   const index_t mc = std::max<index_t>(kMixMR, kMcTarget / kMixMR * kMixMR);
   const index_t rowlen = ceil_div(2 * d.wo + NR, kLanes) * kLanes;
-  const index_t panels = d.wo / NR;
+  const index_t panels = ceil_div(d.wo, NR);  // the last one partial where NR does not divide wo
   const index_t ldc = d.ho * d.wo;
   // a work item is one output latitude's panels [p0, p1): a latitude is cut in parts only
   // where there are too few of them for the threads (a block of one or two rows)
@@ -142,7 +142,7 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
       const index_t count = offset[ho + 1] - offset[ho];
       if (count == 0) {  // no neighbours: the row is zero
         for (index_t o = 0; o < m; ++o)
-          std::fill(c_row + o * ldc + p0 * NR, c_row + o * ldc + p1 * NR, 0.0f);
+          std::fill(c_row + o * ldc + p0 * NR, c_row + o * ldc + std::min(p1 * NR, d.wo), 0.0f);
         continue;
       }
       const index_t hi_lo = line[offset[ho] - first] / s;
@@ -176,17 +176,18 @@ inline void kpacked_mix_forward(const float* x, const float* w, float* out, cons
           const index_t mb = std::min(mc, m - ic);
           for (index_t p = p0; p < p1; ++p) {
             const float* panel = b_block + (p - p0) * kc * NR;
+            const index_t cols = std::min(NR, d.wo - p * NR);
             for (index_t ir = ic; ir < ic + mb; ir += kMixMR) {
               const float* a_panel = a_chunk + ir * kc;
               float* c_tile = c_row + ir * ldc + p * NR;
-              if (ir + kMixMR <= m) {
+              if (ir + kMixMR <= m && cols == NR) {
                 tc::gemm::microkernel<Vec, kMixMR, NR, true, false>(kc, {a_panel, 1, kMixMR}, panel,
                                                                    c_tile, ldc, accumulate, none);
-              } else {  // the last rows: through a whole tile, then only the valid rows
+              } else {  // the last rows or columns: through a whole tile, then only the valid ones
                 tc::gemm::microkernel<Vec, kMixMR, NR, true, false>(kc, {a_panel, 1, kMixMR}, panel,
                                                                    edge, NR, false, none);
-                for (index_t i = 0; i < m - ir; ++i)
-                  for (index_t j = 0; j < NR; ++j)
+                for (index_t i = 0; i < std::min<index_t>(kMixMR, m - ir); ++i)
+                  for (index_t j = 0; j < cols; ++j)
                     c_tile[i * ldc + j] = (accumulate ? c_tile[i * ldc + j] : 0.0f) + edge[i * NR + j];
               }
             }

@@ -221,12 +221,11 @@ RACE_ROWS = 8
 def kernel_mix_applies(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optional[KPacked],
                        groups: int, mixer: Mixer) -> bool:
     """Whether the forward may run on the one-kernel contraction and mix (native.kpacked_mix):
-    the kpacked layout, float32 on the CPU, one group, whole kernel panels per output
-    latitude, and a mixer that allows it (Mixer.in_kernel, no GEMM choice of its own)."""
+    the kpacked layout, float32 on the CPU, one group, and a mixer that allows it
+    (Mixer.in_kernel, no GEMM choice of its own)."""
     return (mixer.in_kernel and mixer.gemm is None and packed is not None
             and x.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and groups == 1
-            and plan.out_shape[1] % native.kpacked_mix_width() == 0)
+            and weight.dtype == torch.float32 and groups == 1)
 
 
 def _race_units(blocks: tuple[FusedBlock, ...]) -> list[tuple[FusedBlock, ...]]:

@@ -254,8 +254,7 @@ KPACKED_SOURCE = SOURCE.with_name("disco_kpacked.cpp")
 #: extra statuses of the kpacked entry points (enum Status in disco_kpacked.cpp)
 KPACKED_STATUS = {5: "K_PAD must be 8 or 16 and at least kernel_size",
                   6: "no such (kreg, nv) register tile in the kpacked library "
-                     "(kpacked_variant_tiles lists them), or lat_block < 1",
-                  7: "nlon_out must be a multiple of kpacked_mix_width()"}
+                     "(kpacked_variant_tiles lists them), or lat_block < 1"}
 _kpacked_library: ctypes.CDLL | None = None
 _KPACKED_ARGS = [_PTR, _PTR, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX, _INDEX,
                  _PTR, _PTR, _PTR, _INDEX, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -286,10 +285,9 @@ def kpacked_library() -> ctypes.CDLL:
             lib.tc_disco_kpacked_variant_tiles.argtypes = [_PTR, _PTR, ctypes.c_int]
             lib.tc_disco_kpacked_tile.argtypes = [_INDEX]
             lib.tc_disco_kpacked_mix.argtypes = _KPACKED_MIX_ARGS
-            lib.tc_disco_kpacked_mix_width.argtypes = []
             for name in ("tc_disco_kpacked_contraction", "tc_disco_kpacked_contraction_variant",
                          "tc_disco_kpacked_variant_tiles", "tc_disco_kpacked_tile",
-                         "tc_disco_kpacked_mix", "tc_disco_kpacked_mix_width"):
+                         "tc_disco_kpacked_mix"):
                 getattr(lib, name).restype = ctypes.c_int
             _kpacked_library = lib
         return _kpacked_library
@@ -342,12 +340,6 @@ def kpacked_tile(kernel_size: int) -> tuple[int, int]:
     return packed >> 16, packed & 0xFFFF
 
 
-def kpacked_mix_width() -> int:
-    """The longitudes kpacked_mix computes at a time (its GEMM panel width: 16 on AVX2, 32 on
-    AVX-512): nlon_out must be a multiple of it."""
-    return int(kpacked_library().tc_disco_kpacked_mix_width())
-
-
 def kpacked_mix(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
                 offset: torch.Tensor, kernel_size: int, nlat_out: int, nlon_out: int,
                 ho_begin: int = 0, ho_count: int | None = None,
@@ -357,7 +349,8 @@ def kpacked_mix(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, vals: 
     group, as one kernel that never writes the contraction (kernels/cpu/disco_kpacked_mix.hpp).
     Only output latitudes [ho_begin, ho_begin + ho_count) (default all) are computed, into
     `out` when given (the others left as they are). float32 on the CPU (x and weight made
-    contiguous; out must be); nlon_out a multiple of kpacked_mix_width(), else ValueError."""
+    contiguous; out must be); any nlon_out (the kernel's GEMM panels are 16 longitudes on
+    AVX2, 32 on AVX-512; a partial last panel is computed whole and cut)."""
     batch, channels, nlat_in, nlon_in = x.shape
     out_channels = weight.shape[0]
     ho_count = nlat_out - ho_begin if ho_count is None else ho_count
