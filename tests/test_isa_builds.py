@@ -6,8 +6,9 @@ run on an AVX2-only machine never compiles the AVX-512 code, and one on an AVX-5
 never compiles the AVX2 code. Here every source the pipeline or the runtime compiles is
 compiled for four targets whatever this CPU is: AVX2 with FMA, AVX-512F alone, AVX-512 with
 BW/VL/DQ (Skylake-SP), and that with BF16 (Cooper Lake). Each object must hold the target's
-registers (zmm iff AVX-512) or, for the BF16 target, its conversion instruction: a build
-whose preprocessor fell back to another path fails as a compile error would.
+registers (zmm iff AVX-512), and the bf16 GEMM its dot product (vdpbf16ps) iff the target has
+BF16, the DISCO library its bf16 conversion with BF16: a build whose preprocessor fell back to
+another path fails as a compile error would.
 
 Only compiling: the AVX-512 kernels are checked against torch where a CPU runs them
 (test_gemm_kernels, test_disco_ops, test_grouped_conv_*). -O0 keeps this cheap; template and
@@ -42,6 +43,9 @@ TARGETS = {
 ZMM = re.compile(r"%zmm\d+|\bzmm\d+")
 # the DISCO kernels' fp32 -> bf16 store (kernels/cpu/disco_csr_simd.hpp) with AVX512_BF16
 BF16_CONVERT = "vcvtneps2bf16"
+# the bf16 GEMM's micro-kernel with AVX512_BF16 (kernels/cpu/gemm_simd.hpp's VecAvx512Bf16Dot)
+BF16_DOT = "vdpbf16ps"
+BF16_GEMM = GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False)
 
 
 def _without_march(flags) -> list[str]:
@@ -50,13 +54,13 @@ def _without_march(flags) -> list[str]:
 
 def _gemm(isa: str) -> list[tuple[str, object]]:
     """GEMM: a micro-tile of each register file, the three parallel schemes, A packed or read
-    in place, prefetch on and off; bf16 (widened while packing) on AVX-512."""
+    in place, prefetch on and off; bf16 on AVX-512 (widened while packing, or with BF16 on
+    vdpbf16ps)."""
     if isa == "avx2":
         configs = [GemmConfig("fp32", "avx2", 6, 16, 96, 512, 128, "n", False, True),
                    GemmConfig("fp32", "avx2", 4, 24, 96, 504, 128, "k", True, False)]
     else:
-        configs = [GemmConfig("fp32", "avx512", 14, 32, 98, 512, 128, "m", False, True),
-                   GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False)]
+        configs = [GemmConfig("fp32", "avx512", 14, 32, 98, 512, 128, "m", False, True), BF16_GEMM]
     return [("gemm", c) for c in configs]
 
 
@@ -88,11 +92,11 @@ def _disco(isa: str) -> list[tuple[str, object]]:
 def _jobs(target: str) -> list[tuple[str, Path, list[str]]]:
     """(what, source, compiler arguments but the output) of every compile for `target`: each
     family's benchmark source per config and its in-process entry once, the runtime's
-    libraries. BF16 changes only the DISCO kernels' code (their bf16 stores), so that target
-    compiles those alone."""
+    libraries. BF16 changes only the bf16 GEMM's and the DISCO kernels' code (their bf16
+    stores), so that target compiles those alone."""
     march, isa = TARGETS[target]
     disco_only = target == "avx512_bf16"
-    kernels = [] if disco_only else [*_gemm(isa), *_grouped_conv()]
+    kernels = [("gemm", BF16_GEMM)] if disco_only else [*_gemm(isa), *_grouped_conv()]
     jobs, entries = [], set()
     for family_name, config in [*kernels, *_disco(isa)]:
         family = get_family(family_name)
@@ -146,3 +150,9 @@ def test_every_kernel_source_compiles_for_each_isa(target, tmp_path):
         converts = [what for what, _, _, dump in results if BF16_CONVERT in dump]
         assert any("disco_csr.cpp" == what for what in converts), \
             f"the DISCO library's bf16 store does not use {BF16_CONVERT} with AVX512_BF16"
+    bf16_gemm = get_family("gemm").kernel_name(BF16_GEMM)
+    dots = {what: BF16_DOT in dump for what, _, _, dump in results if what.startswith(bf16_gemm)}
+    assert dots or target == "avx2", f"no bf16 GEMM was compiled for {target}"
+    wrong = [what for what, dot in dots.items() if dot != (target == "avx512_bf16")]
+    assert not wrong, (f"{BF16_DOT} {'missing from' if target == 'avx512_bf16' else 'in'} the "
+                       f"{target} build of: {', '.join(wrong)}")
