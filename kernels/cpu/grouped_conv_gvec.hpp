@@ -28,15 +28,15 @@
 // column blocks, BK taps per pass. Waves as in the dw pipeline: intra splits each block's
 // pixel blocks among the threads, inter deals out whole (column block, image) units.
 //
-// In place (AVX2 builds; in_place_block): depthwise (16 groups a row) reads the source where
-// it lies (bwd_data at a stride a phase at a time, din's lines in order so the dout rows they
-// read stay in cache: 2.6-3x at stride 2), and one group's channels a row (Gv = 1, one phase)
-// reads a copy padded only along w. A destination line runs only the taps whose (d, h) source
-// row is inside the image, its pixels in tiles of 6-7 along w, each tile one row of 16
-// lanes: a depthwise source vector, or a broadcast of one source channel, against the tap's
-// weight row. No relayout,
-// no tap over a padding row, no per-pixel pointers (depthwise 112x112 2.2x, a 7x7 stem
-// 2.1x, dense 3x3 at C = K = 64 2.7x the tiles above, on the AVX2 EPYC).
+// In place (in_place_block): depthwise (16 groups a row) reads the source where it lies
+// (bwd_data at a stride a phase at a time, din's lines in order so the dout rows they read
+// stay in cache: 2.6-3x at stride 2), and on AVX2 builds one group's channels a row (Gv = 1,
+// one phase) reads a copy padded only along w. A destination line runs only the taps whose
+// (d, h) source row is inside the image, its pixels in tiles along w (6-7 on AVX2, 14 on
+// AVX-512), each tile one row of 16 lanes: a depthwise source vector, or a broadcast of one
+// source channel, against the tap's weight row. No relayout, no tap over a padding row, no
+// per-pixel pointers (depthwise 112x112 2.2x, a 7x7 stem 2.1x, dense 3x3 at C = K = 64 2.7x
+// the tiles above, on the AVX2 EPYC).
 #pragma once
 
 #include <omp.h>
@@ -67,10 +67,11 @@ constexpr int kChains = 2;
 constexpr int kMaxNV = 4;
 /// Pixels a tile for NV rows a pixel: NV x MR accumulators + NV weight rows + a broadcast fit.
 constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
-// Depthwise and one group a row (Gv = 1) read their source in place on AVX2 builds only (see
-// GroupVectorConv::in_place_): the AVX-512 build keeps the padded copy until it is measured
-// there.
-constexpr int kDepthwiseRows = 0;
+// Depthwise reads its source in place (see GroupVectorConv::in_place_): pixels a tile, one
+// zmm accumulator each, a weight row and a source row (Zen 4 EPYC, against the padded copy:
+// 1.67-1.98x forward at stride 1, 2.7-3.3x bwd_data at stride 2). One group's channels a row
+// (Gv = 1) keep the copy: in place, 12 pixels a tile, they read 0.74-0.97x (a 7x7 stem 0.74)
+constexpr int kDepthwiseRows = 14;
 constexpr int kChannelRows = 0;
 /// bwd_weight's (tap, channel) pairs a unit: pairs x NV (x 2 pixel chains at NV = 1)
 /// accumulators + NV dout rows + a broadcast fit.
@@ -270,8 +271,8 @@ class GroupVectorConv {
     // Depthwise reads the source in place (see in_place_block), bwd_data at a stride a phase
     // at a time; one group's channels a row at one phase (forward, or bwd_data at stride 1)
     const bool whole = phases_.size() == 1 && phases_.front().whole;
-    in_place_ = gvec::kDepthwiseRows > 0 && Dir != kBwdWeight &&
-                ((gv_ == L && src_ch_ == 1) || (gv_ == 1 && whole));
+    in_place_ = Dir != kBwdWeight && ((gvec::kDepthwiseRows > 0 && gv_ == L && src_ch_ == 1) ||
+                                      (gvec::kChannelRows > 0 && gv_ == 1 && whole));
     if (!in_place_) {
       relaid_ = FloatBuffer(s_.n * padded_[0] * padded_[1] * padded_[2] * src_row_);
     } else {
@@ -355,7 +356,7 @@ class GroupVectorConv {
 #pragma omp barrier
       auto run_block = [&](index_t b, const Phase& phase, index_t m_begin, index_t m_end) {
         const index_t cb_begin = b * per_block, cb_end = std::min(col_blocks_, (b + 1) * per_block);
-        if constexpr ((Gv == L || Gv == 1) && gvec::kDepthwiseRows > 0)
+        if constexpr ((Gv == L && gvec::kDepthwiseRows > 0) || (Gv == 1 && gvec::kChannelRows > 0))
           if (in_place_)
             return in_place_block<Gv == 1>(out, phase, cb_begin, cb_end, m_begin, m_end, scratch.data());
         block<Gv, SB, NV, MR>(out, src, cb_begin, cb_end, phase, m_begin, m_end);
