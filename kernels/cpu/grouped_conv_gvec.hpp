@@ -69,8 +69,10 @@ constexpr int kMaxNV = 4;
 constexpr int rows_for(int nv) { return nv == 4 ? 6 : kMR; }
 // Depthwise reads its source in place (see GroupVectorConv::in_place_): pixels a tile, one
 // zmm accumulator each, a weight row and a source row (Zen 4 EPYC, against the padded copy:
-// 1.67-1.98x forward at stride 1, 2.7-3.3x bwd_data at stride 2). One group's channels a row
-// (Gv = 1) keep the copy: in place, 12 pixels a tile, they read 0.74-0.97x (a 7x7 stem 0.74)
+// 1.67-1.98x forward at stride 1, 2.7-3.3x bwd_data at stride 2; 8 pixels a tile read
+// 1.02-1.05x of 14 at 112 and 56 wide but 0.94x at 14, 20 pixels 0.71-0.93x). One group's
+// channels a row (Gv = 1) keep the copy: in place, 12 pixels a tile, they read 0.74-0.97x
+// (a 7x7 stem 0.74)
 constexpr int kDepthwiseRows = 14;
 constexpr int kChannelRows = 0;
 /// bwd_weight's (tap, channel) pairs a unit: pairs x NV (x 2 pixel chains at NV = 1)
