@@ -41,33 +41,52 @@ extern "C" {
 // Vector lanes of one FMA (float32).
 int tc_fma_lanes() { return LANES; }
 
-// Runs `iterations` rounds of CHAINS FMAs on each of `threads` threads; writes the wall
-// seconds of the parallel region to *seconds and returns the float32 flops done (2 per lane
-// per FMA, over the threads that ran), or -1 for threads or iterations below 1. *sink
-// receives a value that depends on every chain, so the compiler cannot drop the work.
-double tc_fma_peak(int threads, int64_t iterations, double* seconds, float* sink) {
-  if (threads < 1 || iterations < 1) return -1.0;
+}  // extern "C"
+
+namespace {
+
+// Runs `iterations` rounds of one step on each of CHAINS register chains on each of `threads`
+// threads: `start(chain, thread)` gives a chain's first vector, `step(v)` its next, and
+// `fold(v)` one float of a vector. Writes the wall seconds of the parallel region to *seconds
+// and *sink a value that depends on every chain (so the compiler cannot drop the work);
+// returns the rounds done over the threads that ran (the runtime may give fewer than asked).
+template <class V, class Start, class Step, class Fold>
+double run_chains(int threads, int64_t iterations, Start start, Step step, Fold fold, double* seconds,
+                  float* sink) {
   float total = 0.0f;
-  int ran = 0;  // the threads the runtime gave, which may be fewer than asked
-  double start = omp_get_wtime();
+  int ran = 0;
+  const double began = omp_get_wtime();
 #pragma omp parallel num_threads(threads) reduction(+ : total)
   {
 #pragma omp single nowait
     ran = omp_get_num_threads();
-    Vec acc[CHAINS];
-    const Vec scale = splat(1.0000001f), shift = splat(-1e-7f);
-    for (int i = 0; i < CHAINS; ++i) acc[i] = splat(1.0f + 0.01f * i + 0.001f * omp_get_thread_num());
+    V acc[CHAINS];
+    for (int i = 0; i < CHAINS; ++i) acc[i] = start(i, omp_get_thread_num());
     for (int64_t it = 0; it < iterations; ++it) {
 #pragma GCC unroll 10
-      for (int i = 0; i < CHAINS; ++i) acc[i] = fma(acc[i], scale, shift);
+      for (int i = 0; i < CHAINS; ++i) acc[i] = step(acc[i]);
     }
-    Vec s = acc[0];
-    for (int i = 1; i < CHAINS; ++i) s = add(s, acc[i]);
-    total += first(s);
+    for (int i = 0; i < CHAINS; ++i) total += fold(acc[i]);
   }
-  *seconds = omp_get_wtime() - start;
+  *seconds = omp_get_wtime() - began;
   *sink = total;
-  return 2.0 * LANES * CHAINS * static_cast<double>(iterations) * ran;
+  return static_cast<double>(iterations) * ran;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Runs `iterations` rounds of CHAINS FMAs on each of `threads` threads; writes the wall
+// seconds of the parallel region to *seconds and returns the float32 flops done (2 per lane
+// per FMA, over the threads that ran), or -1 for threads or iterations below 1.
+double tc_fma_peak(int threads, int64_t iterations, double* seconds, float* sink) {
+  if (threads < 1 || iterations < 1) return -1.0;
+  const Vec scale = splat(1.0000001f), shift = splat(-1e-7f);
+  const double rounds = run_chains<Vec>(
+      threads, iterations, [](int i, int t) { return splat(1.0f + 0.01f * i + 0.001f * t); },
+      [&](Vec v) { return fma(v, scale, shift); }, [](Vec v) { return first(v); }, seconds, sink);
+  return 2.0 * LANES * CHAINS * rounds;
 }
 
 // The bf16 dot-product ceiling (AVX-512 BF16): as tc_fma_peak with vdpbf16ps, which does two
@@ -76,28 +95,13 @@ double tc_fma_peak(int threads, int64_t iterations, double* seconds, float* sink
 double tc_bf16_dot_peak(int threads, int64_t iterations, double* seconds, float* sink) {
 #if defined(__AVX512BF16__)
   if (threads < 1 || iterations < 1) return -1.0;
-  float total = 0.0f;
-  int ran = 0;
-  double start = omp_get_wtime();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-  {
-#pragma omp single nowait
-    ran = omp_get_num_threads();
-    __m512 acc[CHAINS];
-    // (1.0, 1e-3) pairs in bf16 bits: each step adds about 1.001 to a chain
-    const __m512bh pair = (__m512bh)_mm512_set1_epi32(0x3a833f80);
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_ps(float(i + omp_get_thread_num()));
-    for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 10
-      for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], pair, pair);
-    }
-    __m512 s = acc[0];
-    for (int i = 1; i < CHAINS; ++i) s = _mm512_add_ps(s, acc[i]);
-    total += _mm512_cvtss_f32(s);
-  }
-  *seconds = omp_get_wtime() - start;
-  *sink = total;
-  return 4.0 * 16 * CHAINS * static_cast<double>(iterations) * ran;
+  // (1.0, 1e-3) pairs in bf16 bits: each step adds about 1.001 to a chain
+  const __m512bh pair = (__m512bh)_mm512_set1_epi32(0x3a833f80);
+  const double rounds = run_chains<__m512>(
+      threads, iterations, [](int i, int t) { return _mm512_set1_ps(float(i + t)); },
+      [&](__m512 v) { return _mm512_dpbf16_ps(v, pair, pair); },
+      [](__m512 v) { return _mm512_cvtss_f32(v); }, seconds, sink);
+  return 4.0 * 16 * CHAINS * rounds;
 #else
   (void)threads, (void)iterations, (void)seconds, (void)sink;
   return -1.0;

@@ -51,13 +51,17 @@ def lanes() -> int:
     return int(_lib().tc_fma_lanes())
 
 
-def fma_peak_gflops(threads: int, iterations: int = 16_000_000) -> float:
-    """GFLOP/s of `threads` threads running independent FMA chains for `iterations` rounds
-    of 10 FMAs each (16M rounds: ~30 ms on a 2.8 GHz AVX2 core)."""
+def _check_chains(threads: int, iterations: int) -> None:
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
     if iterations < 1:
         raise ValueError(f"iterations must be at least 1, got {iterations}")
+
+
+def fma_peak_gflops(threads: int, iterations: int = 16_000_000) -> float:
+    """GFLOP/s of `threads` threads running independent FMA chains for `iterations` rounds
+    of 10 FMAs each (16M rounds: ~30 ms on a 2.8 GHz AVX2 core)."""
+    _check_chains(threads, iterations)
     seconds, sink = ctypes.c_double(), ctypes.c_float()
     flops = _lib().tc_fma_peak(threads, iterations, ctypes.byref(seconds), ctypes.byref(sink))
     if flops < 0 or seconds.value <= 0:
@@ -69,10 +73,7 @@ def bf16_dot_peak_gflops(threads: int, iterations: int = 8_000_000) -> float | N
     """GFLOP/s of `threads` threads running independent chains of AVX-512 BF16 dot products
     (vdpbf16ps: two multiply-adds a lane), the ceiling of a bf16 GEMM; None where the CPU (the
     probe is built for this one) has no AVX-512 BF16."""
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
-    if iterations < 1:
-        raise ValueError(f"iterations must be at least 1, got {iterations}")
+    _check_chains(threads, iterations)
     seconds, sink = ctypes.c_double(), ctypes.c_float()
     flops = _lib().tc_bf16_dot_peak(threads, iterations, ctypes.byref(seconds), ctypes.byref(sink))
     if flops < 0:
