@@ -2,8 +2,9 @@
 //
 // A strided source element (r, c) lives at src[r*row_stride + c*col_stride],
 // which covers both row- and column-major operands. Packing converts to fp32
-// (bf16 -> fp32 is a 16-bit shift) and zero-pads partial panels, so the
-// micro-kernel never needs a tail case on its k, MR or NR dimension.
+// (bf16 -> fp32 is a 16-bit shift), or for the bf16 dot product (kBf16Dot) keeps
+// bf16 two k steps to a word, and zero-pads partial panels, so the micro-kernel
+// never needs a tail case on its k, MR or NR dimension.
 #pragma once
 
 #include <algorithm>
@@ -216,7 +217,7 @@ inline void pack_pair_panel(index_t len, index_t width, const std::uint16_t* src
 }
 
 /// Packs NR-column micro-panel `panel` of the kc x nc block of B at `b`:
-/// dst holds kc rows of NR floats.
+/// dst holds packed_steps(kc) rows of NR floats (or words of bf16 pairs).
 template <int NR, class T>
 inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel, float* dst) {
   const index_t col = panel * NR;
@@ -282,7 +283,7 @@ inline void pack_b_panels(StridedView<T> b, index_t kc, index_t nc, index_t pane
 }
 
 /// Packs MR-row micro-panel `panel` of the mc x kc block of A at `a`:
-/// dst holds kc columns of MR floats.
+/// dst holds packed_steps(kc) columns of MR floats (or words of bf16 pairs).
 template <int MR, class T>
 inline void pack_a_panel(StridedView<T> a, index_t mc, index_t kc, index_t panel, float* dst) {
   const index_t row = panel * MR;

@@ -64,7 +64,8 @@ struct VecAvx512 {
 /// The micro-kernel's view of bf16 operands on AVX-512 BF16: a "float" of a packed panel is
 /// two bf16 of consecutive k steps (the lower half the even step), and one `fma` is a
 /// vdpbf16ps, two k steps of multiply-adds into fp32 accumulators (products exact, sums
-/// rounded to fp32). One vdpbf16ps issues at the rate of one fp32 FMA on Zen 4, so the same
+/// rounded to fp32, denormal inputs and results taken as zero, as the instruction defines
+/// them). One vdpbf16ps issues at the rate of one fp32 FMA on Zen 4, so the same
 /// micro-kernel does twice the flops a cycle. Everything else is VecAvx512's.
 struct VecAvx512Bf16Dot : VecAvx512 {
   /// One pair of bf16 broadcast, its bits unchanged.
