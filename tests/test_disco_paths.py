@@ -571,19 +571,18 @@ def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_
 
 def test_the_kernel_mix_applies_only_where_it_can_run():
     conv = _mix_module("same", 4, 6)
-    plan, packed = conv._fused_plan(torch.device("cpu")), conv._kpacked()
+    packed = conv._kpacked()
     x, weight = torch.randn(1, 4, *conv.in_shape), conv.weight
-    assert fused.kernel_mix_applies(x, weight, plan, packed, 1, fused.Mixer())
-    assert not fused.kernel_mix_applies(x, weight, plan, packed, 2, fused.Mixer())
-    assert not fused.kernel_mix_applies(x, weight, plan, None, 1, fused.Mixer())
-    assert not fused.kernel_mix_applies(x.bfloat16(), weight, plan, packed, 1, fused.Mixer())
-    assert not fused.kernel_mix_applies(x, weight, plan, packed, 1, fused.Mixer(in_kernel=False))
+    assert fused.kernel_mix_applies(x, weight, packed, 1, fused.Mixer())
+    assert not fused.kernel_mix_applies(x, weight, packed, 2, fused.Mixer())
+    assert not fused.kernel_mix_applies(x, weight, None, 1, fused.Mixer())
+    assert not fused.kernel_mix_applies(x.bfloat16(), weight, packed, 1, fused.Mixer())
+    assert not fused.kernel_mix_applies(x, weight, packed, 1, fused.Mixer(in_kernel=False))
     name = "gemm_fp32_avx2_6x16_mc192_nc2048_kc256_parm_pa1_pf0"
-    assert not fused.kernel_mix_applies(x, weight, plan, packed, 1, fused.Mixer(name))
+    assert not fused.kernel_mix_applies(x, weight, packed, 1, fused.Mixer(name))
     narrow = _module(True, grid="same")   # nlon_out 24: a partial last panel, which it cuts
-    assert fused.kernel_mix_applies(torch.randn(1, 4, 12, 24), narrow.weight,
-                                    narrow._fused_plan(torch.device("cpu")),
-                                    narrow._kpacked(), 1, fused.Mixer())
+    assert fused.kernel_mix_applies(torch.randn(1, 4, 12, 24), narrow.weight, narrow._kpacked(), 1,
+                                    fused.Mixer())
     # race=False runs the kernel on every forward, no race kept
     forced = _mix_module("same", 4, 6)
     forced.mixer = fused.Mixer(race=False)

@@ -218,7 +218,7 @@ KERNEL_SIDE = "kpacked_mix"
 RACE_ROWS = 8
 
 
-def kernel_mix_applies(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optional[KPacked],
+def kernel_mix_applies(x: Tensor, weight: Tensor, packed: Optional[KPacked],
                        groups: int, mixer: Mixer) -> bool:
     """Whether the forward may run on the one-kernel contraction and mix (native.kpacked_mix):
     the kpacked layout, float32 on the CPU, one group, and a mixer that allows it
@@ -290,7 +290,7 @@ class _DiscoFusedFn(torch.autograd.Function):
         mix = weight.reshape(groups, out_channels // groups, -1)
         out = x.new_empty(batch, out_channels, nlat_out, nlon_out,
                           dtype=torch.result_type(x, weight))
-        in_kernel = kernel_mix_applies(x, weight, plan, packed, groups, mixer)
+        in_kernel = kernel_mix_applies(x, weight, packed, groups, mixer)
         if in_kernel:
             x = x.contiguous()
             mix_2d = mix[0].contiguous()
