@@ -526,6 +526,9 @@ CONV_CASES = [  # (x shape, w shape, stride, padding, dilation, groups)
     ((2, 6, 9, 11), (8, 3, 3, 2), (2, 1), (1, 1), (1, 2), 2),
     ((1, 19, 7, 6), (33, 19, 1, 1), 1, 0, 1, 1),
     ((2, 12, 10, 7), (12, 1, 3, 3), (1, 2), 1, 1, 12),
+    # whole 8 x 8 tiles of the library's layout conversion and cut ones, the input past the
+    # size from which the conversion runs on every thread
+    ((2, 40, 21, 23), (24, 20, 3, 3), 1, 1, 1, 2),
 ]
 
 
@@ -544,6 +547,21 @@ def test_grouped_conv_forward_and_gradients_match_torch(case):
     y.backward(grad)
     y_ref.backward(grad.double())
     assert rel_error(x.grad, x_ref.grad) < 1e-4 and rel_error(w.grad, w_ref.grad) < 1e-4
+
+
+def test_grouped_conv_takes_channels_last_and_strided_tensors():
+    """The library's entry reads torch's contiguous layout: other layouts are made so first,
+    and the result is torch's either way."""
+    gen = torch.Generator().manual_seed(9)
+    x, w = torch.randn(2, 16, 12, 13, generator=gen), torch.randn(16, 8, 3, 3, generator=gen)
+    reference = F.conv2d(x.double(), w.double(), None, 1, 1, 1, 2)
+    views = {"channels_last": (x.to(memory_format=torch.channels_last), w),
+             "weight channels_last": (x, w.to(memory_format=torch.channels_last)),
+             "strided": (torch.randn(2, 16, 12, 26, generator=gen)[..., ::2], w)}
+    views["strided"][0].copy_(x)
+    for label, (x_in, w_in) in views.items():
+        y = ops.grouped_conv(x_in, w_in, padding=1, groups=2, kernel=CONV_2D)
+        assert y.is_contiguous() and rel_error(y, reference) < 1e-4, label
 
 
 def test_a_convolution_with_no_gradient_to_record_runs_without_the_custom_op(monkeypatch):

@@ -190,12 +190,13 @@ class FloatBuffer {
  public:
   static constexpr index_t kSlack = 64;
   FloatBuffer() = default;
-  explicit FloatBuffer(index_t count) : count_(count) {
-    const std::size_t bytes = std::size_t(round_up(count + kSlack, 16)) * sizeof(float);
+  /// Only the slack is zeroed with zero_all false: for a buffer the caller fills at once.
+  explicit FloatBuffer(index_t count, bool zero_all = true) : count_(count) {
+    const std::size_t floats = std::size_t(round_up(count + kSlack, 16));
     void* memory = nullptr;
-    if (posix_memalign(&memory, 64, bytes) != 0) throw std::bad_alloc();
+    if (posix_memalign(&memory, 64, floats * sizeof(float)) != 0) throw std::bad_alloc();
     data_.reset(static_cast<float*>(memory));
-    std::fill(data_.get(), data_.get() + bytes / sizeof(float), 0.0f);
+    std::fill(data_.get() + (zero_all ? 0 : count), data_.get() + floats, 0.0f);
   }
   float* get() const { return data_.get(); }
   index_t size() const { return count_; }

@@ -55,11 +55,14 @@ class KernelCallError(ValueError):
 class _Entry:
     """The C entry of one library source: the symbol, its arguments before the message buffer,
     the CPU features a variant needs (its config -> /proc/cpuinfo flags, from the family's own
-    tables), and the symbol reporting the readable floats needed past each tensor (None: none)."""
+    tables), the symbol reporting the readable floats needed past each tensor (None: none),
+    and the entry with the same arguments that takes the tensors in torch's layouts (None:
+    none)."""
     symbol: str
     argtypes: tuple
     cpu_flags: Callable[[object], tuple[str, ...]]
     slack_symbol: str | None = None
+    torch_symbol: str | None = None
 
 
 def _gemm_flags(config) -> tuple[str, ...]:
@@ -74,7 +77,8 @@ ENTRIES = {
     "grouped_conv_lib.cpp": _Entry("tilecast_grouped_conv_run",
                                    (ctypes.POINTER(_INDEX), _PTR, _PTR, _PTR, ctypes.c_int),
                                    lambda config: tuple(REQUIRED_FLAGS),
-                                   "tilecast_grouped_conv_slack"),
+                                   "tilecast_grouped_conv_slack",
+                                   "tilecast_grouped_conv_run_torch"),
 }
 
 
@@ -104,9 +108,9 @@ class InProcessKernel:
     def __init__(self, name: str, config, path: Path, library: ctypes.CDLL, entry: _Entry):
         self.name, self.config, self.path = name, config, path
         self._library = library
-        self._run = getattr(library, entry.symbol)
-        self._run.argtypes = [*entry.argtypes, ctypes.c_char_p, _INDEX]
-        self._run.restype = ctypes.c_int
+        self._run = self._function(library, entry.symbol, entry.argtypes)
+        self._run_torch = (self._function(library, entry.torch_symbol, entry.argtypes)
+                           if entry.torch_symbol is not None else None)
         library.tilecast_kernel_param.argtypes = [ctypes.c_char_p, ctypes.POINTER(_INDEX)]
         library.tilecast_kernel_param.restype = ctypes.c_int
         self.slack = 0
@@ -121,9 +125,26 @@ class InProcessKernel:
         found = self._library.tilecast_kernel_param(name.encode(), ctypes.byref(value)) == 0
         return value.value if found else None
 
+    @staticmethod
+    def _function(library: ctypes.CDLL, symbol: str, argtypes: tuple):
+        function = getattr(library, symbol)
+        function.argtypes = [*argtypes, ctypes.c_char_p, _INDEX]
+        function.restype = ctypes.c_int
+        return function
+
     def __call__(self, *args) -> None:
+        self._call(self._run, args)
+
+    def run_torch_layouts(self, *args) -> None:
+        """The entry on tensors in torch's layouts (the library's torch entry; the arguments
+        as for a call): ValueError where the library has none."""
+        if self._run_torch is None:
+            raise ValueError(f"kernel {self.name!r} has no entry taking torch's layouts")
+        self._call(self._run_torch, args)
+
+    def _call(self, function, args) -> None:
         message = ctypes.create_string_buffer(MESSAGE_BYTES)
-        status = self._run(*args, message, MESSAGE_BYTES)
+        status = function(*args, message, MESSAGE_BYTES)
         if status != 0:
             what = STATUS_MESSAGES.get(status, f"status {status}")
             raise KernelCallError(f"kernel {self.name!r} refused the call ({what}): "

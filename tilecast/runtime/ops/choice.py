@@ -29,13 +29,26 @@ def needs_custom_op(tensors, records_gradient: bool) -> bool:
             or any(type(t) is not torch.Tensor for t in tensors))
 
 
+# (family, kernel name, problem) pairs a kernel was found able to run (bounded: cleared when full)
+_runnable: set[tuple] = set()
+_RUNNABLE_MAX = 4096
+
+
 def load_kernel(family, name: str, problem) -> kernel_library.InProcessKernel:
-    """The loaded kernel `name` after checking that it can run `problem`."""
+    """The loaded kernel `name` after checking that it can run `problem` (a pair that passed
+    is not checked again)."""
     if not name:
         raise ValueError(f"no {family.name} kernel was chosen for {family.dims_key(problem)}; "
                          "pass kernel='<name>' or a dispatcher")
+    key = (family.name, name, problem)
+    if key in _runnable:
+        return kernel_library.load(family, name)
     reason = family.unsupported_reason(_config(family, name), problem)
-    if reason is not None:
+    if reason is None:
+        if len(_runnable) >= _RUNNABLE_MAX:
+            _runnable.clear()
+        _runnable.add(key)
+    else:
         raise ValueError(f"kernel {name!r} cannot run {family.dims_key(problem)}: {reason}")
     return kernel_library.load(family, name)
 

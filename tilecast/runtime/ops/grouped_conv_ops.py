@@ -5,7 +5,7 @@ point that picks the kernels (tilecast.runtime.ops). The ops take torch's layout
 from __future__ import annotations
 
 import ctypes
-import math
+import functools
 from typing import Any, Mapping
 
 import torch
@@ -44,7 +44,19 @@ def _check_conv(**tensors: Tensor) -> None:
 def _conv_problem(direction: str, input_size, weight_size, stride, padding, dilation,
                   groups: int):
     """The direction's family problem for torch-layout sizes: input (N, G*C, [D,] H, W),
-    weight (G*K, C, [Z,] Y, X). ValueError names what does not fit."""
+    weight (G*K, C, [Z,] Y, X). ValueError names what does not fit. Built once per
+    distinct call (_problem_of): validating the sizes into a problem took longer than a small
+    layer's kernel."""
+    return _problem_of(direction, tuple(int(v) for v in input_size),
+                       tuple(int(v) for v in weight_size), tuple(stride), tuple(padding),
+                       tuple(dilation), groups)
+
+
+@functools.lru_cache(maxsize=1024)
+def _problem_of(direction: str, input_size: tuple, weight_size: tuple, stride: tuple,
+                padding: tuple, dilation: tuple, groups: int):
+    """_conv_problem's body, memoised (a rejected call raises each time: lru_cache keeps
+    results only)."""
     batch, channels, *size = (int(v) for v in input_size)
     out_channels, per_group, *taps = (int(v) for v in weight_size)
     spatial = len(size)
@@ -82,32 +94,23 @@ def _check_size(label: str, t: Tensor, expected: list[int]) -> None:
                          f"{tuple(expected)}")
 
 
-def _channels_last(t: Tensor, slack: int) -> Tensor:
-    """t (B, Ch, *spatial) as the kernels' layout (B, *spatial, Ch) in a flat buffer with
-    `slack` zeroed floats past the end (the kernels may read there)."""
-    order = (0, *range(2, t.dim()), 1)
-    flat = torch.empty(t.numel() + slack, dtype=torch.float32)
-    flat[:t.numel()].view([t.shape[i] for i in order]).copy_(t.permute(order))
-    flat[t.numel():].zero_()
-    return flat
-
-
-def _from_channels_last(flat: Tensor, size: list[int]) -> Tensor:
-    count, dims = math.prod(size), len(size)
-    stored = flat[:count].view(size[0], *size[2:], size[1])
-    return stored.permute(0, dims - 1, *range(1, dims - 1)).contiguous()
+@functools.lru_cache(maxsize=1024)
+def _job_shape(problem) -> ctypes.Array:
+    """The problem's shape as the kernels' entry reads it (JOB_FIELDS; never written)."""
+    return (ctypes.c_longlong * len(JOB_FIELDS))(*(getattr(problem, f) for f in JOB_FIELDS))
 
 
 def _run_conv(direction: str, name: str, problem, in1: Tensor, in2: Tensor,
               out_size: list[int]) -> Tensor:
+    """The kernel on in1 and in2 in torch's layouts; the result (out_size) in torch's. The
+    library's torch entry converts to and from the kernel's channels-last layouts in the one
+    call (a dozen torch ops around the kernel had taken 1.5-2x a small layer's time)."""
     run = load_kernel(CONV[direction], name, problem)
-    # zeroed like the benchmark's output buffer, so the kernel runs exactly as it was timed
-    flat_out = torch.zeros(math.prod(out_size) + run.slack, dtype=torch.float32)
-    flat_in1, flat_in2 = _channels_last(in1, run.slack), _channels_last(in2, run.slack)
-    shape = (ctypes.c_longlong * len(JOB_FIELDS))(*(getattr(problem, f) for f in JOB_FIELDS))
-    run(shape, flat_in1.data_ptr(), flat_in2.data_ptr(), flat_out.data_ptr(),
-        torch.get_num_threads())
-    return _from_channels_last(flat_out, out_size)
+    first, second = in1.contiguous(), in2.contiguous()
+    out = torch.empty(out_size, dtype=torch.float32)
+    run.run_torch_layouts(_job_shape(problem), first.data_ptr(), second.data_ptr(),
+                          out.data_ptr(), torch.get_num_threads())
+    return out
 
 
 @torch.library.custom_op("tilecast::grouped_conv", mutates_args=(), device_types="cpu")
@@ -120,9 +123,11 @@ def grouped_conv_op(x: Tensor, w: Tensor, stride: list[int], padding: list[int],
 
 
 def _forward(x: Tensor, w: Tensor, stride: list[int], padding: list[int], dilation: list[int],
-             groups: int, kernel: str) -> Tensor:
-    """grouped_conv_op's body: the forward on `kernel`."""
-    _check_conv(x=x, w=w)
+             groups: int, kernel: str, checked: bool = False) -> Tensor:
+    """grouped_conv_op's body: the forward on `kernel` (x and w not checked again when
+    `checked`)."""
+    if not checked:
+        _check_conv(x=x, w=w)
     problem = _conv_problem("forward", x.shape, w.shape, stride, padding, dilation, groups)
     return _run_conv("forward", kernel, problem, x, w, _output_size(problem))
 
@@ -236,6 +241,6 @@ def grouped_conv(x: Tensor, w: Tensor, *, stride=1, padding=0, dilation=1, group
                              f"'<name>'}} or dispatcher={{'{direction}': <a grouped_conv_"
                              f"{direction} Dispatcher>}}")
     if not needs_custom_op((x, w), needed["bwd_data"] or needed["bwd_weight"]):
-        return _forward(x, w, *geometry, groups, names["forward"])
+        return _forward(x, w, *geometry, groups, names["forward"], checked=True)
     return grouped_conv_op(x, w, *geometry, groups, names["forward"], names["bwd_data"],
                            names["bwd_weight"])
