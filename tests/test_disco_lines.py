@@ -11,11 +11,12 @@ from tilecast.disco import (DiscoConvS2, DiscoConvTransposeS2, compute_psi, csr_
                             native, ops, reference)
 from tilecast.disco.lines import MIN_FILL, line_blocked, regroup
 
-GRIDS = {  # (in_shape, out_shape, theta_cutoff): strides 1, 2, 3; tiles wider than nlon_out
+GRIDS = {  # (in_shape, out_shape, theta_cutoff): strides 1, 2, 3; tiles wider than nlon_out, cut last tiles
     "same": ((12, 24), (12, 24), 0.4),
     "down": ((24, 48), (12, 24), None),
     "stride3": ((13, 36), (7, 12), None),
     "wide_down": ((16, 200), (8, 100), 0.5),
+    "tail": ((14, 112), (7, 56), 0.5),  # a last tile of 56 longitudes: 4 of 6 zmm vectors
 }
 
 

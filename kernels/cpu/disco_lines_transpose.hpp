@@ -42,12 +42,13 @@ struct LineEntry {
   const float* vals;  // kLineBlock values
 };
 
-/// out[i][0:T] = sum over the keys of vals_e[i] * gy[off_e + ((j0 - q_e) mod wo) + t] for the
-/// block's lines i, T = NV * kLanes, gy stored as Elem; slices wrapping past the row's end as
+/// out[i * stride + 0:T] = sum over the keys of vals_e[i] * gy[off_e + ((j0 - q_e) mod wo) + t]
+/// for the block's lines i, T = NV * kLanes, gy stored as Elem; slices wrapping past the row's end as
 /// in channel_tile (masked loads, or a float32 copy in `wrap`, T floats).
 template <int LB, int NV, typename Elem>
 TC_INLINE void line_tile(const LineEntry* __restrict entries, index_t count, const Elem* gy,
-                         index_t j0, index_t wo, float* __restrict wrap, float* __restrict out) {
+                         index_t j0, index_t wo, float* __restrict wrap, float* __restrict out,
+                         index_t stride) {
   constexpr int T = NV * kLanes;
   reg acc[LB][NV];
 #pragma GCC unroll 16
@@ -87,37 +88,54 @@ TC_INLINE void line_tile(const LineEntry* __restrict entries, index_t count, con
 #pragma GCC unroll 16
   for (int i = 0; i < LB; ++i)
 #pragma GCC unroll 16
-    for (int u = 0; u < NV; ++u) Vec::store(out + i * T + u * kLanes, acc[i][u]);
+    for (int u = 0; u < NV; ++u) Vec::store(out + i * stride + u * kLanes, acc[i][u]);
+}
+
+/// line_tile with the fewest vectors (at most NV) that cover n longitudes: a grid's last tile
+/// (720 longitudes are 7.5 tiles of 96 on AVX-512) computes no more than it keeps.
+template <int LB, int NV, typename Elem>
+TC_INLINE void line_tile_upto(index_t n, const LineEntry* __restrict entries, index_t count,
+                              const Elem* gy, index_t j0, index_t wo, float* __restrict wrap,
+                              float* __restrict out, index_t stride) {
+  if constexpr (NV > 1) {
+    if (n <= (NV - 1) * kLanes) {
+      line_tile_upto<LB, NV - 1, Elem>(n, entries, count, gy, j0, wo, wrap, out, stride);
+      return;
+    }
+  }
+  line_tile<LB, NV, Elem>(entries, count, gy, j0, wo, wrap, out, stride);
 }
 
 /// gx (bc, hi, wi) from gy (bc, k, ho, wo) with the line-blocked layout (boff over
 /// ceil(hi * s / kLineBlock) blocks, bcol, bvals [keys, kLineBlock]); columns already checked.
+/// The keys are decoded once a call (a division each, which per channel had cost about a
+/// tenth of the multiply-adds), then every (channel, block) reads its run of them.
 template <typename Elem>
 void transpose_lines(const Elem* gy, Elem* gx, const Dims& d, const std::int64_t* boff,
                      const std::int64_t* bcol, const float* bvals, int threads) {
   constexpr int LB = kLineBlock, NV = kLineVectors;
   constexpr index_t T = NV * kLanes;
   const index_t s = d.stride(), plane = d.k * d.ho * d.wo, lines = d.hi * s;
-  const index_t blocks = ceil_div(lines, LB);
+  const index_t blocks = ceil_div(lines, LB), keys = boff[blocks];
+  std::vector<LineEntry> decoded(static_cast<std::size_t>(keys));
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<LineEntry> entries;
+#pragma omp for schedule(static)
+    for (index_t e = 0; e < keys; ++e) {
+      const index_t row = bcol[e] / d.wo;
+      decoded[e] = {row * d.wo, static_cast<std::int32_t>(bcol[e] - row * d.wo), bvals + e * LB};
+    }
     alignas(64) float wrap[T];
     alignas(64) float out[LB * T];
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (index_t bc = 0; bc < d.bc; ++bc) {
       for (index_t b = 0; b < blocks; ++b) {
-        entries.clear();
-        for (index_t e = boff[b]; e < boff[b + 1]; ++e) {
-          const index_t row = bcol[e] / d.wo;
-          entries.push_back({row * d.wo, static_cast<std::int32_t>(bcol[e] - row * d.wo),
-                             bvals + e * LB});
-        }
+        const LineEntry* entries = decoded.data() + boff[b];
+        const index_t count = boff[b + 1] - boff[b];
         const Elem* channel = gy + bc * plane;
-        const index_t count = static_cast<index_t>(entries.size());
         for (index_t j0 = 0; j0 < d.wo; j0 += T) {
           const index_t n = std::min(T, d.wo - j0);
-          line_tile<LB, NV, Elem>(entries.data(), count, channel, j0, d.wo, wrap, out);
+          line_tile_upto<LB, NV, Elem>(n, entries, count, channel, j0, d.wo, wrap, out, T);
           for (int i = 0; i < LB && b * LB + i < lines; ++i) {
             const index_t l = b * LB + i, h = l / s, p = l % s;
             Elem* dst = gx + (bc * d.hi + h) * d.wi + p + s * j0;
