@@ -579,7 +579,10 @@ def test_the_kernel_mix_applies_only_where_it_can_run():
     assert not fused.kernel_mix_applies(x.bfloat16(), weight, packed, 1, fused.Mixer())
     assert not fused.kernel_mix_applies(x, weight, packed, 1, fused.Mixer(in_kernel=False))
     name = "gemm_fp32_avx2_6x16_mc192_nc2048_kc256_parm_pa1_pf0"
-    assert not fused.kernel_mix_applies(x, weight, packed, 1, fused.Mixer(name))
+    # a GEMM kernel forced on every product keeps the forward's products on it; a raced one
+    # races the one-kernel mix too
+    assert not fused.kernel_mix_applies(x, weight, packed, 1, fused.Mixer(name, race=False))
+    assert fused.kernel_mix_applies(x, weight, packed, 1, fused.Mixer(name))
     narrow = _module(True, grid="same")   # nlon_out 24: a partial last panel, which it cuts
     assert fused.kernel_mix_applies(torch.randn(1, 4, 12, 24), narrow.weight, narrow._kpacked(), 1,
                                     fused.Mixer())

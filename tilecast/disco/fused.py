@@ -222,8 +222,9 @@ def kernel_mix_applies(x: Tensor, weight: Tensor, packed: Optional[KPacked],
                        groups: int, mixer: Mixer) -> bool:
     """Whether the forward may run on the one-kernel contraction and mix (native.kpacked_mix):
     the kpacked layout, float32 on the CPU, one group, and a mixer that allows it
-    (Mixer.in_kernel, no GEMM choice of its own)."""
-    return (mixer.in_kernel and mixer.gemm is None and packed is not None
+    (Mixer.in_kernel, and no GEMM choice or a raced one: a GEMM kernel forced on every
+    product keeps the forward's products on it)."""
+    return (mixer.in_kernel and (mixer.gemm is None or mixer.race) and packed is not None
             and x.device.type == "cpu" and x.dtype == torch.float32
             and weight.dtype == torch.float32 and groups == 1)
 
