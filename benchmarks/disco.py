@@ -90,14 +90,19 @@ def median_seconds(fn: Callable[[], object], reps: int) -> float:
 def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
     """Median wall time of each fn over `reps` rounds, after one warm-up call each. Every
     round times every fn once, in turn, so that a slow spell of a shared machine falls on
-    all of them rather than on whichever ran then (the ratios are what is quoted)."""
+    all of them rather than on whichever ran then (the ratios are what is quoted); the turn
+    order rotates each round, so no fn always follows the same one (the module after
+    torch-harmonics, whose forward+backward frees gigabytes, ran 5-6 % slower in a fixed
+    order than in a direct A/B)."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {label: [] for label in fns}
-    for _ in range(reps):
-        for label, fn in fns.items():
+    labels = list(fns)
+    for round_index in range(reps):
+        shift = round_index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
             start = time.perf_counter()
-            fn()
+            fns[label]()
             samples[label].append(time.perf_counter() - start)
     return {label: statistics.median(values) for label, values in samples.items()}
 
