@@ -19,13 +19,11 @@ with its sparse contractions for free. --mix-gemm runs the fused paths twice mor
 mix on a tilecast GEMM kernel alone (+gemm; tilecast.disco.mix: the first of comma-separated
 kernel names, or with registry:PATH the choice of the gemm model published there), and with
 the kernels raced against torch's sgemm at each product shape (+raced, DiscoConvS2's
-mix_gemm: every name given, or the model's best three; each race's medians and winner
-printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm.
---mix-torch times the fused paths once more with the mix's products on torch's sgemm only
-(+torch): by default DiscoConvS2 races them against the CPU's shortlist of tilecast GEMM
-kernels (tilecast.disco.mix.DEFAULT_KERNELS, none on AVX2), and, where it can, the kpacked
-kernel that runs the contraction and the mix as one (tilecast.disco.fused) against both;
-the races are printed. The
+mix_gemm: every name given, or the model's best three, and the forward's one-kernel mix
+raced against those products where it applies; each race's medians and winner printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm.
+--mix-torch times the fused paths once more with their mix on torch's sgemm only (+torch):
+by default, where it can, DiscoConvS2 races the kpacked kernel that runs the contraction and
+the mix as one (tilecast.disco.fused) against that, and the race is printed. The
 configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
 about as many grid points. Figures, not a test.
 """
@@ -255,12 +253,11 @@ def bench_modules(work: Workload, x: torch.Tensor, precision: str, reps: int, re
     forward+backward seconds."""
     candidates = [(f"tc:{path}", on_path(work.ours, path)) for path in paths]
     if mix_torch:
-        # the fused paths with the mix's products on torch's sgemm only (the forward's
-        # one-kernel mix still raced against them), as before the default raced GEMM kernels
+        # the fused paths with their mix on torch's sgemm only, never in the kpacked kernel
         for path in paths:
             module = on_path(work.ours, path) if PATHS[path][0] else None
             if module is not None:
-                module.mixer = Mixer()
+                module.mixer = Mixer(in_kernel=False)
                 candidates.append((f"tc:{path}+torch", module))
     if mixer is not None and mixer.gemm is not None:
         # the mix on the kernel alone (+gemm), and raced against torch per shape (+raced)
@@ -399,8 +396,9 @@ def main(argv=None) -> None:
                              "(or on the choices of the gemm model published in PATH): the "
                              "first alone, and all raced against torch's sgemm")
     parser.add_argument("--mix-torch", action="store_true",
-                        help="also time the fused paths with the mix's products on torch's "
-                             "sgemm only (+torch), not raced against the default GEMM kernels")
+                        help="also time the fused paths with their mix on torch's sgemm only "
+                             "(+torch), never in the kpacked kernel that DiscoConvS2 races "
+                             "against it by default")
     args = parser.parse_args(argv)
     paths = args.paths.split(",")
     names, precisions = args.configs.split(","), args.precisions.split(",")

@@ -72,7 +72,7 @@ class _DiscoConvBase(nn.Module):
                  basis_type: str, groups: int, bias: bool, optimized_kernel: bool = True):
         super().__init__()
         self.optimized_kernel = bool(optimized_kernel)
-        self.mixer = Mixer()  # the fused path's mix on torch (DiscoConvS2 sets its own)
+        self.mixer = Mixer()  # the fused path's mix on torch (DiscoConvS2's mix_gemm changes it)
         for label, count in (("in_channels", in_channels), ("out_channels", out_channels),
                              ("groups", groups)):
             if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
@@ -324,9 +324,8 @@ class DiscoConvS2(_DiscoConvBase):
     path only): the fused path's float32 CPU channel-mix products may run on tilecast GEMM
     kernels (a kernel name, a list of them, or a gemm dispatcher, whose best-ranked kernels
     for each product's shape are taken): each shape's first products race them against
-    torch's sgemm, and the fastest runs the rest (tilecast.disco.mix); None (the default)
-    races the kernels measured best at the mix's shapes for this CPU's vector ISA
-    (mix.DEFAULT_KERNELS: three on AVX-512, none on AVX2, where the products stay on torch).
+    torch's sgemm, and the fastest runs the rest (tilecast.disco.mix); None (the default) runs
+    them on torch.
     """
 
     def __init__(self, in_channels: int, out_channels: int, in_shape: tuple[int, int],
@@ -349,7 +348,7 @@ class DiscoConvS2(_DiscoConvBase):
         if mix_gemm is not None and not self.fused:
             raise ValueError("mix_gemm runs the fused path's mix: pass fused=True (and "
                              "optimized_kernel=True) with it")
-        self.mixer = Mixer(mix_gemm) if mix_gemm is not None else Mixer.default()
+        self.mixer = Mixer(mix_gemm)
         self.grid_in, self.grid_out = grid_in, grid_out
         self.registry, self.registry_alias = registry, registry_alias
         self._forward_geometry(in_shape, out_shape, theta_cutoff, grid_out)

@@ -17,19 +17,11 @@ each and then RACE_SAMPLES timed calls each, and the shape stays on the one with
 median from then on. The race's calls are the convolution's own products, so it costs no
 extra work and every product is exact whoever runs it. `race=False` runs the chosen kernel
 (the first named, or the dispatcher's choice) on every product, to time it alone.
-
-`Mixer.default()`, DiscoConvS2's mixer when no mix_gemm is given, races DEFAULT_KERNELS for
-the CPU's vector ISA: on the Zen 4 EPYC three AVX-512 variants ran the mix's products 5-20 %
-faster than torch's sgemm (MKL takes its AVX2 path on AMD CPUs); on the AVX2 EPYC torch won
-every race, so there are none and the products stay on torch. The kernels compile on their
-first product (about 5 s each, once per machine: the build cache), and one that cannot be
-built or run on this CPU leaves the race with a warning instead of failing the convolution.
 """
 from __future__ import annotations
 
 import statistics
 import time
-import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -43,23 +35,6 @@ RACE_KERNELS = 3
 clock: Callable[[], float] = time.perf_counter
 #: the contender that is torch's own product
 TORCH_SIDE = "torch"
-#: the GEMM kernels Mixer.default() races against torch, per vector ISA (module docstring):
-#: the best three of the nightly's AVX-512 variants at the mix's shapes of self_512 and
-#: down_73 (512x720x4608, 4608x512x720 with B column-major, 512x8640x720, 720x8640x512 with
-#: A column-major; docs/results.md, 2026-12-05 Zen 4, second session)
-DEFAULT_KERNELS = {
-    "avx512": ("gemm_fp32_avx512_8x32_mc192_nc512_kc256_park_pa1_pf0",
-               "gemm_fp32_avx512_4x64_mc96_nc2048_kc512_parm_pa0_pf0",
-               "gemm_fp32_avx512_16x16_mc96_nc512_kc512_parm_pa1_pf0"),
-    "avx2": (),
-}
-
-
-def default_kernels() -> tuple[str, ...]:
-    """DEFAULT_KERNELS for this CPU: AVX-512's where it has AVX-512F, else AVX2's."""
-    from tilecast.runtime import kernel_library
-
-    return DEFAULT_KERNELS["avx512" if "avx512f" in kernel_library.cpu_flags() else "avx2"]
 
 
 def _check_choice(gemm: Any) -> None:
@@ -120,16 +95,6 @@ class Race:
         return {side: statistics.median(times) if times else float("nan")
                 for side, times in self.seconds.items()}
 
-    def drop(self, side: str) -> None:
-        """Takes a kernel out of the race (it cannot run here); the race goes on without it."""
-        if side == TORCH_SIDE or side not in self.contenders:
-            raise ValueError(f"{side!r} is not a kernel of this race")
-        self.contenders = tuple(c for c in self.contenders if c != side)
-        del self.seconds[side]
-        if all(len(times) >= RACE_SAMPLES for times in self.seconds.values()):
-            medians = self.medians()
-            self.winner = min(self.contenders, key=medians.__getitem__)
-
     def __repr__(self) -> str:
         times = ", ".join(f"{side} {median * 1e3:.3g} ms" for side, median in self.medians().items())
         return f"Race({times}; winner {self.winner})"
@@ -144,31 +109,19 @@ class Mixer:
     in_kernel (with no `gemm`, or a raced one): the fused forward may run the contraction and
     the mix as one kernel (tilecast.disco.fused, kpacked_mix), raced against the contraction
     and the mix's products block by block per input shape (its race is in `races` too), or
-    on every call with race=False and no `gemm`.
+    on every call with race=False and no `gemm`."""
 
-    optional: a raced kernel that cannot be built or run here (KernelBuildError) leaves its
-    race with a warning, where otherwise the error reaches the caller (Mixer.default)."""
-
-    def __init__(self, gemm: Any = None, race: bool = True, in_kernel: bool = True,
-                 optional: bool = False):
+    def __init__(self, gemm: Any = None, race: bool = True, in_kernel: bool = True):
         _check_choice(gemm)
         self.gemm = gemm
         self.race = bool(race)
         self.in_kernel = bool(in_kernel)
-        self.optional = bool(optional)
         self.kernels: dict[tuple, str] = {}
         self.races: dict[tuple, Race] = {}
 
-    @classmethod
-    def default(cls) -> "Mixer":
-        """The mix DiscoConvS2 runs without a mix_gemm: default_kernels() raced against torch
-        (optional ones), or torch alone where the ISA has none."""
-        kernels = default_kernels()
-        return cls(list(kernels), optional=True) if kernels else cls()
-
     def __deepcopy__(self, memo) -> "Mixer":
         # a module's copy shares the kernel choice (a dispatcher holds a loaded model)
-        return Mixer(self.gemm, self.race, self.in_kernel, self.optional)
+        return Mixer(self.gemm, self.race, self.in_kernel)
 
     def __repr__(self) -> str:
         if self.gemm is None:
@@ -238,18 +191,7 @@ class Mixer:
         if side == TORCH_SIDE:
             on_torch()
         else:
-            from tilecast.runtime.kernel_library import KernelBuildError
-
-            try:
-                on_kernel(side)
-            except KernelBuildError as error:
-                if not self.optional:
-                    raise
-                warnings.warn(f"the channel mix races torch's sgemm without GEMM kernel "
-                              f"{side!r}, which cannot run here: {error}", RuntimeWarning)
-                race.drop(side)
-                on_torch()
-                return
+            on_kernel(side)
         if race.winner is None:
             race.record(side, clock() - start)
 
