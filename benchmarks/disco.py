@@ -89,9 +89,8 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], reps: int) -> dict
     """Median wall time of each fn over `reps` rounds, after one warm-up call each. Every
     round times every fn once, in turn, so that a slow spell of a shared machine falls on
     all of them rather than on whichever ran then (the ratios are what is quoted); the turn
-    order rotates each round, so no fn always follows the same one (the module after
-    torch-harmonics, whose forward+backward frees gigabytes, ran 5-6 % slower in a fixed
-    order than in a direct A/B)."""
+    order rotates each round, so no fn always follows the same one (torch-harmonics'
+    forward+backward allocates and frees gigabytes just before the next module's turn)."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {label: [] for label in fns}
