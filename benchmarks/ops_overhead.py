@@ -15,7 +15,6 @@ rounds, each `--calls` calls of every path back to back; 2 threads. Figures, not
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -68,7 +67,7 @@ def median_us(paths: dict, calls: int) -> dict[str, float]:
 def conv_overhead(kernel: str, calls: int) -> None:
     from tilecast.runtime.ops import grouped_conv_ops as conv_ops
 
-    print(f"CPU: {platform.processor() or platform.machine()}; conv kernel {kernel}; 2 threads")
+    print(f"CPU: {hardware.profile(2)['cpu_model']}; conv kernel {kernel}; 2 threads")
     print(f"{'layer':>30} {'ops.grouped_conv us':>20} {'its entry us':>13} {'torch conv2d us':>16} "
           f"{'ops / torch':>12}")
     generator = torch.Generator().manual_seed(0)
@@ -109,7 +108,7 @@ def main() -> None:
     if args.only == "conv":
         return
     kernel = args.kernel or default_kernel()
-    print(f"CPU: {platform.processor() or platform.machine()}; kernel {kernel}; 2 threads")
+    print(f"CPU: {hardware.profile(2)['cpu_model']}; kernel {kernel}; 2 threads")
     print(f"{'n':>6} {'ops.gemm us':>12} {'gemm_into us':>13} {'torch.mm us':>12}")
     for n in args.sizes:
         a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
