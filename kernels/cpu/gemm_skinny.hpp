@@ -172,9 +172,9 @@ constexpr int kRowW = Vec::width;
 /// rows form, one column block: sums[0:R, c:c+W*NV] += S[:, p0:p1] * T[p0:p1, cb+c : ...],
 /// the last vector holding `tail` lanes when kMasked. T's rows in [p0, p1) are read side by
 /// side, each contiguously along the block: sequential streams the prefetchers follow. With
-/// TC_PREFETCH, each line is also fetched into L2 for the next group of rows (the same
-/// columns `depth` rows down), whose streams start a page the hardware has not seen.
-template <int R, int NV, bool kMasked, index_t kChunk>
+/// TC_PREFETCH, each line is also fetched into L2 for a later group of rows (the same
+/// columns kAhead * `depth` rows down), whose streams start a page the hardware has not seen.
+template <int R, int NV, bool kMasked, index_t kChunk, int kAhead>
 TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, index_t c,
                           index_t p0, index_t p1, int tail, index_t depth) {
   using V = Vec;
@@ -186,7 +186,8 @@ TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, inde
   for (index_t p = p0; p < p1; ++p, tp += t.t_rs, sp += t.s_cs) {
     if constexpr (kPrefetch)
       for (int j = 0; j < NV; j += 64 / (4 * kRowW))  // one prefetch per 64-byte line
-        _mm_prefetch(reinterpret_cast<const char*>(tp + depth * t.t_rs + kRowW * j), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(tp + kAhead * depth * t.t_rs + kRowW * j),
+                     _MM_HINT_T1);
     typename V::reg row[NV];
     for (int j = 0; j < NV; ++j)
       row[j] = kMasked && j == NV - 1 ? V::load_first(tp + kRowW * j, tail) : V::load(tp + kRowW * j);
@@ -258,10 +259,10 @@ void rows_range_t(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1,
 
 /// rows form: out[0:R, c0:c1] over K steps [p0, p1), a chunk of columns at a time (whole
 /// 4 KiB pages of a row, kRowsSums / R floats), its sums in L1-L2 while kRowsDepth rows of T
-/// at a time stream through.
-template <int R>
-void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
-                index_t o_rs, index_t o_cs) {
+/// at a time stream through; TC_PREFETCH fetches kAhead groups ahead (rows_range).
+template <int R, int kAhead>
+void rows_range_ahead(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
+                      index_t o_rs, index_t o_cs) {
   // R*NV accumulators + NV row vectors + 1 broadcast within the registers (32 zmm, 16 ymm).
   // In ymm, 7 rows would leave one vector a column block: 7 accumulator chains, under the
   // FMA's latency times its throughput, so any late load stalls them all. They go in two
@@ -282,16 +283,17 @@ void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, f
     for (index_t p = p0; p < p1; p += depth) {
       const index_t pe = std::min(p + depth, p1);
       for (index_t c = 0; c < whole; c += kStep)
-        rows_block<kBand, NV, false, kChunk>(t, sums, cb, c, p, pe, kRowW, depth);
+        rows_block<kBand, NV, false, kChunk, kAhead>(t, sums, cb, c, p, pe, kRowW, depth);
       if constexpr (kBand < R) {
         Task band = t;
         band.s = t.s + kBand * t.s_rs;
         for (index_t c = 0; c < whole; c += kStep)
-          rows_block<R - kBand, NV, false, kChunk>(band, sums + kBand, cb, c, p, pe, kRowW, depth);
+          rows_block<R - kBand, NV, false, kChunk, kAhead>(band, sums + kBand, cb, c, p, pe, kRowW,
+                                                           depth);
       }
       for (index_t c = whole; c < width; c += kRowW)
-        rows_block<R, 1, true, kChunk>(t, sums, cb, c, p, pe, int(std::min<index_t>(kRowW, width - c)),
-                                       depth);
+        rows_block<R, 1, true, kChunk, kAhead>(t, sums, cb, c, p, pe,
+                                               int(std::min<index_t>(kRowW, width - c)), depth);
     }
     for (int r = 0; r < R; ++r) {
       float* row = out + r * o_rs + cb * o_cs;
@@ -301,6 +303,20 @@ void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, f
         for (index_t c = 0; c < width; ++c) row[c * o_cs] = sums[r][c];
     }
   }
+}
+
+/// rows_range_ahead with TC_PREFETCH's distance: the next group, or in zmm past the LLC the
+/// one after it, where memory's latency wants the lines asked for earlier (paired, 2 threads,
+/// Zen 4, split-K: 8x6144x6144 to 8x16384x4096 1.03-1.10x, 4x8192x4096 1.07x; m-split
+/// 1.00-1.04x; in the LLC 8x768x3072 read 0.985x at two; not measured on AVX2, which keeps one).
+template <int R>
+void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
+                index_t o_rs, index_t o_cs) {
+  const bool in_llc = t.depth * t.cols * index_t(sizeof(float)) <= CacheShape::here().llc_bytes;
+  if (kPrefetch && kRowW == 16 && !in_llc)
+    rows_range_ahead<R, 2>(t, c0, c1, p0, p1, out, o_rs, o_cs);
+  else
+    rows_range_ahead<R, 1>(t, c0, c1, p0, p1, out, o_rs, o_cs);
 }
 
 /// cols form: out[0:R, c:c+CB] over K steps [p0, p1); S rows contiguous (s_cs == 1).
