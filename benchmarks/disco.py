@@ -20,7 +20,8 @@ mix on a tilecast GEMM kernel alone (+gemm; tilecast.disco.mix: the first of com
 kernel names, or with registry:PATH the choice of the gemm model published there), and with
 the kernels raced against torch's sgemm at each product shape (+raced, DiscoConvS2's
 mix_gemm: every name given, or the model's best three, and the forward's one-kernel mix
-raced against those products where it applies; each race's medians and winner printed); and it reads the +gemm kernel's rate at the mix's block beside torch's sgemm.
+raced against those products where it applies; each race's medians and winner printed); and
+it reads the +gemm kernel's rate at the mix's block beside torch's sgemm.
 --mix-torch times the fused paths once more with their mix on torch's sgemm only (+torch):
 by default, where it can, DiscoConvS2 races the kpacked kernel that runs the contraction and
 the mix as one (tilecast.disco.fused) against that, and the race is printed. The

@@ -83,7 +83,8 @@ def conv_overhead(kernel: str, calls: int) -> None:
             raise SystemExit(f"{label}: the kernel's result differs from torch's")
         with torch.no_grad():
             us = median_us({
-                "ops": lambda: ops.grouped_conv(x, w, padding=padding, groups=groups, kernel=kernel),
+                "ops": lambda: ops.grouped_conv(x, w, padding=padding, groups=groups,
+                                                kernel=kernel),
                 "entry": lambda: run.run_torch_layouts(shape, x.data_ptr(), w.data_ptr(),
                                                        out.data_ptr(), 2),
                 "torch": lambda: torch.nn.functional.conv2d(x, w, None, 1, padding, 1, groups),

@@ -11,7 +11,8 @@ from tilecast.disco import (DiscoConvS2, DiscoConvTransposeS2, compute_psi, csr_
                             native, ops, reference)
 from tilecast.disco.lines import MIN_FILL, line_blocked, regroup
 
-GRIDS = {  # (in_shape, out_shape, theta_cutoff): strides 1, 2, 3; tiles wider than nlon_out, cut last tiles
+# (in_shape, out_shape, theta_cutoff): strides 1, 2, 3; tiles wider than nlon_out, cut last tiles
+GRIDS = {
     "same": ((12, 24), (12, 24), 0.4),
     "down": ((24, 48), (12, 24), None),
     "stride3": ((13, 36), (7, 12), None),

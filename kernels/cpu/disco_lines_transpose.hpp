@@ -43,7 +43,8 @@ struct LineEntry {
 };
 
 /// out[i * stride + 0:T] = sum over the keys of vals_e[i] * gy[off_e + ((j0 - q_e) mod wo) + t]
-/// for the block's lines i, T = NV * kLanes, gy stored as Elem; slices wrapping past the row's end as
+/// for the block's lines i, T = NV * kLanes, gy stored as Elem; slices wrapping past the row's
+/// end as
 /// in channel_tile (masked loads, or a float32 copy in `wrap`, T floats).
 template <int LB, int NV, typename Elem>
 TC_INLINE void line_tile(const LineEntry* __restrict entries, index_t count, const Elem* gy,

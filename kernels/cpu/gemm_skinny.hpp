@@ -130,6 +130,11 @@ inline index_t rows_depth(const Task& t, index_t wanted) {
   return last_depth;
 }
 
+/// Whether T (depth x cols floats) fits this machine's last-level cache.
+inline bool fits_llc(const Task& t) {
+  return t.depth * t.cols * index_t(sizeof(float)) <= CacheShape::here().llc_bytes;
+}
+
 /// Whether `problem` takes this path, and its task; false for bf16 or odd strides.
 template <class P>
 inline bool task_of(const P& p, Task& task) {
@@ -239,7 +244,7 @@ void rows_range_t(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1,
   constexpr index_t kChunk = kRowsSums / R;
   alignas(64) float sums[kChunk][R];
   alignas(64) float st[kRowsDepthInCache][R];
-  const bool in_llc = t.depth * t.cols * index_t(sizeof(float)) <= CacheShape::here().llc_bytes;
+  const bool in_llc = fits_llc(t);
   const index_t depth = rows_depth(t, in_llc ? kRowsDepthInCache : kRowsDepth);
   for (index_t cb = c0; cb < c1; cb += kChunk) {
     const index_t width = std::min(kChunk, c1 - cb);
@@ -312,7 +317,7 @@ void rows_range_ahead(const Task& t, index_t c0, index_t c1, index_t p0, index_t
 template <int R>
 void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
                 index_t o_rs, index_t o_cs) {
-  const bool in_llc = t.depth * t.cols * index_t(sizeof(float)) <= CacheShape::here().llc_bytes;
+  const bool in_llc = fits_llc(t);
   if (kPrefetch && kRowW == 16 && !in_llc)
     rows_range_ahead<R, 2>(t, c0, c1, p0, p1, out, o_rs, o_cs);
   else

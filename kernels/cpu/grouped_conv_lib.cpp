@@ -115,7 +115,8 @@ inline void transpose_block(const float* __restrict src, float* __restrict dst, 
       }
       for (int i = 0; i < 4; ++i) {  // 128-bit halves of rows 0-3 and 4-7
         _mm256_storeu_ps(dst + (c + i) * rows + r, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (c + i + 4) * rows + r, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+        _mm256_storeu_ps(dst + (c + i + 4) * rows + r,
+                         _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
       }
     }
     for (; c < c1; ++c)
