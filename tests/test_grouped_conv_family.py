@@ -420,7 +420,14 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      # gvec's one group's channels a row, in place (forward; bwd_data at
                      # stride 1): a dilated 5-wide filter, pads of 1 and 3, rows of 16 then 4
                      # (forward) or 8 (bwd_data) channels
-                     dict(C=24, K=20, Hi=7, Wi=9, Y=3, X=5, pad_h=1, pad_w=3, dilation_w=2)],
+                     dict(C=24, K=20, Hi=7, Wi=9, Y=3, X=5, pad_h=1, pad_w=3, dilation_w=2),
+                     # gvec's pixel lanes (AVX-512, stride 1, at most 8 destination channels):
+                     # bands of 8 rows and a last of 5, chunks of 7 and 6 groups, tiles of one
+                     # vector; 6 and 5 of a block of 8 channels in tiles of three vectors; 7
+                     # of 8 against 60 source channels, bwd_weight's bands of 6 rows and a last of 5
+                     dict(N=2, G=13, C=8, K=8, Hi=21, Wi=19, Y=3, X=3, pad_h=1, pad_w=1),
+                     dict(G=3, C=5, K=6, Hi=20, Wi=4, Y=3, X=3, pad_h=1, pad_w=1),
+                     dict(G=2, C=60, K=7, Hi=29, Wi=38, Y=3, X=3, pad_h=1, pad_w=1)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,

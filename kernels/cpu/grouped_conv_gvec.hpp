@@ -44,8 +44,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "grouped_conv_lanes.hpp"
 #include "grouped_conv_microkernel.hpp"
 #include "grouped_conv_shape.hpp"
 
@@ -230,6 +232,13 @@ class GroupVectorConv {
   /// gradient and reads the input and dout as forward reads the input and writes dout).
   GroupVectorConv(const ConvShape& shape, const float* src, const float* other, int threads)
       : s_(shape), src_(src), weight_(other), threads_(std::max(threads, 1)) {
+#ifdef TC_PIXEL_LANES
+    // few destination channels at stride 1: pixel lanes (grouped_conv_lanes.hpp)
+    if (PixelLaneConv<Dir>::applies(s_)) {
+      lanes_ = std::make_unique<const PixelLaneConv<Dir>>(s_, src, other, threads_);
+      return;
+    }
+#endif
     const bool fwd = Dir != kBwdData;
     dst_ch_ = fwd ? s_.k : s_.c;
     src_ch_ = fwd ? s_.c : s_.k;
@@ -311,6 +320,9 @@ class GroupVectorConv {
   }
 
   void run(float* out) const {
+#ifdef TC_PIXEL_LANES
+    if (lanes_) return lanes_->run(out);
+#endif
     switch (gv_) {
       case 16: return dispatch_sb<16>(out);
       case 8: return dispatch_sb<8>(out);
@@ -985,6 +997,9 @@ class GroupVectorConv {
   // in all), tap_at_[2] counting from its column 0
   index_t pad_w_ = 0, width_ = 0;
   FloatBuffer relaid_, packed_, padded_w_;
+#ifdef TC_PIXEL_LANES
+  std::unique_ptr<const PixelLaneConv<Dir>> lanes_;  // set: the layer runs there, nothing above is set
+#endif
 };
 
 }  // namespace tc::gconv

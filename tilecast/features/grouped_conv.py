@@ -131,6 +131,26 @@ KERNEL_ROWS: dict[type, Callable] = {GroupedConvConfig: _own_kernel,
                                      TileEngineConvConfig: _tile_engine_kernel}
 
 
+def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
+    """The lanes gvec's pixel-lane path keeps busy (kernels/cpu/grouped_conv_lanes.hpp), or
+    None where the layer does not take it: AVX-512, every stride 1, D <= 8 destination
+    channels a group and not depthwise, bwd_data's pads within the filter's reach. A vector
+    holds 16 positions of a row padded by the filter's reach (the pad columns computed and
+    dropped) and D of the 4 or 8 channels a block."""
+    p = problem
+    source = p.K if p.direction == "bwd_data" else p.C
+    reach = [(f - 1) * dil for f, dil in ((p.Z, p.dilation_d), (p.Y, p.dilation_h),
+                                         (p.X, p.dilation_w))]
+    if (not hw.get("hw_has_avx512") or d > 8 or (d == 1 and source == 1)
+            or {p.stride_d, p.stride_h, p.stride_w} != {1}
+            or (p.direction == "bwd_data"
+                and any(pad > r for pad, r in zip((p.pad_d, p.pad_h, p.pad_w), reach)))):
+        return None
+    width = p.Wi if p.direction == "bwd_data" else max(p.output_dims()[2], 1)
+    block = 4.0 if d <= 4 or p.direction == "bwd_weight" else 8.0
+    return d / (_ceil_div(d, block) * block) * width / (width + reach[2])
+
+
 def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace:
     """The quantities the interaction formulas share, one value per kernel (see the module
     docstring): tiles, the parallel units of each schedule, cache footprints."""
@@ -154,7 +174,9 @@ def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace
     lanes_used = groups * d
     gvec_cols = _ceil_div(lanes_used, 16.0) if 16 % d == 0 else groups * _ceil_div(d, 16.0)
     gvec_blocks = _ceil_div(gvec_cols * 16.0, bn)
-    t.n_eff = np.where(gvec, lanes_used / (gvec_cols * 16.0), t.n_eff)
+    lanes_eff = _pixel_lanes_eff(problem, hw, d)
+    t.n_eff = np.where(gvec, lanes_used / (gvec_cols * 16.0) if lanes_eff is None else lanes_eff,
+                       t.n_eff)
     # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp; gvec
     # shares each block's pixel tiles intrawave)
     t.intra = np.where(gvec, t.m_tiles, t.m_tiles * t.n_tiles)   # block grid of one group

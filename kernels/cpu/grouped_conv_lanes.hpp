@@ -1,0 +1,436 @@
+// Pixel lanes: the gvec pipeline's path for groups of few destination channels (D <= 8) at
+// stride 1 on AVX-512 (GroupVectorConv hands such layers to PixelLaneConv).
+//
+// gvec's own vectors hold 16 / D whole groups, lanes channel-major, so each multiply-add needs
+// the groups' source values repeated D times: a 64-bit broadcast at D = 8, 128-bit at D = 4.
+// On the Zen 4 EPYC those broadcasts take a vector pipe: a loop of one such broadcast a
+// multiply-add ran at 74 % of the FMA peak where a 32-bit broadcast or a plain load ran at
+// 100 %, and gvec read G32 C8 K8 56x56 at 53 % of the peak. Here a vector holds 16 positions
+// of one channel instead, and each multiply-add takes a plain load or a 32-bit broadcast:
+//
+//   forward, bwd_data   dst[q, d] += src[q + off(t), s] * w[d, t, s]: per (tap, source
+//                       channel) P source vectors (loads) against DB weights (32-bit
+//                       broadcasts), DB x P accumulators (8 x 1-3 or 4 x 2-6);
+//   bwd_weight          dw[d, t, s] += sum over q of dout[q, d] * src[q + off(t), s]: 4 x 4
+//                       (d, s) accumulators a tap, reduced across their lanes once a band.
+//
+// Positions q = r * wp + w run over a band of destination rows in a copy of the source laid
+// out planar and zero-padded along w (wp = width + 2 * lead): a tap is one offset, and the
+// pad columns' positions are computed and dropped (3 % of a 56-wide row, 22 % of a 7-wide
+// one). The copy is a band's rows (plus the filter's reach) of a chunk of groups, sized to
+// stay in L2 (kBandFloats), so the pass over the band reads it from there: relaying the whole
+// source out first and reading it back from L3 took a quarter of the time.
+//
+// Built where the compiler targets AVX-512 F, VL and DQ (TC_PIXEL_LANES): the stores of a
+// position's channels are masked 256- and 128-bit stores.
+#pragma once
+
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define TC_PIXEL_LANES 1
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "grouped_conv_microkernel.hpp"
+#include "grouped_conv_shape.hpp"
+
+namespace tc::gconv {
+
+namespace lanes {
+
+constexpr int L = 16;
+/// A thread's band copy: 256 KiB, a quarter of the Zen 4 EPYC's L2.
+constexpr index_t kBandFloats = index_t(1) << 16;
+/// The most destination channels a group this path takes.
+constexpr index_t kMaxD = 8;
+
+/// dst[c * ld + w] = src[w * src_row + c] for w < width, c < channels (8 x 8 AVX tiles).
+inline void to_planar(const float* __restrict src, index_t src_row, index_t width, index_t channels,
+                      float* __restrict dst, index_t ld) {
+  index_t w = 0;
+  for (; w + 8 <= width; w += 8) {
+    index_t c = 0;
+    for (; c + 8 <= channels; c += 8) {
+      __m256 a[8], b[8];
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(src + (w + i) * src_row + c);
+      for (int i = 0; i < 8; i += 2) {
+        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+      }
+      for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(dst + (c + i) * ld + w, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (c + i + 4) * ld + w, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+      }
+    }
+    for (; c < channels; ++c)
+      for (int i = 0; i < 8; ++i) dst[c * ld + w + i] = src[(w + i) * src_row + c];
+  }
+  for (; w < width; ++w)
+    for (index_t c = 0; c < channels; ++c) dst[c * ld + w] = src[w * src_row + c];
+}
+
+/// 8 vectors of 16 positions (one a channel) to 16 rows of 8 channels, in position order:
+/// put(row) is called 16 times.
+template <class Put>
+TC_INLINE void transpose_8x16(const __m512 (&v)[8], Put&& put) {
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; ++half) {
+    __m256 a[8], b[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) a[j] = half ? _mm512_extractf32x8_ps(v[j], 1) : _mm512_castps512_ps256(v[j]);
+#pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+      b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+      b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 8; i += 4) {
+      a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    // position i (< 4) in the low 128 bits of a[i] and a[i + 4], i + 4 in their high ones
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) put(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) put(_mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+  }
+}
+
+/// 4 vectors of 16 positions to 16 rows of 4 channels, in position order.
+template <class Put>
+TC_INLINE void transpose_4x16(const __m512 (&v)[4], Put&& put) {
+  const __m512 t0 = _mm512_unpacklo_ps(v[0], v[1]), t1 = _mm512_unpackhi_ps(v[0], v[1]);
+  const __m512 t2 = _mm512_unpacklo_ps(v[2], v[3]), t3 = _mm512_unpackhi_ps(v[2], v[3]);
+  // r[i]'s 128-bit lane l: position 4 l + i
+  const __m512 r[4] = {_mm512_shuffle_ps(t0, t2, 0x44), _mm512_shuffle_ps(t0, t2, 0xEE),
+                       _mm512_shuffle_ps(t1, t3, 0x44), _mm512_shuffle_ps(t1, t3, 0xEE)};
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) put(_mm512_castps512_ps128(r[i]));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) put(_mm512_extractf32x4_ps(r[i], 1));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) put(_mm512_extractf32x4_ps(r[i], 2));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) put(_mm512_extractf32x4_ps(r[i], 3));
+}
+
+}  // namespace lanes
+
+/// Forward (Dir 0), bwd_data (1) or bwd_weight (2) in pixel lanes; see the top of the file.
+template <int Dir>
+class PixelLaneConv {
+  static constexpr int L = lanes::L;
+
+ public:
+  /// Layers this path runs: every stride 1, at most kMaxD destination channels a group (K
+  /// forward and bwd_weight, C bwd_data) and not depthwise (gvec reads that in place), bwd_data
+  /// with pad <= (filter - 1) * dilation along each dim (its dout padded, not cut).
+  static bool applies(const ConvShape& s) {
+    const index_t D = Dir == kBwdData ? s.c : s.k, S = Dir == kBwdData ? s.k : s.c;
+    if (D > lanes::kMaxD || (D == 1 && S == 1)) return false;
+    for (int dim = 0; dim < 3; ++dim) {
+      if (s.stride[dim] != 1) return false;
+      if (Dir == kBwdData && s.pad[dim] > (s.filt[dim] - 1) * s.dil[dim]) return false;
+    }
+    return true;
+  }
+
+  /// `src` is the input (forward, bwd_weight) or dout (bwd_data); `other` the weight,
+  /// [G][K][taps][C] (forward, bwd_data), or dout (bwd_weight, which writes the weight's
+  /// gradient).
+  PixelLaneConv(const ConvShape& shape, const float* src, const float* other, int threads)
+      : s_(shape), src_(src), other_(other), threads_(std::max(threads, 1)) {
+    const bool from_input = Dir != kBwdData;
+    D_ = Dir == kBwdData ? s_.c : s_.k;
+    S_ = Dir == kBwdData ? s_.k : s_.c;
+    for (int dim = 0; dim < 3; ++dim) {
+      dst_[dim] = from_input ? s_.out[dim] : s_.in[dim];
+      srcd_[dim] = from_input ? s_.in[dim] : s_.out[dim];
+      lead_[dim] = from_input ? s_.pad[dim] : (s_.filt[dim] - 1) * s_.dil[dim] - s_.pad[dim];
+      reach_[dim] = (s_.filt[dim] - 1) * s_.dil[dim];
+    }
+    wp_ = srcd_[2] + 2 * lead_[2];
+    // a unit: band_ destination rows of one (n, d) x gchunk_ groups; its copy, band_ +
+    // reach rows of each group's source channels (and bwd_weight's dout rows), about
+    // kBandFloats. bwd_weight takes one group a unit and the longest band that fits (its
+    // sums are reduced across lanes once a band).
+    const index_t depth = reach_[0] + 1, ds = round_up(D_, 4), ss = round_up(S_, 4);
+    const index_t group_row = (Dir == kBwdWeight ? ss * depth + ds : S_ * depth) * wp_;
+    const index_t min_band = Dir == kBwdWeight ? 4 : 8;
+    band_ = Dir == kBwdWeight ? lanes::kBandFloats / group_row - reach_[1]
+                              : std::max<index_t>(8, 4 * reach_[1]);
+    band_ = std::clamp<index_t>(band_, 1, dst_[1]);
+    gchunk_ = Dir == kBwdWeight ? 1 : std::clamp<index_t>(lanes::kBandFloats / ((band_ + reach_[1]) * group_row), 1, s_.g);
+    auto units = [&] { return s_.n * dst_[0] * ceil_div(dst_[1], band_) * ceil_div(s_.g, gchunk_); };
+    while (units() < 4 * threads_ && (gchunk_ > 1 || band_ > min_band)) {
+      if (gchunk_ > 1) gchunk_ = ceil_div(gchunk_, 2);
+      else band_ = std::max(min_band, ceil_div(band_, 2));
+    }
+    rows_ = band_ + reach_[1];
+    // a channel's copy: depth x rows_ rows of wp, then room for a tile's last vectors
+    channel_ = round_up(depth * rows_ * wp_ + 8 * L, L);
+    dout_channel_ = round_up(band_ * wp_ + L, L);
+    const index_t copy = Dir == kBwdWeight ? ss * channel_ + ds * dout_channel_ : gchunk_ * S_ * channel_;
+    band_copy_ = round_up(copy, L);
+    copies_ = FloatBuffer(threads_ * band_copy_);
+    if (Dir == kBwdWeight) {
+      partials_ = FloatBuffer(threads_ * s_.weight_elems(), false);
+    } else {
+      db_ = D_ > 4 ? 8 : 4;
+      packed_ = FloatBuffer(s_.g * s_.taps() * S_ * db_, false);
+    }
+    for (index_t t = 0; t < s_.taps(); ++t) {
+      Pixel f = split_tap(t, s_.filt);
+      if (Dir == kBwdData) f = {0, s_.filt[0] - 1 - f.d, s_.filt[1] - 1 - f.h, s_.filt[2] - 1 - f.w};
+      offsets_.push_back((f.d * s_.dil[0] * rows_ + f.h * s_.dil[1]) * wp_ + f.w * s_.dil[2]);
+    }
+  }
+
+  void run(float* out) const {
+    if constexpr (Dir == kBwdWeight) {
+      run_weight_grad(out);
+    } else {
+      // vectors a tile: the fewest position slots over a band, then the most vectors
+      const index_t positions = band_ * wp_;
+      const int most = db_ == 8 ? 3 : 6, least = db_ == 8 ? 1 : 2;
+      int best = most;
+      for (int p = most; p >= least; --p)
+        if (ceil_div(positions, index_t(p * L)) * p < ceil_div(positions, index_t(best * L)) * best) best = p;
+      if (db_ == 8) {
+        if (best == 3) return gather<8, 3>(out);
+        if (best == 2) return gather<8, 2>(out);
+        return gather<8, 1>(out);
+      }
+      switch (best) {
+        case 6: return gather<4, 6>(out);
+        case 5: return gather<4, 5>(out);
+        case 4: return gather<4, 4>(out);
+        case 3: return gather<4, 3>(out);
+        default: return gather<4, 2>(out);
+      }
+    }
+  }
+
+ private:
+  /// Units (plane = (n, d), band of rows, chunk of groups), dealt out as threads come free.
+  template <class Body>
+  void for_units(Body&& body) const {
+    const index_t bands = ceil_div(dst_[1], band_), chunks = ceil_div(s_.g, gchunk_);
+    const index_t units = s_.n * dst_[0] * bands * chunks;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (index_t unit = 0; unit < units; ++unit) {
+      const index_t chunk = unit % chunks, band = unit / chunks % bands, plane = unit / (chunks * bands);
+      const index_t h0 = band * band_;
+      body(plane, h0, std::min(band_, dst_[1] - h0), chunk * gchunk_, std::min(s_.g, (chunk + 1) * gchunk_));
+    }
+  }
+
+  /// copy[gs][e][r][lead_w + w] = src[n][sd][sh][w][g0 S + gs] for the unit's source rows r
+  /// (sh = h0 + r - lead_h) and depths e (sd = d + e - lead_d), zero outside the image; the
+  /// pad columns are zero from the allocation and never written.
+  void copy_source(float* copy, index_t plane, index_t h0, index_t rows, index_t g0, index_t g1) const {
+    const index_t n = plane / dst_[0], od = plane % dst_[0];
+    const index_t GS = s_.g * S_, CS = (g1 - g0) * S_, width = srcd_[2];
+    for (index_t e = 0; e <= reach_[0]; ++e) {
+      const index_t sd = od + e - lead_[0];
+      for (index_t r = 0; r < rows + reach_[1]; ++r) {
+        const index_t sh = h0 + r - lead_[1];
+        float* to = copy + (e * rows_ + r) * wp_ + lead_[2];
+        if (sd < 0 || sd >= srcd_[0] || sh < 0 || sh >= srcd_[1]) {
+          for (index_t c = 0; c < CS; ++c) std::fill(to + c * channel_, to + c * channel_ + width, 0.0f);
+          continue;
+        }
+        lanes::to_planar(src_ + ((n * srcd_[0] + sd) * srcd_[1] + sh) * width * GS + g0 * S_, GS, width, CS,
+                         to, channel_);
+      }
+    }
+  }
+
+  // ---- forward and bwd_data ----
+
+  /// packed[g][t][s][j] = the weight of (g, d = j, t, s), zero for j >= D (db_ of them).
+  void pack_weight() const {
+    const index_t taps = s_.taps();
+#pragma omp for schedule(static) nowait
+    for (index_t gt = 0; gt < s_.g * taps; ++gt) {
+      const index_t g = gt / taps, t = gt % taps;
+      float* dst = packed_.get() + gt * S_ * db_;
+      for (index_t s = 0; s < S_; ++s)
+        for (index_t d = 0; d < db_; ++d) {
+          // w[g][k][t][c]: forward k = d, c = s; bwd_data k = s, c = d
+          const index_t k = Dir == kForward ? d : s, c = Dir == kForward ? s : d;
+          dst[s * db_ + d] = d < D_ ? other_[((g * s_.k + k) * taps + t) * s_.c + c] : 0.0f;
+        }
+    }
+  }
+
+  template <int DB, int P>
+  void gather(float* out) const {
+#pragma omp parallel num_threads(threads_)
+    {
+      pack_weight();
+      float* copy = copies_.get() + omp_get_thread_num() * band_copy_;
+#pragma omp barrier
+      for_units([&](index_t plane, index_t h0, index_t rows, index_t g0, index_t g1) {
+        copy_source(copy, plane, h0, rows, g0, g1);
+        for (index_t g = g0; g < g1; ++g)
+          for (index_t q0 = 0; q0 < rows * wp_; q0 += P * L)
+            tile<DB, P>(out, copy + (g - g0) * S_ * channel_, plane, h0, rows, g, q0);
+      });
+    }
+  }
+
+  /// Positions [q0, q0 + P L) of a band (q = r wp + w) for group g's destination channels,
+  /// from its channels' copy at `source`.
+  template <int DB, int P>
+  TC_INLINE void tile(float* out, const float* source, index_t plane, index_t h0, index_t rows, index_t g,
+                      index_t q0) const {
+    const index_t taps = s_.taps();
+    const float* weights = packed_.get() + g * taps * S_ * DB;
+    __m512 acc[DB][P];
+#pragma GCC unroll 8
+    for (int j = 0; j < DB; ++j)
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p) acc[j][p] = _mm512_setzero_ps();
+    for (index_t t = 0; t < taps; ++t) {
+      const float* at = source + q0 + offsets_[t];
+      const float* w = weights + t * S_ * DB;
+      for (index_t s = 0; s < S_; ++s) {
+        __m512 x[P];
+#pragma GCC unroll 8
+        for (int p = 0; p < P; ++p) {
+          x[p] = _mm512_loadu_ps(at + s * channel_ + p * L);
+          // in a register: as an FMA's memory operand each would be loaded (across two cache
+          // lines) once a destination channel (G32 C4 56x56 at 33 % of the peak)
+          asm("" : "+v"(x[p]));
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < DB; ++j) {
+          const __m512 wj = _mm512_set1_ps(w[s * DB + j]);
+#pragma GCC unroll 8
+          for (int p = 0; p < P; ++p) acc[j][p] = _mm512_fmadd_ps(x[p], wj, acc[j][p]);
+        }
+      }
+    }
+    // position q -> row h0 + q / wp, column q % wp: kept below the band's rows and the width
+    const index_t GD = s_.g * D_;
+    const __mmask8 mask = __mmask8((1u << std::min<index_t>(DB, D_)) - 1);
+    float* band_out = out + (plane * dst_[1] + h0) * dst_[2] * GD + g * D_;
+    index_t r = q0 / wp_, w = q0 % wp_;
+    auto put = [&](auto row) __attribute__((always_inline)) {
+      if (w < dst_[2] && r < rows) {
+        float* o = band_out + (r * dst_[2] + w) * GD;
+        if constexpr (DB == 8) _mm256_mask_storeu_ps(o, mask, row);
+        else _mm_mask_storeu_ps(o, mask, row);
+      }
+      if (++w == wp_) w = 0, ++r;
+    };
+#pragma GCC unroll 1
+    for (int p = 0; p < P; ++p) {
+      __m512 column[DB];
+#pragma GCC unroll 8
+      for (int j = 0; j < DB; ++j) column[j] = acc[j][p];
+      if constexpr (DB == 8) lanes::transpose_8x16(column, put);
+      else lanes::transpose_4x16(column, put);
+    }
+  }
+
+  // ---- bwd_weight ----
+
+  void run_weight_grad(float* out) const {
+    const index_t elems = s_.weight_elems();
+#pragma omp parallel num_threads(threads_)
+    {
+      const int me = omp_get_thread_num();
+      float* copy = copies_.get() + me * band_copy_;
+      float* partial = partials_.get() + me * elems;
+      std::fill(partial, partial + elems, 0.0f);
+      for_units([&](index_t plane, index_t h0, index_t rows, index_t g, index_t) {
+        copy_source(copy, plane, h0, rows, g, g + 1);
+        float* dout = copy + round_up(S_, 4) * channel_;
+        copy_dout(dout, plane, h0, rows, g);
+        weight_band(partial, copy, dout, rows, g);
+      });
+#pragma omp barrier
+#pragma omp for schedule(static)
+      for (index_t i = 0; i < elems; ++i) {
+        float sum = 0.0f;
+        for (int t = 0; t < threads_; ++t) sum += partials_.get()[t * elems + i];
+        out[i] = sum;
+      }
+    }
+  }
+
+  /// dout's band for group g, planar: copy[d][r wp + w], zero at w >= width and past the
+  /// band's last row to the next whole vector.
+  void copy_dout(float* copy, index_t plane, index_t h0, index_t rows, index_t g) const {
+    const index_t GD = s_.g * D_, width = dst_[2];
+    for (index_t r = 0; r < rows; ++r)
+      lanes::to_planar(other_ + ((plane * dst_[1] + h0 + r) * width) * GD + g * D_, GD, width, D_,
+                       copy + r * wp_, dout_channel_);
+    const index_t end = round_up(rows * wp_, L);
+    for (index_t d = 0; d < D_; ++d) std::fill(copy + d * dout_channel_ + rows * wp_, copy + d * dout_channel_ + end, 0.0f);
+  }
+
+  /// partial[g][d][t][s] += the band's sum over positions of dout[d] x source[s] under tap t,
+  /// 4 x 4 (d, s) pairs at a time (channels past D and S read the copy's zeros).
+  void weight_band(float* partial, const float* source, const float* dout, index_t rows, index_t g) const {
+    const index_t taps = s_.taps(), steps = ceil_div(rows * wp_, index_t(L));
+    for (index_t t = 0; t < taps; ++t)
+      for (index_t d0 = 0; d0 < D_; d0 += 4)
+        for (index_t s0 = 0; s0 < S_; s0 += 4) {
+          __m512 acc[4][4];
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+          const float* dy = dout + d0 * dout_channel_;
+          const float* x = source + s0 * channel_ + offsets_[t];
+          for (index_t v = 0; v < steps; ++v) {
+            __m512 a[4], b[4];
+            // both in registers (a memory operand is loaded again for each FMA that reads it)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) {
+              a[i] = _mm512_load_ps(dy + i * dout_channel_ + v * L);
+              asm("" : "+v"(a[i]));
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+              b[j] = _mm512_loadu_ps(x + j * channel_ + v * L);
+              asm("" : "+v"(b[j]));
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+              for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(a[i], b[j], acc[i][j]);
+          }
+          for (int i = 0; i < 4 && d0 + i < D_; ++i)
+            for (int j = 0; j < 4 && s0 + j < S_; ++j)
+              partial[((g * D_ + d0 + i) * taps + t) * S_ + s0 + j] += _mm512_reduce_add_ps(acc[i][j]);
+        }
+  }
+
+  ConvShape s_;
+  const float* src_;
+  const float* other_;
+  int threads_;
+  index_t D_, S_, db_ = 0, wp_, gchunk_, band_, rows_, channel_, dout_channel_, band_copy_;
+  index_t dst_[3], srcd_[3], lead_[3], reach_[3];
+  std::vector<index_t> offsets_;
+  FloatBuffer copies_, packed_, partials_;
+};
+
+}  // namespace tc::gconv
+
+#endif  // TC_PIXEL_LANES
