@@ -1,5 +1,5 @@
-// Pixel lanes: the gvec pipeline's path for groups of few destination channels (D <= 8) at
-// stride 1 on AVX-512 (GroupVectorConv hands such layers to PixelLaneConv).
+// Pixel lanes: the gvec pipeline's path for groups of few destination channels at stride 1 on
+// AVX-512 (GroupVectorConv hands such layers to PixelLaneConv; see applies for which).
 //
 // gvec's own vectors hold 16 / D whole groups, lanes channel-major, so each multiply-add needs
 // the groups' source values repeated D times: a 64-bit broadcast at D = 8, 128-bit at D = 4.
@@ -37,6 +37,7 @@
 #include "grouped_conv_microkernel.hpp"
 #include "grouped_conv_shape.hpp"
 
+
 namespace tc::gconv {
 
 namespace lanes {
@@ -44,8 +45,6 @@ namespace lanes {
 constexpr int L = 16;
 /// A thread's band copy: 256 KiB, a quarter of the Zen 4 EPYC's L2.
 constexpr index_t kBandFloats = index_t(1) << 16;
-/// The most destination channels a group this path takes.
-constexpr index_t kMaxD = 8;
 
 /// dst[c * ld + w] = src[w * src_row + c] for w < width, c < channels (8 x 8 AVX tiles).
 inline void to_planar(const float* __restrict src, index_t src_row, index_t width, index_t channels,
@@ -133,12 +132,17 @@ class PixelLaneConv {
   static constexpr int L = lanes::L;
 
  public:
-  /// Layers this path runs: every stride 1, at most kMaxD destination channels a group (K
-  /// forward and bwd_weight, C bwd_data) and not depthwise (gvec reads that in place), bwd_data
-  /// with pad <= (filter - 1) * dilation along each dim (its dout padded, not cut).
+  /// Layers this path runs: every stride 1, not depthwise (gvec reads that in place),
+  /// bwd_data with pad <= (filter - 1) * dilation along each dim (its dout padded, not cut),
+  /// and D destination channels a group (K forward and bwd_weight, C bwd_data) where gvec's
+  /// own vectors lose: forward and bwd_data at D <= 8 (their broadcasts) or at D up to 40
+  /// that 16 does not divide (a group's last row of 16 part empty: paired against gvec, 1.01x
+  /// at 12, 1.3x at 20, 1.2-1.8x at 24, 1.09x at 40; at 16 and 32, where its rows are full,
+  /// 0.72-0.95x bar one layer), bwd_weight at D <= 32 (1.4-2.8x at 16-32).
   static bool applies(const ConvShape& s) {
     const index_t D = Dir == kBwdData ? s.c : s.k, S = Dir == kBwdData ? s.k : s.c;
-    if (D > lanes::kMaxD || (D == 1 && S == 1)) return false;
+    if (D == 1 && S == 1) return false;
+    if (Dir == kBwdWeight ? D > 32 : D > 8 && (D % 16 == 0 || D > 40)) return false;
     for (int dim = 0; dim < 3; ++dim) {
       if (s.stride[dim] != 1) return false;
       if (Dir == kBwdData && s.pad[dim] > (s.filt[dim] - 1) * s.dil[dim]) return false;
@@ -188,7 +192,8 @@ class PixelLaneConv {
       partials_ = FloatBuffer(threads_ * s_.weight_elems(), false);
     } else {
       db_ = D_ > 4 ? 8 : 4;
-      packed_ = FloatBuffer(s_.g * s_.taps() * S_ * db_, false);
+      dblocks_ = ceil_div(D_, db_);
+      packed_ = FloatBuffer(s_.g * dblocks_ * s_.taps() * S_ * db_, false);
     }
     for (index_t t = 0; t < s_.taps(); ++t) {
       Pixel f = split_tap(t, s_.filt);
@@ -259,18 +264,19 @@ class PixelLaneConv {
 
   // ---- forward and bwd_data ----
 
-  /// packed[g][t][s][j] = the weight of (g, d = j, t, s), zero for j >= D (db_ of them).
+  /// packed[g][b][t][s][j] = the weight of (g, d = b db_ + j, t, s), zero for d >= D.
   void pack_weight() const {
     const index_t taps = s_.taps();
 #pragma omp for schedule(static) nowait
-    for (index_t gt = 0; gt < s_.g * taps; ++gt) {
-      const index_t g = gt / taps, t = gt % taps;
-      float* dst = packed_.get() + gt * S_ * db_;
+    for (index_t gbt = 0; gbt < s_.g * dblocks_ * taps; ++gbt) {
+      const index_t g = gbt / (dblocks_ * taps), b = gbt / taps % dblocks_, t = gbt % taps;
+      float* dst = packed_.get() + gbt * S_ * db_;
       for (index_t s = 0; s < S_; ++s)
-        for (index_t d = 0; d < db_; ++d) {
+        for (index_t j = 0; j < db_; ++j) {
+          const index_t d = b * db_ + j;
           // w[g][k][t][c]: forward k = d, c = s; bwd_data k = s, c = d
           const index_t k = Dir == kForward ? d : s, c = Dir == kForward ? s : d;
-          dst[s * db_ + d] = d < D_ ? other_[((g * s_.k + k) * taps + t) * s_.c + c] : 0.0f;
+          dst[s * db_ + j] = d < D_ ? other_[((g * s_.k + k) * taps + t) * s_.c + c] : 0.0f;
         }
     }
   }
@@ -285,8 +291,9 @@ class PixelLaneConv {
       for_units([&](index_t plane, index_t h0, index_t rows, index_t g0, index_t g1) {
         copy_source(copy, plane, h0, rows, g0, g1);
         for (index_t g = g0; g < g1; ++g)
-          for (index_t q0 = 0; q0 < rows * wp_; q0 += P * L)
-            tile<DB, P>(out, copy + (g - g0) * S_ * channel_, plane, h0, rows, g, q0);
+          for (index_t b = 0; b < dblocks_; ++b)
+            for (index_t q0 = 0; q0 < rows * wp_; q0 += P * L)
+              tile<DB, P>(out, copy + (g - g0) * S_ * channel_, plane, h0, rows, g, b, q0);
       });
     }
   }
@@ -295,9 +302,9 @@ class PixelLaneConv {
   /// from its channels' copy at `source`.
   template <int DB, int P>
   TC_INLINE void tile(float* out, const float* source, index_t plane, index_t h0, index_t rows, index_t g,
-                      index_t q0) const {
+                      index_t b, index_t q0) const {
     const index_t taps = s_.taps();
-    const float* weights = packed_.get() + g * taps * S_ * DB;
+    const float* weights = packed_.get() + (g * dblocks_ + b) * taps * S_ * DB;
     __m512 acc[DB][P];
 #pragma GCC unroll 8
     for (int j = 0; j < DB; ++j)
@@ -325,8 +332,8 @@ class PixelLaneConv {
     }
     // position q -> row h0 + q / wp, column q % wp: kept below the band's rows and the width
     const index_t GD = s_.g * D_;
-    const __mmask8 mask = __mmask8((1u << std::min<index_t>(DB, D_)) - 1);
-    float* band_out = out + (plane * dst_[1] + h0) * dst_[2] * GD + g * D_;
+    const __mmask8 mask = __mmask8((1u << std::min<index_t>(DB, D_ - b * DB)) - 1);
+    float* band_out = out + (plane * dst_[1] + h0) * dst_[2] * GD + g * D_ + b * DB;
     index_t r = q0 / wp_, w = q0 % wp_;
     auto put = [&](auto row) __attribute__((always_inline)) {
       if (w < dst_[2] && r < rows) {
@@ -425,7 +432,7 @@ class PixelLaneConv {
   const float* src_;
   const float* other_;
   int threads_;
-  index_t D_, S_, db_ = 0, wp_, gchunk_, band_, rows_, channel_, dout_channel_, band_copy_;
+  index_t D_, S_, db_ = 0, dblocks_ = 1, wp_, gchunk_, band_, rows_, channel_, dout_channel_, band_copy_;
   index_t dst_[3], srcd_[3], lead_[3], reach_[3];
   std::vector<index_t> offsets_;
   FloatBuffer copies_, packed_, partials_;

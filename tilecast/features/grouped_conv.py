@@ -132,16 +132,18 @@ KERNEL_ROWS: dict[type, Callable] = {GroupedConvConfig: _own_kernel,
 
 
 def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
-    """The lanes gvec's pixel-lane path keeps busy (kernels/cpu/grouped_conv_lanes.hpp), or
-    None where the layer does not take it: AVX-512, every stride 1, D <= 8 destination
-    channels a group and not depthwise, bwd_data's pads within the filter's reach. A vector
+    """The lanes gvec's pixel-lane path keeps busy (kernels/cpu/grouped_conv_lanes.hpp,
+    PixelLaneConv::applies), or None where the layer does not take it: AVX-512, every stride
+    1, not depthwise, bwd_data's pads within the filter's reach, and D destination channels a
+    group of at most 8 or up to 40 that 16 does not divide (bwd_weight: up to 32). A vector
     holds 16 positions of a row padded by the filter's reach (the pad columns computed and
-    dropped) and D of the 4 or 8 channels a block."""
+    dropped) and D channels go in blocks of 8 (4 at D <= 4 and in bwd_weight)."""
     p = problem
     source = p.K if p.direction == "bwd_data" else p.C
     reach = [(f - 1) * dil for f, dil in ((p.Z, p.dilation_d), (p.Y, p.dilation_h),
                                          (p.X, p.dilation_w))]
-    if (not hw.get("hw_has_avx512") or d > 8 or (d == 1 and source == 1)
+    channels = d <= 32 if p.direction == "bwd_weight" else d <= 8 or (d % 16 != 0 and d <= 40)
+    if (not hw.get("hw_has_avx512") or not channels or (d == 1 and source == 1)
             or {p.stride_d, p.stride_h, p.stride_w} != {1}
             or (p.direction == "bwd_data"
                 and any(pad > r for pad, r in zip((p.pad_d, p.pad_h, p.pad_w), reach)))):
