@@ -427,7 +427,11 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      # of 8 against 60 source channels, bwd_weight's bands of 6 rows and a last of 5
                      dict(N=2, G=13, C=8, K=8, Hi=21, Wi=19, Y=3, X=3, pad_h=1, pad_w=1),
                      dict(G=3, C=5, K=6, Hi=20, Wi=4, Y=3, X=3, pad_h=1, pad_w=1),
-                     dict(G=2, C=60, K=7, Hi=29, Wi=38, Y=3, X=3, pad_h=1, pad_w=1)],
+                     dict(G=2, C=60, K=7, Hi=29, Wi=38, Y=3, X=3, pad_h=1, pad_w=1),
+                     # pixel lanes at stride 2 (forward, bwd_weight): phase planes of an odd
+                     # width, bwd_weight two groups of 4 channels a unit
+                     dict(N=2, G=6, C=4, K=4, Hi=15, Wi=17, Y=3, X=3, stride_h=2, stride_w=2,
+                          pad_h=1, pad_w=1)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,

@@ -77,6 +77,46 @@ inline void to_planar(const float* __restrict src, index_t src_row, index_t widt
     for (index_t c = 0; c < channels; ++c) dst[c * ld + w] = src[w * src_row + c];
 }
 
+/// to_planar at a stride of 2 along w: source column w goes to column (w + lead) / 2 of
+/// phase plane (w + lead) % 2, the odd plane `phase` floats after the even one.
+inline void to_planar_pairs(const float* __restrict src, index_t src_row, index_t width, index_t channels,
+                            float* __restrict dst, index_t ld, index_t lead, index_t phase) {
+  const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  auto at = [&](index_t c, index_t w) { return dst + c * ld + (w + lead) % 2 * phase + (w + lead) / 2; };
+  index_t w = 0;
+  for (; w + 8 <= width; w += 8) {
+    index_t c = 0;
+    for (; c + 8 <= channels; c += 8) {
+      __m256 a[8], b[8];
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(src + (w + i) * src_row + c);
+      for (int i = 0; i < 8; i += 2) {
+        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+      }
+      // channel c + i's columns w .. w + 7: the even-placed half to one plane, the odd to the other
+      auto put = [&](index_t channel, __m256 row) {
+        const __m256 split = _mm256_permutevar8x32_ps(row, evens_first);
+        _mm_storeu_ps(at(channel, w), _mm256_castps256_ps128(split));
+        _mm_storeu_ps(at(channel, w + 1), _mm256_extractf128_ps(split, 1));
+      };
+      for (int i = 0; i < 4; ++i) {
+        put(c + i, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+        put(c + i + 4, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+      }
+    }
+    for (; c < channels; ++c)
+      for (int i = 0; i < 8; ++i) *at(c, w + i) = src[(w + i) * src_row + c];
+  }
+  for (; w < width; ++w)
+    for (index_t c = 0; c < channels; ++c) *at(c, w) = src[w * src_row + c];
+}
+
 /// 8 vectors of 16 positions (one a channel) to 16 rows of 8 channels, in position order:
 /// put(row) is called 16 times.
 template <class Put>
@@ -144,7 +184,9 @@ class PixelLaneConv {
     if (D == 1 && S == 1) return false;
     if (Dir == kBwdWeight ? D > 32 : D > 8 && (D % 16 == 0 || D > 40)) return false;
     for (int dim = 0; dim < 3; ++dim) {
-      if (s.stride[dim] != 1) return false;
+      // forward and bwd_weight at a stride of 2 along h and w (any along d): phase planes
+      const index_t most = Dir == kBwdData ? 1 : dim == 0 ? s.stride[0] : 2;
+      if (s.stride[dim] > most) return false;
       if (Dir == kBwdData && s.pad[dim] > (s.filt[dim] - 1) * s.dil[dim]) return false;
     }
     return true;
@@ -163,29 +205,45 @@ class PixelLaneConv {
       srcd_[dim] = from_input ? s_.in[dim] : s_.out[dim];
       lead_[dim] = from_input ? s_.pad[dim] : (s_.filt[dim] - 1) * s_.dil[dim] - s_.pad[dim];
       reach_[dim] = (s_.filt[dim] - 1) * s_.dil[dim];
+      st_[dim] = from_input ? s_.stride[dim] : 1;
     }
-    wp_ = srcd_[2] + 2 * lead_[2];
-    // a unit: band_ destination rows of one (n, d) x gchunk_ groups; its copy, band_ +
-    // reach rows of each group's source channels (and bwd_weight's dout rows), about
-    // kBandFloats. bwd_weight takes one group a unit and the longest band that fits (its
-    // sums are reduced across lanes once a band).
-    const index_t depth = reach_[0] + 1, ds = round_up(D_, 4), ss = round_up(S_, 4);
-    const index_t group_row = (Dir == kBwdWeight ? ss * depth + ds : S_ * depth) * wp_;
+    // at a stride along h or w the copy is st_h x st_w phase planes (rows and columns by
+    // their residue), so a tap is still one offset from a position: source column
+    // w st + f dil is column w + (f dil) / st of phase (f dil) % st. A phase row holds every
+    // source column that lands in it and every column a position reads.
+    wp_ = std::max(dst_[2] + reach_[2] / st_[2], ceil_div(srcd_[2] + lead_[2], st_[2]));
+    // a unit: band_ destination rows of one (n, d) x gchunk_ groups; its copy, the band's
+    // source rows (and bwd_weight's dout rows) of each group's channels, about kBandFloats.
+    // bwd_weight takes groups enough that a copied pixel is 8 channels or more (the copies'
+    // 8 x 8 transposes; fewer go one float at a time) and the longest band that fits, its
+    // sums reduced across lanes once a band.
+    const index_t depth = reach_[0] + 1, phases = st_[1] * st_[2];
+    const index_t halo = reach_[1] / st_[1];  // phase rows a band reads past its own
+    const index_t group_row = (S_ * depth * phases + (Dir == kBwdWeight ? D_ : 0)) * wp_;
     const index_t min_band = Dir == kBwdWeight ? 4 : 8;
-    band_ = Dir == kBwdWeight ? lanes::kBandFloats / group_row - reach_[1]
-                              : std::max<index_t>(8, 4 * reach_[1]);
+    if (Dir == kBwdWeight) {
+      gchunk_ = std::min(s_.g, ceil_div(8, std::min(S_, D_)));
+      band_ = lanes::kBandFloats / (gchunk_ * group_row) - halo;
+    } else {
+      band_ = std::max<index_t>(8, 4 * halo);
+    }
     band_ = std::clamp<index_t>(band_, 1, dst_[1]);
-    gchunk_ = Dir == kBwdWeight ? 1 : std::clamp<index_t>(lanes::kBandFloats / ((band_ + reach_[1]) * group_row), 1, s_.g);
+    if (Dir != kBwdWeight)
+      gchunk_ = std::clamp<index_t>(lanes::kBandFloats / ((band_ + halo) * group_row), 1, s_.g);
     auto units = [&] { return s_.n * dst_[0] * ceil_div(dst_[1], band_) * ceil_div(s_.g, gchunk_); };
     while (units() < 4 * threads_ && (gchunk_ > 1 || band_ > min_band)) {
-      if (gchunk_ > 1) gchunk_ = ceil_div(gchunk_, 2);
+      if (gchunk_ > 1 && (Dir != kBwdWeight || band_ <= min_band)) gchunk_ = ceil_div(gchunk_, 2);
       else band_ = std::max(min_band, ceil_div(band_, 2));
     }
-    rows_ = band_ + reach_[1];
-    // a channel's copy: depth x rows_ rows of wp, then room for a tile's last vectors
-    channel_ = round_up(depth * rows_ * wp_ + 8 * L, L);
+    rows_ = band_ + halo + 1;
+    // a channel's copy: depth x phases planes of rows_ x wp, then room for a tile's last vectors
+    plane_ = rows_ * wp_;
+    channel_ = round_up(depth * phases * plane_ + 8 * L, L);
     dout_channel_ = round_up(band_ * wp_ + L, L);
-    const index_t copy = Dir == kBwdWeight ? ss * channel_ + ds * dout_channel_ : gchunk_ * S_ * channel_;
+    // bwd_weight's blocks of 4 channels read up to 3 past a chunk's last group's
+    source_channels_ = Dir == kBwdWeight ? round_up(gchunk_ * S_, 4) + 4 : gchunk_ * S_;
+    const index_t copy = source_channels_ * channel_ +
+                         (Dir == kBwdWeight ? (round_up(gchunk_ * D_, 4) + 4) * dout_channel_ : 0);
     band_copy_ = round_up(copy, L);
     copies_ = FloatBuffer(threads_ * band_copy_);
     if (Dir == kBwdWeight) {
@@ -198,7 +256,9 @@ class PixelLaneConv {
     for (index_t t = 0; t < s_.taps(); ++t) {
       Pixel f = split_tap(t, s_.filt);
       if (Dir == kBwdData) f = {0, s_.filt[0] - 1 - f.d, s_.filt[1] - 1 - f.h, s_.filt[2] - 1 - f.w};
-      offsets_.push_back((f.d * s_.dil[0] * rows_ + f.h * s_.dil[1]) * wp_ + f.w * s_.dil[2]);
+      const index_t h = f.h * s_.dil[1], w = f.w * s_.dil[2];
+      offsets_.push_back(((f.d * s_.dil[0] * st_[1] + h % st_[1]) * st_[2] + w % st_[2]) * plane_ +
+                         h / st_[1] * wp_ + w / st_[2]);
     }
   }
 
@@ -241,23 +301,28 @@ class PixelLaneConv {
     }
   }
 
-  /// copy[gs][e][r][lead_w + w] = src[n][sd][sh][w][g0 S + gs] for the unit's source rows r
-  /// (sh = h0 + r - lead_h) and depths e (sd = d + e - lead_d), zero outside the image; the
-  /// pad columns are zero from the allocation and never written.
+  /// The unit's source rows R = 0 .. (rows - 1) st_h + reach_h (sh = h0 st_h + R - lead_h)
+  /// at depths e (sd = d st_d + e - lead_d) into the copy: row R / st_h of phase R % st_h,
+  /// source column w to column (w + lead_w) / st_w of its phase, channel gs of the chunk at
+  /// gs x channel_; zero outside the image. Columns no source lands in are zero from the
+  /// allocation and never written.
   void copy_source(float* copy, index_t plane, index_t h0, index_t rows, index_t g0, index_t g1) const {
     const index_t n = plane / dst_[0], od = plane % dst_[0];
     const index_t GS = s_.g * S_, CS = (g1 - g0) * S_, width = srcd_[2];
     for (index_t e = 0; e <= reach_[0]; ++e) {
-      const index_t sd = od + e - lead_[0];
-      for (index_t r = 0; r < rows + reach_[1]; ++r) {
-        const index_t sh = h0 + r - lead_[1];
-        float* to = copy + (e * rows_ + r) * wp_ + lead_[2];
+      const index_t sd = od * st_[0] + e - lead_[0];
+      for (index_t R = 0; R <= (rows - 1) * st_[1] + reach_[1]; ++R) {
+        const index_t sh = h0 * st_[1] + R - lead_[1];
+        float* to = copy + (e * st_[1] + R % st_[1]) * st_[2] * plane_ + R / st_[1] * wp_;
         if (sd < 0 || sd >= srcd_[0] || sh < 0 || sh >= srcd_[1]) {
-          for (index_t c = 0; c < CS; ++c) std::fill(to + c * channel_, to + c * channel_ + width, 0.0f);
+          for (index_t c = 0; c < CS; ++c)
+            for (index_t pw = 0; pw < st_[2]; ++pw)
+              std::fill_n(to + c * channel_ + pw * plane_, wp_, 0.0f);
           continue;
         }
-        lanes::to_planar(src_ + ((n * srcd_[0] + sd) * srcd_[1] + sh) * width * GS + g0 * S_, GS, width, CS,
-                         to, channel_);
+        const float* from = src_ + ((n * srcd_[0] + sd) * srcd_[1] + sh) * width * GS + g0 * S_;
+        if (st_[2] == 1) lanes::to_planar(from, GS, width, CS, to + lead_[2], channel_);
+        else lanes::to_planar_pairs(from, GS, width, CS, to, channel_, lead_[2], plane_);
       }
     }
   }
@@ -363,11 +428,12 @@ class PixelLaneConv {
       float* copy = copies_.get() + me * band_copy_;
       float* partial = partials_.get() + me * elems;
       std::fill(partial, partial + elems, 0.0f);
-      for_units([&](index_t plane, index_t h0, index_t rows, index_t g, index_t) {
-        copy_source(copy, plane, h0, rows, g, g + 1);
-        float* dout = copy + round_up(S_, 4) * channel_;
-        copy_dout(dout, plane, h0, rows, g);
-        weight_band(partial, copy, dout, rows, g);
+      for_units([&](index_t plane, index_t h0, index_t rows, index_t g0, index_t g1) {
+        copy_source(copy, plane, h0, rows, g0, g1);
+        float* dout = copy + source_channels_ * channel_;
+        copy_dout(dout, plane, h0, rows, g0, g1);
+        for (index_t g = g0; g < g1; ++g)
+          weight_band(partial, copy + (g - g0) * S_ * channel_, dout + (g - g0) * D_ * dout_channel_, rows, g);
       });
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -379,15 +445,16 @@ class PixelLaneConv {
     }
   }
 
-  /// dout's band for group g, planar: copy[d][r wp + w], zero at w >= width and past the
+  /// dout's band for groups [g0, g1), planar: copy[(g - g0) D + d][r wp + w], zero at w >= width and past the
   /// band's last row to the next whole vector.
-  void copy_dout(float* copy, index_t plane, index_t h0, index_t rows, index_t g) const {
-    const index_t GD = s_.g * D_, width = dst_[2];
+  void copy_dout(float* copy, index_t plane, index_t h0, index_t rows, index_t g0, index_t g1) const {
+    const index_t GD = s_.g * D_, width = dst_[2], channels = (g1 - g0) * D_;
     for (index_t r = 0; r < rows; ++r)
-      lanes::to_planar(other_ + ((plane * dst_[1] + h0 + r) * width) * GD + g * D_, GD, width, D_,
+      lanes::to_planar(other_ + ((plane * dst_[1] + h0 + r) * width) * GD + g0 * D_, GD, width, channels,
                        copy + r * wp_, dout_channel_);
     const index_t end = round_up(rows * wp_, L);
-    for (index_t d = 0; d < D_; ++d) std::fill(copy + d * dout_channel_ + rows * wp_, copy + d * dout_channel_ + end, 0.0f);
+    for (index_t d = 0; d < channels; ++d)
+      std::fill(copy + d * dout_channel_ + rows * wp_, copy + d * dout_channel_ + end, 0.0f);
   }
 
   /// partial[g][d][t][s] += the band's sum over positions of dout[d] x source[s] under tap t,
@@ -432,8 +499,8 @@ class PixelLaneConv {
   const float* src_;
   const float* other_;
   int threads_;
-  index_t D_, S_, db_ = 0, dblocks_ = 1, wp_, gchunk_, band_, rows_, channel_, dout_channel_, band_copy_;
-  index_t dst_[3], srcd_[3], lead_[3], reach_[3];
+  index_t D_, S_, db_ = 0, dblocks_ = 1, source_channels_, wp_, gchunk_, band_, rows_, channel_, dout_channel_, band_copy_;
+  index_t dst_[3], srcd_[3], lead_[3], reach_[3], st_[3], plane_;
   std::vector<index_t> offsets_;
   FloatBuffer copies_, packed_, partials_;
 };

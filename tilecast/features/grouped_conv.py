@@ -133,24 +133,31 @@ KERNEL_ROWS: dict[type, Callable] = {GroupedConvConfig: _own_kernel,
 
 def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
     """The lanes gvec's pixel-lane path keeps busy (kernels/cpu/grouped_conv_lanes.hpp,
-    PixelLaneConv::applies), or None where the layer does not take it: AVX-512, every stride
-    1, not depthwise, bwd_data's pads within the filter's reach, and D destination channels a
-    group of at most 8 or up to 40 that 16 does not divide (bwd_weight: up to 32). A vector
-    holds 16 positions of a row padded by the filter's reach (the pad columns computed and
-    dropped) and D channels go in blocks of 8 (4 at D <= 4 and in bwd_weight)."""
+    PixelLaneConv::applies), or None where the layer does not take it: AVX-512, not
+    depthwise, D destination channels a group of at most 8 or up to 40 that 16 does not
+    divide (bwd_weight: up to 32), bwd_data at stride 1 with its pads within the filter's
+    reach, forward and bwd_weight at strides up to 2 along h and w. A vector holds 16
+    positions of a row padded by the filter's reach (the pad columns computed and dropped)
+    and D channels go in blocks of 8 (4 at D <= 4 and in bwd_weight)."""
     p = problem
     source = p.K if p.direction == "bwd_data" else p.C
     reach = [(f - 1) * dil for f, dil in ((p.Z, p.dilation_d), (p.Y, p.dilation_h),
                                          (p.X, p.dilation_w))]
     channels = d <= 32 if p.direction == "bwd_weight" else d <= 8 or (d % 16 != 0 and d <= 40)
-    if (not hw.get("hw_has_avx512") or not channels or (d == 1 and source == 1)
-            or {p.stride_d, p.stride_h, p.stride_w} != {1}
-            or (p.direction == "bwd_data"
-                and any(pad > r for pad, r in zip((p.pad_d, p.pad_h, p.pad_w), reach)))):
+    if p.direction == "bwd_data":
+        strided = {p.stride_d, p.stride_h, p.stride_w} != {1} or any(
+            pad > r for pad, r in zip((p.pad_d, p.pad_h, p.pad_w), reach))
+    else:
+        strided = p.stride_h > 2 or p.stride_w > 2
+    if not hw.get("hw_has_avx512") or not channels or (d == 1 and source == 1) or strided:
         return None
-    width = p.Wi if p.direction == "bwd_data" else max(p.output_dims()[2], 1)
+    if p.direction == "bwd_data":
+        width, row = p.Wi, p.Wi + reach[2]
+    else:
+        width = max(p.output_dims()[2], 1)
+        row = max(width + reach[2] // p.stride_w, _ceil_div(p.Wi + p.pad_w, p.stride_w))
     block = 4.0 if d <= 4 or p.direction == "bwd_weight" else 8.0
-    return d / (_ceil_div(d, block) * block) * width / (width + reach[2])
+    return d / (_ceil_div(d, block) * block) * width / row
 
 
 def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace:
