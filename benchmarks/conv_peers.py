@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/conv_peers.py --directions forward --rounds 5
     .venv/bin/python benchmarks/conv_peers.py --match Y=3,X=3 --set train
     .venv/bin/python benchmarks/conv_peers.py --directions forward --by-pipeline   # each pipeline's best
+    .venv/bin/python benchmarks/conv_peers.py --layers benchmarks/layers/real_networks.yaml
 
 The variants are a config's candidates per direction (default: the grouped_conv config's 24,
 those this CPU runs), built as in-process libraries like the benchmark stage builds them. Each
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -83,6 +85,14 @@ def peer_timer(fn):
     return time_calls
 
 
+def layer_file(path: Path) -> list[dict]:
+    """The layers of a --layers file: every list entry under its top-level keys."""
+    document = yaml.safe_load(path.read_text())
+    if not isinstance(document, dict) or not all(isinstance(v, list) for v in document.values()):
+        raise SystemExit(f"{path}: expected lists of layers under top-level keys")
+    return [layer for layers in document.values() for layer in layers]
+
+
 def geomean(values) -> float:
     values = list(values)
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
@@ -98,10 +108,10 @@ def run_direction(direction: str, args, machine: dict, cfg) -> list[tuple]:
         configs = [c for c in configs if c.pipeline in args.pipelines]
     builts = build.build_candidates(family, configs, build.default_cache_dir(), jobs=2, shared=True)
     libraries = {b.kernel: (b.config, b.binary) for b in builts if b.binary is not None}
-    problems = [family.problem(v) for v in fc.problems[args.set]]
+    problems = [family.problem(v) for v in (layer_file(args.layers) if args.layers else fc.problems[args.set])]
     problems = [p for p in problems if args.match in family.dims_key(p)]
     print(f"\n{direction}: {len(libraries)} of {len(configs)} variants of config "
-          f"{args.config!r} built; {len(problems)} {args.set} layers", flush=True)
+          f"{args.config!r} built; {len(problems)} {args.layers or args.set} layers", flush=True)
 
     setups = []
     for number, problem in enumerate(problems):
@@ -182,6 +192,9 @@ def main() -> None:
     parser.add_argument("--config", default="grouped_conv", help="whose candidates and layers")
     parser.add_argument("--directions", nargs="*", default=list(DIRECTIONS), choices=DIRECTIONS)
     parser.add_argument("--set", default="holdout", choices=("holdout", "train"))
+    parser.add_argument("--layers", type=Path, default=None,
+                        help="a YAML file of layers (lists of problem fields, under any keys) in "
+                             "place of the config's set, e.g. benchmarks/layers/real_networks.yaml")
     parser.add_argument("--match", default="", help="only layers whose dims key contains this (e.g. 'Y=3,X=3')")
     parser.add_argument("--pipelines", nargs="*", default=None,
                         help="only variants of these pipelines (default: all)")

@@ -426,7 +426,7 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      # vector; 6 and 5 of a block of 8 channels in tiles of three vectors; 7
                      # of 8 against 60 source channels, bwd_weight's bands of 6 rows and a last of 5
                      dict(N=2, G=13, C=8, K=8, Hi=21, Wi=19, Y=3, X=3, pad_h=1, pad_w=1),
-                     dict(G=3, C=5, K=6, Hi=20, Wi=4, Y=3, X=3, pad_h=1, pad_w=1),
+                     dict(G=3, C=5, K=6, Hi=20, Wi=22, Y=3, X=3, pad_h=1, pad_w=1),
                      dict(G=2, C=60, K=7, Hi=29, Wi=38, Y=3, X=3, pad_h=1, pad_w=1),
                      # pixel lanes at stride 2 (forward, bwd_weight): phase planes of an odd
                      # width, bwd_weight two groups of 4 channels a unit

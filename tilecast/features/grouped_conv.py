@@ -136,7 +136,8 @@ def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
     PixelLaneConv::applies), or None where the layer does not take it: AVX-512, not
     depthwise, D destination channels a group of at most 8 or up to 40 that 16 does not
     divide (bwd_weight: up to 32), bwd_data at stride 1 with its pads within the filter's
-    reach, forward and bwd_weight at strides up to 2 along h and w. A vector holds 16
+    reach, forward and bwd_weight at strides up to 2 along h and w, forward and bwd_data on
+    rows at least 80 % kept positions. A vector holds 16
     positions of a row padded by the filter's reach (the pad columns computed and dropped)
     and D channels go in blocks of 8 (4 at D <= 4 and in bwd_weight)."""
     p = problem
@@ -156,6 +157,8 @@ def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
     else:
         width = max(p.output_dims()[2], 1)
         row = max(width + reach[2] // p.stride_w, _ceil_div(p.Wi + p.pad_w, p.stride_w))
+    if p.direction != "bwd_weight" and 5 * width < 4 * row:
+        return None   # rows mostly of pad columns: gvec keeps those (forward, bwd_data)
     block = 4.0 if d <= 4 or p.direction == "bwd_weight" else 8.0
     return d / (_ceil_div(d, block) * block) * width / row
 
