@@ -1,5 +1,5 @@
-// Pixel lanes: the gvec pipeline's path for groups of few destination channels at stride 1 on
-// AVX-512 (GroupVectorConv hands such layers to PixelLaneConv; see applies for which).
+// Pixel lanes: the gvec pipeline's path on AVX-512 for groups of few destination channels at
+// strides 1-2 (GroupVectorConv hands such layers to PixelLaneConv; see applies for which).
 //
 // gvec's own vectors hold 16 / D whole groups, lanes channel-major, so each multiply-add needs
 // the groups' source values repeated D times: a 64-bit broadcast at D = 8, 128-bit at D = 4.
@@ -15,11 +15,13 @@
 //                       (d, s) accumulators a tap, reduced across their lanes once a band.
 //
 // Positions q = r * wp + w run over a band of destination rows in a copy of the source laid
-// out planar and zero-padded along w (wp = width + 2 * lead): a tap is one offset, and the
-// pad columns' positions are computed and dropped (3 % of a 56-wide row, 22 % of a 7-wide
-// one). The copy is a band's rows (plus the filter's reach) of a chunk of groups, sized to
-// stay in L2 (kBandFloats), so the pass over the band reads it from there: relaying the whole
-// source out first and reading it back from L3 took a quarter of the time.
+// out planar and zero-padded along w (wp = width + 2 * lead at stride 1): a tap is one
+// offset, and the pad columns' positions are computed and dropped (3 % of a 56-wide row; rows
+// of 7 in 9 stay on gvec's own path). At a stride of 2 the copy is four phase planes, rows and
+// columns by parity, and a tap is again one offset. The copy is a band's rows (plus the
+// filter's reach) of a chunk of groups, sized to stay in L2 (kBandFloats), so the pass over
+// the band reads it from there: relaying the whole source out first and reading it back from
+// L3 took a quarter of the time.
 //
 // Built where the compiler targets AVX-512 F, VL and DQ (TC_PIXEL_LANES): the stores of a
 // position's channels are masked 256- and 128-bit stores.
@@ -36,7 +38,6 @@
 
 #include "grouped_conv_microkernel.hpp"
 #include "grouped_conv_shape.hpp"
-
 
 namespace tc::gconv {
 
@@ -172,9 +173,9 @@ class PixelLaneConv {
   static constexpr int L = lanes::L;
 
  public:
-  /// Layers this path runs: every stride 1, not depthwise (gvec reads that in place),
-  /// bwd_data with pad <= (filter - 1) * dilation along each dim (its dout padded, not cut),
-  /// and D destination channels a group (K forward and bwd_weight, C bwd_data) where gvec's
+  /// Layers this path runs: not depthwise (gvec reads that in place); bwd_data at stride 1
+  /// with pad <= (filter - 1) * dilation along each dim (its dout padded, not cut), forward
+  /// and bwd_weight at strides up to 2 along h and w (any along d); D destination channels a group (K forward and bwd_weight, C bwd_data) where gvec's
   /// own vectors lose: forward and bwd_data at D <= 8 (their broadcasts) or at D up to 40
   /// that 16 does not divide (a group's last row of 16 part empty: paired against gvec, 1.01x
   /// at 12, 1.3x at 20, 1.2-1.8x at 24, 1.09x at 40; at 16 and 32, where its rows are full,
@@ -445,7 +446,8 @@ class PixelLaneConv {
 #pragma omp for schedule(static)
       for (index_t i = 0; i < elems; ++i) {
         float sum = 0.0f;
-        for (int t = 0; t < threads_; ++t) sum += partials_.get()[t * elems + i];
+        // the team's partials (a team can be smaller than asked for, in a nested region)
+        for (int t = 0; t < omp_get_num_threads(); ++t) sum += partials_.get()[t * elems + i];
         out[i] = sum;
       }
     }
