@@ -333,6 +333,32 @@ def test_feature_engine_describes_every_pipeline_of_the_forward_space(hw):
         assert flags == {p: float(p == config.pipeline) for p in flags}, config
 
 
+def test_gvec_lane_feature_follows_the_path_the_kernel_takes(hw):
+    """n_tile_eff of a gvec kernel describes pixel lanes (kernels/cpu/grouped_conv_lanes.hpp,
+    PixelLaneConv::applies) on AVX-512 and gvec's own vectors elsewhere."""
+    def eff(values, direction="forward", avx512=True):
+        family = FAMILIES[direction]
+        flags = {f for f in hw.get("flags", ()) if not f.startswith("avx512")}
+        engine = family.feature_engine({**hw, "flags": sorted(flags | ({"avx512f"} if avx512 else set()))})
+        gvec = GroupedConvConfig(direction, "fp32", 2, 32, 32, 32, "gvec", "intrawave", False, False)
+        names = engine.feature_names()
+        return engine.matrix(family.problem(values), [gvec])[0][names.index("n_tile_eff")]
+
+    layer = dict(G=32, C=8, K=8, Hi=56, Wi=56, Y=3, X=3, pad_h=1, pad_w=1)
+    # AVX-512: 56 of a padded row's 58 positions; 8 of a block of 8 channels
+    assert eff(layer) == pytest.approx(56 / 58)
+    assert eff(layer, "bwd_weight") == pytest.approx(56 / 58)
+    # AVX2, a 7x7 map (rows of 7 in 9) and bwd_data at a stride: gvec's own, 2 groups a row
+    assert eff(layer, avx512=False) == 1.0
+    assert eff({**layer, "Hi": 7, "Wi": 7}) == 1.0
+    assert eff({**layer, "stride_h": 2, "stride_w": 2}, "bwd_data") == 1.0
+    # at stride 2 forward: 28 positions of phase rows of 29; 24 channels a group in 3 blocks
+    assert eff({**layer, "stride_h": 2, "stride_w": 2}) == pytest.approx(28 / 29)
+    assert eff({**layer, "C": 24, "K": 24}) == pytest.approx(56 / 58)
+    # 16 channels: gvec's own rows (full), so no pixel lanes forward
+    assert eff({**layer, "C": 16, "K": 16}) == 1.0
+
+
 # -- the problem sets ----------------------------------------------------------------------
 
 def test_problem_sets_are_valid_small_and_disjoint():
