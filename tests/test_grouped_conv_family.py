@@ -348,10 +348,12 @@ def test_gvec_lane_feature_follows_the_path_the_kernel_takes(hw):
     # AVX-512: 56 of a padded row's 58 positions; 8 of a block of 8 channels
     assert eff(layer) == pytest.approx(56 / 58)
     assert eff(layer, "bwd_weight") == pytest.approx(56 / 58)
-    # AVX2, a 7x7 map (rows of 7 in 9) and bwd_data at a stride: gvec's own, 2 groups a row
+    # AVX2, a 7x7 map (rows of 7 in 9), a stride of 3: gvec's own, 2 groups a row
     assert eff(layer, avx512=False) == 1.0
     assert eff({**layer, "Hi": 7, "Wi": 7}) == 1.0
-    assert eff({**layer, "stride_h": 2, "stride_w": 2}, "bwd_data") == 1.0
+    assert eff({**layer, "stride_h": 3, "stride_w": 3}) == 1.0
+    # bwd_data at stride 2: din's phases of 28 columns, dout's copy one column wider
+    assert eff({**layer, "stride_h": 2, "stride_w": 2}, "bwd_data") == pytest.approx(28 / 29)
     # at stride 2 forward: 28 positions of phase rows of 29; 24 channels a group in 3 blocks
     assert eff({**layer, "stride_h": 2, "stride_w": 2}) == pytest.approx(28 / 29)
     assert eff({**layer, "C": 24, "K": 24}) == pytest.approx(56 / 58)
@@ -454,10 +456,13 @@ KERNEL_SHAPES = {2: [dict(N=2, G=3, C=5, K=7, Hi=9, Wi=11, Y=3, X=2, stride_h=2,
                      dict(N=2, G=13, C=8, K=8, Hi=21, Wi=19, Y=3, X=3, pad_h=1, pad_w=1),
                      dict(G=3, C=5, K=6, Hi=20, Wi=22, Y=3, X=3, pad_h=1, pad_w=1),
                      dict(G=2, C=60, K=7, Hi=29, Wi=38, Y=3, X=3, pad_h=1, pad_w=1),
-                     # pixel lanes at stride 2 (forward, bwd_weight): phase planes of an odd
-                     # width, bwd_weight two groups of 4 channels a unit
+                     # pixel lanes at stride 2: phase planes of an odd width (forward,
+                     # bwd_weight), bwd_weight two groups of 4 channels a unit, bwd_data's
+                     # phases of 8 and 7 rows, 9 and 8 columns; and a 1x1 filter, whose din
+                     # phases off the stride read no tap (zeros)
                      dict(N=2, G=6, C=4, K=4, Hi=15, Wi=17, Y=3, X=3, stride_h=2, stride_w=2,
-                          pad_h=1, pad_w=1)],
+                          pad_h=1, pad_w=1),
+                     dict(G=2, C=3, K=5, Hi=14, Wi=15, Y=1, X=1, stride_h=2, stride_w=2)],
                  3: [dict(G=2, C=3, K=4, Di=5, Hi=6, Wi=5, Z=3, Y=2, X=3, stride_d=2, pad_d=1,
                           pad_w=1, dilation_h=2),
                      dict(G=6, C=1, K=1, Di=4, Hi=5, Wi=6, Z=3, Y=3, X=3, stride_h=2, pad_d=1,

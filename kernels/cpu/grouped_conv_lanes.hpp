@@ -1,5 +1,7 @@
 // Pixel lanes: the gvec pipeline's path on AVX-512 for groups of few destination channels at
 // strides 1-2 (GroupVectorConv hands such layers to PixelLaneConv; see applies for which).
+// bwd_data at a stride goes in phases of din (pixels of one residue modulo the stride), each
+// a stride-1 pass over dout with the taps that reach it (see Phase).
 //
 // gvec's own vectors hold 16 / D whole groups, lanes channel-major, so each multiply-add needs
 // the groups' source values repeated D times: a 64-bit broadcast at D = 8, 128-bit at D = 4.
@@ -47,35 +49,56 @@ constexpr int L = 16;
 /// A thread's band copy: 256 KiB, a quarter of the Zen 4 EPYC's L2.
 constexpr index_t kBandFloats = index_t(1) << 16;
 
-/// dst[c * ld + w] = src[w * src_row + c] for w < width, c < channels (8 x 8 AVX tiles).
-inline void to_planar(const float* __restrict src, index_t src_row, index_t width, index_t channels,
-                      float* __restrict dst, index_t ld) {
+/// The 8 x 8 block whose row j is a[j], transposed: put(i, its column i) for i = 0 .. 7.
+template <class Put>
+TC_INLINE void transpose_8x8(__m256 (&a)[8], Put&& put) {
+  __m256 b[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {  // pairs of rows interleaved
+    b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+    b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 8; i += 4) {  // quads: lanes 0-1 of four rows, then 2-3
+    a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // column i (< 4) in the low 128 bits of a[i] and a[i + 4], column i + 4 in their high ones
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) put(i, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) put(i + 4, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+}
+
+/// put(c, w, value) for value = src[w * src_row + c], w < width, c < channels, a column of 8
+/// channels' 8 pixels at a time through the AVX registers (put_row(c, w, the 8 floats of
+/// channel c from pixel w)), the rest one float at a time.
+template <class Put, class PutRow>
+TC_INLINE void channels_by_pixels(const float* __restrict src, index_t src_row, index_t width,
+                                  index_t channels, Put&& put, PutRow&& put_row) {
   index_t w = 0;
   for (; w + 8 <= width; w += 8) {
     index_t c = 0;
     for (; c + 8 <= channels; c += 8) {
-      __m256 a[8], b[8];
+      __m256 a[8];
       for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(src + (w + i) * src_row + c);
-      for (int i = 0; i < 8; i += 2) {
-        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
-        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
-      }
-      for (int i = 0; i < 8; i += 4) {
-        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-      }
-      for (int i = 0; i < 4; ++i) {
-        _mm256_storeu_ps(dst + (c + i) * ld + w, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (c + i + 4) * ld + w, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
-      }
+      transpose_8x8(a, [&](int i, __m256 row) { put_row(c + i, w, row); });
     }
     for (; c < channels; ++c)
-      for (int i = 0; i < 8; ++i) dst[c * ld + w + i] = src[(w + i) * src_row + c];
+      for (int i = 0; i < 8; ++i) put(c, w + i, src[(w + i) * src_row + c]);
   }
   for (; w < width; ++w)
-    for (index_t c = 0; c < channels; ++c) dst[c * ld + w] = src[w * src_row + c];
+    for (index_t c = 0; c < channels; ++c) put(c, w, src[w * src_row + c]);
+}
+
+/// dst[c * ld + w] = src[w * src_row + c] for w < width, c < channels.
+inline void to_planar(const float* __restrict src, index_t src_row, index_t width, index_t channels,
+                      float* __restrict dst, index_t ld) {
+  channels_by_pixels(
+      src, src_row, width, channels, [&](index_t c, index_t w, float v) { dst[c * ld + w] = v; },
+      [&](index_t c, index_t w, __m256 row) { _mm256_storeu_ps(dst + c * ld + w, row); });
 }
 
 /// to_planar at a stride of 2 along w: source column w goes to column (w + lead) / 2 of
@@ -84,38 +107,14 @@ inline void to_planar_pairs(const float* __restrict src, index_t src_row, index_
                             float* __restrict dst, index_t ld, index_t lead, index_t phase) {
   const __m256i evens_first = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   auto at = [&](index_t c, index_t w) { return dst + c * ld + (w + lead) % 2 * phase + (w + lead) / 2; };
-  index_t w = 0;
-  for (; w + 8 <= width; w += 8) {
-    index_t c = 0;
-    for (; c + 8 <= channels; c += 8) {
-      __m256 a[8], b[8];
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(src + (w + i) * src_row + c);
-      for (int i = 0; i < 8; i += 2) {
-        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
-        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
-      }
-      for (int i = 0; i < 8; i += 4) {
-        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-      }
-      // channel c + i's columns w .. w + 7: the even-placed half to one plane, the odd to the other
-      auto put = [&](index_t channel, __m256 row) {
+  channels_by_pixels(
+      src, src_row, width, channels, [&](index_t c, index_t w, float v) { *at(c, w) = v; },
+      [&](index_t c, index_t w, __m256 row) {
+        // columns w .. w + 7: the even-placed half to one plane, the odd to the other
         const __m256 split = _mm256_permutevar8x32_ps(row, evens_first);
-        _mm_storeu_ps(at(channel, w), _mm256_castps256_ps128(split));
-        _mm_storeu_ps(at(channel, w + 1), _mm256_extractf128_ps(split, 1));
-      };
-      for (int i = 0; i < 4; ++i) {
-        put(c + i, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
-        put(c + i + 4, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
-      }
-    }
-    for (; c < channels; ++c)
-      for (int i = 0; i < 8; ++i) *at(c, w + i) = src[(w + i) * src_row + c];
-  }
-  for (; w < width; ++w)
-    for (index_t c = 0; c < channels; ++c) *at(c, w) = src[w * src_row + c];
+        _mm_storeu_ps(at(c, w), _mm256_castps256_ps128(split));
+        _mm_storeu_ps(at(c, w + 1), _mm256_extractf128_ps(split, 1));
+      });
 }
 
 /// 8 vectors of 16 positions (one a channel) to 16 rows of 8 channels, in position order:
@@ -124,26 +123,10 @@ template <class Put>
 TC_INLINE void transpose_8x16(const __m512 (&v)[8], Put&& put) {
 #pragma GCC unroll 2
   for (int half = 0; half < 2; ++half) {
-    __m256 a[8], b[8];
+    __m256 a[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) a[j] = half ? _mm512_extractf32x8_ps(v[j], 1) : _mm512_castps512_ps256(v[j]);
-#pragma GCC unroll 4
-    for (int i = 0; i < 8; i += 2) {
-      b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
-      b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 8; i += 4) {
-      a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    // position i (< 4) in the low 128 bits of a[i] and a[i + 4], i + 4 in their high ones
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) put(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) put(_mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+    transpose_8x8(a, [&](int, __m256 row) { put(row); });
   }
 }
 
@@ -172,10 +155,39 @@ template <int Dir>
 class PixelLaneConv {
   static constexpr int L = lanes::L;
 
+  /// Along one dim of the copy: `lead`, the rows or columns of zeros before the source's
+  /// first, and `reach`, the most a tap reads past a position's own (in the copy, so at a
+  /// stride of the copy's phases a tap reads reach / stride past it). bwd_data: over din's
+  /// phases r (stride s) the taps f with r + pad - f dil = s a read dout at the phase's index
+  /// plus a, so lead = the largest -a (or 0) and reach = lead + the largest a.
+  struct Reach {
+    index_t lead, reach;
+  };
+  static Reach reach_of(const ConvShape& s, int dim) {
+    const index_t span = (s.filt[dim] - 1) * s.dil[dim];
+    if (Dir != kBwdData) return {s.pad[dim], span};
+    index_t low = 0, high = 0;
+    for (index_t r = 0; r < std::min(s.stride[dim], s.in[dim]); ++r)
+      for (index_t f = 0; f < s.filt[dim]; ++f) {
+        const index_t num = r + s.pad[dim] - f * s.dil[dim];
+        if (num % s.stride[dim] != 0) continue;
+        low = std::min(low, num / s.stride[dim]);
+        high = std::max(high, num / s.stride[dim]);
+      }
+    return {-low, high - low};
+  }
+
+  /// Destination positions that read the copy through the same taps: every one but in
+  /// bwd_data at a stride, where din's pixels at first + step x (phase row, phase column)
+  /// read dout through the taps with r + pad - f dil divisible by the stride along h and w.
+  struct Phase {
+    index_t first[2], step[2], rows, cols;  // along (h, w); rows x cols positions
+    std::vector<index_t> taps, offsets;     // the packed weight's taps; each one's offset in the copy
+  };
+
  public:
-  /// Layers this path runs: not depthwise (gvec reads that in place); bwd_data at stride 1
-  /// with pad <= (filter - 1) * dilation along each dim (its dout padded, not cut), forward
-  /// and bwd_weight at strides up to 2 along h and w (any along d); D destination channels a group (K forward and bwd_weight, C bwd_data) where gvec's
+  /// Layers this path runs: not depthwise (gvec reads that in place); strides up to 2 along
+  /// h and w (forward and bwd_weight any along d, bwd_data 1); D destination channels a group (K forward and bwd_weight, C bwd_data) where gvec's
   /// own vectors lose: forward and bwd_data at D <= 8 (their broadcasts) or at D up to 40
   /// that 16 does not divide (a group's last row of 16 part empty: paired against gvec, 1.01x
   /// at 12, 1.3x at 20, 1.2-1.8x at 24, 1.09x at 40; at 16 and 32, where its rows are full,
@@ -184,18 +196,15 @@ class PixelLaneConv {
     const index_t D = Dir == kBwdData ? s.c : s.k, S = Dir == kBwdData ? s.k : s.c;
     if (D == 1 && S == 1) return false;
     if (Dir == kBwdWeight ? D > 32 : D > 8 && (D % 16 == 0 || D > 40)) return false;
-    for (int dim = 0; dim < 3; ++dim) {
-      // forward and bwd_weight at a stride of 2 along h and w (any along d): phase planes
-      const index_t most = Dir == kBwdData ? 1 : dim == 0 ? s.stride[0] : 2;
-      if (s.stride[dim] > most) return false;
-      if (Dir == kBwdData && s.pad[dim] > (s.filt[dim] - 1) * s.dil[dim]) return false;
-    }
+    // strides up to 2 along h and w; forward and bwd_weight any along d (its slices are
+    // copied one by one), bwd_data 1 (its phases are of h and w)
+    if (s.stride[1] > 2 || s.stride[2] > 2 || (Dir == kBwdData && s.stride[0] > 1)) return false;
     // forward and bwd_data need rows whose positions are mostly kept: rows of 7 in 9 (a 3x3
     // filter on a 7x7 map) read 0.87-0.89x gvec's own path, rows of 14 in 16 1.02-1.09x
-    const index_t reach = (s.filt[2] - 1) * s.dil[2];
-    const index_t width = Dir == kBwdData ? s.in[2] : s.out[2], st = Dir == kBwdData ? 1 : s.stride[2];
-    const index_t lead = Dir == kBwdData ? reach - s.pad[2] : s.pad[2];
-    const index_t row = std::max(width + reach / st, ceil_div((Dir == kBwdData ? s.out[2] : s.in[2]) + lead, st));
+    const Reach w = reach_of(s, 2);
+    const index_t width = Dir == kBwdData ? ceil_div(s.in[2], s.stride[2]) : s.out[2];
+    const index_t st = Dir == kBwdData ? 1 : s.stride[2];
+    const index_t row = std::max(width + w.reach / st, ceil_div((Dir == kBwdData ? s.out[2] : s.in[2]) + w.lead, st));
     return Dir == kBwdWeight || 5 * width >= 4 * row;
   }
 
@@ -208,10 +217,14 @@ class PixelLaneConv {
     D_ = Dir == kBwdData ? s_.c : s_.k;
     S_ = Dir == kBwdData ? s_.k : s_.c;
     for (int dim = 0; dim < 3; ++dim) {
-      dst_[dim] = from_input ? s_.out[dim] : s_.in[dim];
+      // bwd_data goes in phases of din (one a residue modulo the stride): dst_ is the
+      // largest phase's size, and dout is copied at stride 1
+      out_[dim] = from_input ? s_.out[dim] : s_.in[dim];
+      dst_[dim] = from_input ? out_[dim] : ceil_div(out_[dim], s_.stride[dim]);
       srcd_[dim] = from_input ? s_.in[dim] : s_.out[dim];
-      lead_[dim] = from_input ? s_.pad[dim] : (s_.filt[dim] - 1) * s_.dil[dim] - s_.pad[dim];
-      reach_[dim] = (s_.filt[dim] - 1) * s_.dil[dim];
+      const Reach r = reach_of(s_, dim);
+      lead_[dim] = r.lead;
+      reach_[dim] = r.reach;
       st_[dim] = from_input ? s_.stride[dim] : 1;
     }
     // at a stride along h or w the copy is st_h x st_w phase planes (rows and columns by
@@ -260,13 +273,7 @@ class PixelLaneConv {
       dblocks_ = ceil_div(D_, db_);
       packed_ = FloatBuffer(s_.g * dblocks_ * s_.taps() * S_ * db_, false);
     }
-    for (index_t t = 0; t < s_.taps(); ++t) {
-      Pixel f = split_tap(t, s_.filt);
-      if (Dir == kBwdData) f = {0, s_.filt[0] - 1 - f.d, s_.filt[1] - 1 - f.h, s_.filt[2] - 1 - f.w};
-      const index_t h = f.h * s_.dil[1], w = f.w * s_.dil[2];
-      offsets_.push_back(((f.d * s_.dil[0] * st_[1] + h % st_[1]) * st_[2] + w % st_[2]) * plane_ +
-                         h / st_[1] * wp_ + w / st_[2]);
-    }
+    plan_phases();
   }
 
   void run(float* out) const {
@@ -334,6 +341,40 @@ class PixelLaneConv {
     }
   }
 
+  /// phases_: one of every tap (forward, bwd_weight: the copy's phase planes hold a stride),
+  /// or bwd_data's phases of din along h and w, each with the taps that reach it (possibly none:
+  /// its pixels get zeros).
+  void plan_phases() {
+    const index_t phases_h = Dir == kBwdData ? std::min(s_.stride[1], out_[1]) : 1;
+    const index_t phases_w = Dir == kBwdData ? std::min(s_.stride[2], out_[2]) : 1;
+    for (index_t rh = 0; rh < phases_h; ++rh)
+      for (index_t rw = 0; rw < phases_w; ++rw) {
+        const index_t step_h = Dir == kBwdData ? s_.stride[1] : 1, step_w = Dir == kBwdData ? s_.stride[2] : 1;
+        Phase phase{{rh, rw}, {step_h, step_w}, ceil_div(out_[1] - rh, step_h), ceil_div(out_[2] - rw, step_w), {}, {}};
+        for (index_t t = 0; t < s_.taps(); ++t) {
+          const Pixel f = split_tap(t, s_.filt);
+          // the copy's slice, row and column of the tap (forward: of its phase plane)
+          index_t at[3];
+          bool reads = true;
+          const index_t fs[3] = {f.d, f.h, f.w}, r[3] = {0, rh, rw};
+          for (int dim = 0; dim < 3; ++dim) {
+            if (Dir != kBwdData) {
+              at[dim] = fs[dim] * s_.dil[dim];
+              continue;
+            }
+            const index_t num = r[dim] + s_.pad[dim] - fs[dim] * s_.dil[dim], st = s_.stride[dim];
+            reads = reads && num % st == 0;
+            at[dim] = num / st + lead_[dim];
+          }
+          if (!reads) continue;
+          phase.taps.push_back(t);
+          phase.offsets.push_back(((at[0] * st_[1] + at[1] % st_[1]) * st_[2] + at[2] % st_[2]) * plane_ +
+                                  at[1] / st_[1] * wp_ + at[2] / st_[2]);
+        }
+        phases_.push_back(std::move(phase));
+      }
+  }
+
   // ---- forward and bwd_data ----
 
   /// packed[g][b][t][s][j] = the weight of (g, d = b db_ + j, t, s), zero for d >= D.
@@ -362,19 +403,22 @@ class PixelLaneConv {
 #pragma omp barrier
       for_units([&](index_t plane, index_t h0, index_t rows, index_t g0, index_t g1) {
         copy_source(copy, plane, h0, rows, g0, g1);
-        for (index_t g = g0; g < g1; ++g)
-          for (index_t b = 0; b < dblocks_; ++b)
-            for (index_t q0 = 0; q0 < rows * wp_; q0 += P * L)
-              tile<DB, P>(out, copy + (g - g0) * S_ * channel_, plane, h0, rows, g, b, q0);
+        for (const Phase& phase : phases_) {
+          const index_t kept = std::min(rows, phase.rows - h0);  // a phase a row shorter ends sooner
+          for (index_t g = g0; g < g1; ++g)
+            for (index_t b = 0; b < dblocks_; ++b)
+              for (index_t q0 = 0; q0 < kept * wp_; q0 += P * L)
+                tile<DB, P>(out, copy + (g - g0) * S_ * channel_, phase, plane, h0, kept, g, b, q0);
+        }
       });
     }
   }
 
-  /// Positions [q0, q0 + P L) of a band (q = r wp + w) for group g's destination channels,
-  /// from its channels' copy at `source`.
+  /// Positions [q0, q0 + P L) of a band of a phase (q = r wp + w; row h0 + r and column w of
+  /// the phase's grid) for group g's destination channels, from its channels' copy at `source`.
   template <int DB, int P>
-  TC_INLINE void tile(float* out, const float* source, index_t plane, index_t h0, index_t rows, index_t g,
-                      index_t b, index_t q0) const {
+  TC_INLINE void tile(float* out, const float* source, const Phase& phase, index_t plane, index_t h0,
+                      index_t rows, index_t g, index_t b, index_t q0) const {
     const index_t taps = s_.taps();
     const float* weights = packed_.get() + (g * dblocks_ + b) * taps * S_ * DB;
     __m512 acc[DB][P];
@@ -382,9 +426,9 @@ class PixelLaneConv {
     for (int j = 0; j < DB; ++j)
 #pragma GCC unroll 8
       for (int p = 0; p < P; ++p) acc[j][p] = _mm512_setzero_ps();
-    for (index_t t = 0; t < taps; ++t) {
-      const float* at = source + q0 + offsets_[t];
-      const float* w = weights + t * S_ * DB;
+    for (std::size_t k = 0; k < phase.taps.size(); ++k) {
+      const float* at = source + q0 + phase.offsets[k];
+      const float* w = weights + phase.taps[k] * S_ * DB;
       for (index_t s = 0; s < S_; ++s) {
         __m512 x[P];
 #pragma GCC unroll 8
@@ -402,14 +446,18 @@ class PixelLaneConv {
         }
       }
     }
-    // position q -> row h0 + q / wp, column q % wp: kept below the band's rows and the width
+    // position q -> the phase's row h0 + q / wp, column q % wp: kept below the band's rows
+    // and the phase's width, at the destination's row first_h + step_h (h0 + r), column
+    // first_w + step_w w
     const index_t GD = s_.g * D_;
     const __mmask8 mask = __mmask8((1u << std::min<index_t>(DB, D_ - b * DB)) - 1);
-    float* band_out = out + (plane * dst_[1] + h0) * dst_[2] * GD + g * D_ + b * DB;
+    float* band_out = out + ((plane * out_[1] + phase.first[0] + phase.step[0] * h0) * out_[2] + phase.first[1]) * GD +
+                      g * D_ + b * DB;
+    const index_t row_step = phase.step[0] * out_[2] * GD, column_step = phase.step[1] * GD;
     index_t r = q0 / wp_, w = q0 % wp_;
     auto put = [&](auto row) __attribute__((always_inline)) {
-      if (w < dst_[2] && r < rows) {
-        float* o = band_out + (r * dst_[2] + w) * GD;
+      if (w < phase.cols && r < rows) {
+        float* o = band_out + r * row_step + w * column_step;
         if constexpr (DB == 8) _mm256_mask_storeu_ps(o, mask, row);
         else _mm_mask_storeu_ps(o, mask, row);
       }
@@ -478,7 +526,7 @@ class PixelLaneConv {
 #pragma GCC unroll 4
             for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
           const float* dy = dout + d0 * dout_channel_;
-          const float* x = source + s0 * channel_ + offsets_[t];
+          const float* x = source + s0 * channel_ + phases_.front().offsets[t];
           for (index_t v = 0; v < steps; ++v) {
             __m512 a[4], b[4];
             // both in registers (a memory operand is loaded again for each FMA that reads it)
@@ -508,8 +556,8 @@ class PixelLaneConv {
   const float* other_;
   int threads_;
   index_t D_, S_, db_ = 0, dblocks_ = 1, source_channels_, wp_, gchunk_, band_, rows_, channel_, dout_channel_, band_copy_;
-  index_t dst_[3], srcd_[3], lead_[3], reach_[3], st_[3], plane_;
-  std::vector<index_t> offsets_;
+  index_t out_[3], dst_[3], srcd_[3], lead_[3], reach_[3], st_[3], plane_;
+  std::vector<Phase> phases_;
   FloatBuffer copies_, packed_, partials_;
 };
 

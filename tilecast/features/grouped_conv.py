@@ -131,32 +131,38 @@ KERNEL_ROWS: dict[type, Callable] = {GroupedConvConfig: _own_kernel,
                                      TileEngineConvConfig: _tile_engine_kernel}
 
 
+def _bwd_data_reach(p, size: int, pad: int, dil: int, filt: int, stride: int) -> tuple[int, int]:
+    """(lead, reach) of bwd_data's dout copy along one dim (grouped_conv_lanes.hpp's
+    reach_of): over din's phases r the taps f with r + pad - f dil = stride a read dout at
+    the phase's index plus a."""
+    offsets = [(r + pad - f * dil) // stride for r in range(min(stride, size)) for f in range(filt)
+               if (r + pad - f * dil) % stride == 0]
+    low, high = min(offsets + [0]), max(offsets + [0])
+    return -low, high - low
+
+
 def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
     """The lanes gvec's pixel-lane path keeps busy (kernels/cpu/grouped_conv_lanes.hpp,
     PixelLaneConv::applies), or None where the layer does not take it: AVX-512, not
     depthwise, D destination channels a group of at most 8 or up to 40 that 16 does not
-    divide (bwd_weight: up to 32), bwd_data at stride 1 with its pads within the filter's
-    reach, forward and bwd_weight at strides up to 2 along h and w, forward and bwd_data on
-    rows at least 80 % kept positions. A vector holds 16
-    positions of a row padded by the filter's reach (the pad columns computed and dropped)
-    and D channels go in blocks of 8 (4 at D <= 4 and in bwd_weight)."""
+    divide (bwd_weight: up to 32), strides up to 2 along h and w (bwd_data 1 along d), forward
+    and bwd_data on rows at least 80 % kept positions. A vector holds 16 positions of a row
+    padded by the filter's reach (the pad columns computed and dropped) and D channels go in
+    blocks of 8 (4 at D <= 4 and in bwd_weight); bwd_data at a stride goes in phases of din."""
     p = problem
     source = p.K if p.direction == "bwd_data" else p.C
-    reach = [(f - 1) * dil for f, dil in ((p.Z, p.dilation_d), (p.Y, p.dilation_h),
-                                         (p.X, p.dilation_w))]
     channels = d <= 32 if p.direction == "bwd_weight" else d <= 8 or (d % 16 != 0 and d <= 40)
-    if p.direction == "bwd_data":
-        strided = {p.stride_d, p.stride_h, p.stride_w} != {1} or any(
-            pad > r for pad, r in zip((p.pad_d, p.pad_h, p.pad_w), reach))
-    else:
-        strided = p.stride_h > 2 or p.stride_w > 2
+    strided = p.stride_h > 2 or p.stride_w > 2 or (p.direction == "bwd_data" and p.stride_d > 1)
     if not hw.get("hw_has_avx512") or not channels or (d == 1 and source == 1) or strided:
         return None
     if p.direction == "bwd_data":
-        width, row = p.Wi, p.Wi + reach[2]
+        lead, reach = _bwd_data_reach(p, p.Wi, p.pad_w, p.dilation_w, p.X, p.stride_w)
+        width = _ceil_div(p.Wi, p.stride_w)
+        row = max(width + reach, max(p.output_dims()[2], 1) + lead)
     else:
         width = max(p.output_dims()[2], 1)
-        row = max(width + reach[2] // p.stride_w, _ceil_div(p.Wi + p.pad_w, p.stride_w))
+        row = max(width + (p.X - 1) * p.dilation_w // p.stride_w,
+                  _ceil_div(p.Wi + p.pad_w, p.stride_w))
     if p.direction != "bwd_weight" and 5 * width < 4 * row:
         return None   # rows mostly of pad columns: gvec keeps those (forward, bwd_data)
     block = 4.0 if d <= 4 or p.direction == "bwd_weight" else 8.0
