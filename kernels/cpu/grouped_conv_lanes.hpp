@@ -40,6 +40,7 @@
 
 #include "grouped_conv_microkernel.hpp"
 #include "grouped_conv_shape.hpp"
+#include "grouped_conv_transpose.hpp"
 
 namespace tc::gconv {
 
@@ -48,29 +49,6 @@ namespace lanes {
 constexpr int L = 16;
 /// A thread's band copy: 256 KiB, a quarter of the Zen 4 EPYC's L2.
 constexpr index_t kBandFloats = index_t(1) << 16;
-
-/// The 8 x 8 block whose row j is a[j], transposed: put(i, its column i) for i = 0 .. 7.
-template <class Put>
-TC_INLINE void transpose_8x8(__m256 (&a)[8], Put&& put) {
-  __m256 b[8];
-#pragma GCC unroll 4
-  for (int i = 0; i < 8; i += 2) {  // pairs of rows interleaved
-    b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
-    b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
-  }
-#pragma GCC unroll 2
-  for (int i = 0; i < 8; i += 4) {  // quads: lanes 0-1 of four rows, then 2-3
-    a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  // column i (< 4) in the low 128 bits of a[i] and a[i + 4], column i + 4 in their high ones
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) put(i, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) put(i + 4, _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
-}
 
 /// put(c, w, value) for value = src[w * src_row + c], w < width, c < channels, a column of 8
 /// channels' 8 pixels at a time through the AVX registers (put_row(c, w, the 8 floats of
@@ -84,7 +62,7 @@ TC_INLINE void channels_by_pixels(const float* __restrict src, index_t src_row, 
     for (; c + 8 <= channels; c += 8) {
       __m256 a[8];
       for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(src + (w + i) * src_row + c);
-      transpose_8x8(a, [&](int i, __m256 row) { put_row(c + i, w, row); });
+      tc::gconv::transpose_8x8(a, [&](int i, __m256 row) { put_row(c + i, w, row); });
     }
     for (; c < channels; ++c)
       for (int i = 0; i < 8; ++i) put(c, w + i, src[(w + i) * src_row + c]);
@@ -126,7 +104,7 @@ TC_INLINE void transpose_8x16(const __m512 (&v)[8], Put&& put) {
     __m256 a[8];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) a[j] = half ? _mm512_extractf32x8_ps(v[j], 1) : _mm512_castps512_ps256(v[j]);
-    transpose_8x8(a, [&](int, __m256 row) { put(row); });
+    tc::gconv::transpose_8x8(a, [&](int, __m256 row) { put(row); });
   }
 }
 

@@ -27,6 +27,7 @@
 #include "grouped_conv_config.hpp"
 #include "grouped_conv_kernel.hpp"
 #include "grouped_conv_shape.hpp"
+#include "grouped_conv_transpose.hpp"
 #include "inprocess_entry.hpp"
 
 namespace tc::gconv {
@@ -101,23 +102,9 @@ inline void transpose_block(const float* __restrict src, float* __restrict dst, 
   for (; r + 8 <= r1; r += 8) {
     index_t c = c0;
     for (; c + 8 <= c1; c += 8) {
-      __m256 a[8], b[8];
+      __m256 a[8];
       for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(src + (r + i) * cols + c);
-      for (int i = 0; i < 8; i += 2) {  // pairs of rows interleaved
-        b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
-        b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
-      }
-      for (int i = 0; i < 8; i += 4) {  // quads: lanes 0-1 of four rows, then 2-3
-        a[i] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        a[i + 1] = _mm256_shuffle_ps(b[i], b[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        a[i + 2] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        a[i + 3] = _mm256_shuffle_ps(b[i + 1], b[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-      }
-      for (int i = 0; i < 4; ++i) {  // 128-bit halves of rows 0-3 and 4-7
-        _mm256_storeu_ps(dst + (c + i) * rows + r, _mm256_permute2f128_ps(a[i], a[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (c + i + 4) * rows + r,
-                         _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
-      }
+      transpose_8x8(a, [&](int i, __m256 column) { _mm256_storeu_ps(dst + (c + i) * rows + r, column); });
     }
     for (; c < c1; ++c)
       for (index_t i = 0; i < 8; ++i) dst[c * rows + r + i] = src[(r + i) * cols + c];

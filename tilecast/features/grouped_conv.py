@@ -131,7 +131,7 @@ KERNEL_ROWS: dict[type, Callable] = {GroupedConvConfig: _own_kernel,
                                      TileEngineConvConfig: _tile_engine_kernel}
 
 
-def _bwd_data_reach(p, size: int, pad: int, dil: int, filt: int, stride: int) -> tuple[int, int]:
+def _bwd_data_reach(size: int, pad: int, dil: int, filt: int, stride: int) -> tuple[int, int]:
     """(lead, reach) of bwd_data's dout copy along one dim (grouped_conv_lanes.hpp's
     reach_of): over din's phases r the taps f with r + pad - f dil = stride a read dout at
     the phase's index plus a."""
@@ -156,7 +156,7 @@ def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
     if not hw.get("hw_has_avx512") or not channels or (d == 1 and source == 1) or strided:
         return None
     if p.direction == "bwd_data":
-        lead, reach = _bwd_data_reach(p, p.Wi, p.pad_w, p.dilation_w, p.X, p.stride_w)
+        lead, reach = _bwd_data_reach(p.Wi, p.pad_w, p.dilation_w, p.X, p.stride_w)
         width = _ceil_div(p.Wi, p.stride_w)
         row = max(width + reach, max(p.output_dims()[2], 1) + lead)
     else:
