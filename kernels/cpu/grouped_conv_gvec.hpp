@@ -233,7 +233,7 @@ class GroupVectorConv {
   GroupVectorConv(const ConvShape& shape, const float* src, const float* other, int threads)
       : s_(shape), src_(src), weight_(other), threads_(std::max(threads, 1)) {
 #ifdef TC_PIXEL_LANES
-    // few destination channels at stride 1: pixel lanes (grouped_conv_lanes.hpp)
+    // few destination channels at strides 1-2: pixel lanes (grouped_conv_lanes.hpp)
     if (PixelLaneConv<Dir>::applies(s_)) {
       lanes_ = std::make_unique<const PixelLaneConv<Dir>>(s_, src, other, threads_);
       return;
