@@ -15,9 +15,12 @@ rounds; per shape the best variant, then the ratios the issue asks for: best / O
 / the better peer, and either best / FMA peak read beside that shape (compute-bound shapes; a
 warning when the peak reads of the run differ by more than 15 %) or its bytes per second
 / read bandwidth (GEMV-class shapes: min(m, n) <= 8, whose operands outgrow the last-level
-cache; "in LLC" otherwise). The bandwidth probe reads a buffer of several last-level caches
+cache, against the bandwidth read just before and after that shape's timings in each round;
+"in LLC" otherwise). The bandwidth probe reads a buffer of several last-level caches
 (tilecast.stages.roofline.buffer_mib), and --past-llc adds GEMV-class shapes whose large
 operand is about four of this machine's last-level caches (1 x N x N, N x 1 x N, 8 x N x N).
+A GEMV-class shape whose operands outgrow the last-level cache is timed over copies of them,
+each call on the next, so no call finds the last one's operand in the cache.
 --dtype bf16 (a CPU with AVX-512 BF16) times the same variants built for bf16 operands (A
 packed, as bf16 needs) against torch.matmul on bf16 tensors, with OpenBLAS's sgemm on the same
 values as fp32 beside them, and holds them against the bf16 dot-product peak
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import random
 import statistics
@@ -78,6 +82,42 @@ def variants(config: str, machine: dict, dtype: str = "fp32") -> list:
     if dtype == "fp32":
         return fp32
     return list(dict.fromkeys(dataclasses.replace(c, dtype=dtype, pack_a=True) for c in fp32))
+
+
+def shape_text(problem) -> str:
+    return f"{problem.m}x{problem.n}x{problem.k}:{problem.layout_a}:{problem.layout_b}"
+
+
+def operand_copies(problem, l3_bytes: int) -> int:
+    """How many copies of a GEMV-class shape's operands the timings rotate over: enough that
+    the others hold twice the last-level cache, where one copy outgrows it; else one."""
+    size = GEMM.bytes_moved(problem)
+    if min(problem.m, problem.n) > SKINNY or l3_bytes <= 0 or size <= l3_bytes:
+        return 1
+    return 1 + math.ceil(2 * l3_bytes / size)
+
+
+def rotating(timers):
+    """time(reps) -> seconds per call, each call on the next timer's operands in turn."""
+    turn = itertools.count()
+
+    def time_calls(reps: int) -> float:
+        if len(timers) == 1:
+            return timers[0](reps)
+        return sum(timers[next(turn) % len(timers)](1) for _ in range(reps)) / reps
+
+    return time_calls
+
+
+def rotating_peer(matmul, lefts, rights, out):
+    """A peer's call: matmul(left, right, out=out), each call on the next copy's operands."""
+    turn = itertools.count()
+
+    def call():
+        copy = next(turn) % len(lefts)
+        matmul(lefts[copy], rights[copy], out=out)
+
+    return call
 
 
 def sized(call, min_s: float) -> int:
@@ -135,20 +175,33 @@ def main() -> None:
     print(f"last-level cache {machine['l3_bytes'] / 2**20:.0f} MiB; the bandwidth probe reads "
           f"{buffer_mib} MiB")
 
-    # operands, outputs and timers once: every round times the same buffers
+    # operands, outputs and timers once: every round times the same buffers; a GEMV-class
+    # shape past the LLC rotates over copies of its operands, so that each call reads them
+    # cold, as a product that streams a large weight once between other work does (with one
+    # copy, the part an AMD L3 keeps between calls read as 8-10 % more bandwidth)
     setups = []
     for number, problem in enumerate(problems):
-        prepared = GEMM.prepare(problem, Path("/tmp") / "tilecast-gemm-peers" / f"p{number}", seed=number)
-        a, b = prepared.tensors["a"], prepared.tensors["b"]
-        an, bn = a.float().numpy(), b.float().numpy()   # bf16: its values, as fp32
-        outputs = {kernel: GEMM.output_tensor(prepared) for kernel in libraries}
-        calls = {kernel: GEMM.timer(library, prepared, args.threads, outputs[kernel])
+        copies = operand_copies(problem, machine["l3_bytes"])
+        prepared = [GEMM.prepare(problem, Path("/tmp") / "tilecast-gemm-peers" / f"p{number}c{copy}",
+                                 seed=number + 1000 * copy) for copy in range(copies)]
+        a = [p.tensors["a"] for p in prepared]
+        b = [p.tensors["b"] for p in prepared]
+        an, bn = [t.float().numpy() for t in a], [t.float().numpy() for t in b]  # bf16: as fp32
+        outputs = {kernel: GEMM.output_tensor(prepared[0]) for kernel in libraries}
+        firsts = {kernel: GEMM.timer(library, prepared[0], args.threads, outputs[kernel])
+                  for kernel, library in libraries.items()}
+        calls = {kernel: rotating([firsts[kernel]] + [GEMM.timer(library, p, args.threads, outputs[kernel])
+                                                      for p in prepared[1:]])
                  for kernel, library in libraries.items()}
         c_np = np.empty((problem.m, problem.n), dtype=np.float32)
-        c_torch = torch.empty(problem.m, problem.n, dtype=a.dtype)
-        peers = {"OpenBLAS": lambda an=an, bn=bn, c=c_np: np.matmul(an, bn, out=c),
-                 "torch": lambda a=a, b=b, c=c_torch: torch.matmul(a, b, out=c)}
-        setups.append((problem, outputs, calls, peers, c_np))
+        c_torch = torch.empty(problem.m, problem.n, dtype=a[0].dtype)
+        peers = {"OpenBLAS": rotating_peer(np.matmul, an, bn, c_np),
+                 "torch": rotating_peer(torch.matmul, a, b, c_torch)}
+        check = (lambda an=an[0], bn=bn[0], c=c_np: np.matmul(an, bn, out=c), firsts)
+        setups.append((problem, outputs, calls, peers, c_np, check, copies > 1))
+        if copies > 1:
+            print(f"{problem.m}x{problem.n}x{problem.k}: {copies} copies of the operands, "
+                  "each call reads the next (cold past the LLC)")
 
     rng = random.Random(0)
     samples: dict[tuple, list[float]] = {}
@@ -156,10 +209,13 @@ def main() -> None:
     # a round, and a shape is held against the peak of the minutes it was timed in
     peaks: dict[int, list[float]] = {number: [] for number in range(len(setups))}
     bandwidths = []
+    own_reads: dict[int, list[float]] = {number: [] for number in range(len(setups))}
     for round_index in range(args.rounds):
         bandwidths.append(probe.read_bandwidth_gbps(args.threads, buffer_mib))
-        for number, (problem, outputs, calls, peers, c_np) in enumerate(setups):
+        for number, (problem, outputs, calls, peers, c_np, check, cold) in enumerate(setups):
             peaks[number].append(ceiling(args.threads))
+            if cold:   # the host's bandwidth moves within a round: read it beside the shape
+                own_reads[number].append(probe.read_bandwidth_gbps(args.threads, buffer_mib))
             order = list(calls) + list(peers)
             rng.shuffle(order)
             with threadpool_limits(limits=args.threads, user_api="blas"):
@@ -171,8 +227,14 @@ def main() -> None:
                         reps = sized(peers[name], args.sample_ms / 1e3)
                         seconds = min(timed(peers[name], reps) for _ in range(2))
                     samples.setdefault((number, name), []).append(seconds)
+            if cold:
+                own_reads[number].append(probe.read_bandwidth_gbps(args.threads, buffer_mib))
+            numpy_first, firsts = check   # every output from the first copy's operands
+            with threadpool_limits(limits=args.threads, user_api="blas"):
+                numpy_first()
             reference = torch.from_numpy(c_np.copy())
             for kernel, out in outputs.items():
+                firsts[kernel](1)
                 error = float((out - reference).norm() / max(reference.norm(), 1e-30))
                 if not error <= GEMM.tolerance(problem):
                     samples[number, kernel] = [math.inf]   # fast and wrong is never a winner
@@ -189,7 +251,7 @@ def main() -> None:
               f"speed moved during the run, so ratios to the peak are unreliable; rerun when quiet")
     print(f"{'shape':>22} {'best variant':>44} {'GFLOP/s':>8} {'OpenBLAS':>8} {'torch':>8} "
           f"{'/OpenBLAS':>9} {'/better':>8} {'ceiling':>14}")
-    ratios = []
+    ratios, beside = [], []
     for number, problem in enumerate(problems):
         median = {name: statistics.median(v) for (n, name), v in samples.items() if n == number}
         best = min(libraries, key=lambda k: median.get(k, math.inf))
@@ -200,14 +262,20 @@ def main() -> None:
             gbps = GEMM.bytes_moved(problem) / median[best] / 1e9
             # the bandwidth ceiling holds for operands past the last-level cache only
             cached = GEMM.bytes_moved(problem) <= machine["l3_bytes"]
-            ceiling = f"{gbps:5.1f} GB/s " + ("in LLC" if cached else f"{gbps / bandwidth:4.0%}")
+            own = statistics.median(own_reads[number]) if own_reads[number] else bandwidth
+            ceiling = f"{gbps:5.1f} GB/s " + ("in LLC" if cached else f"{gbps / own:4.0%}")
+            if own_reads[number]:
+                beside.append(f"{shape_text(problem)}: read {min(own_reads[number]):.1f}-"
+                              f"{max(own_reads[number]):.1f} GB/s beside it, median {own:.1f}")
         else:
             ceiling = f"{rate[best] / statistics.median(peaks[number]):4.0%} of peak"
         ratios.append(rate[best] / better)
-        shape = f"{problem.m}x{problem.n}x{problem.k}:{problem.layout_a}:{problem.layout_b}"
+        shape = shape_text(problem)
         print(f"{shape:>22} {best[5:]:>44} {rate[best]:8.1f} {rate['OpenBLAS']:8.1f} "
               f"{rate['torch']:8.1f} {rate[best] / rate['OpenBLAS']:9.2f} "
               f"{rate[best] / better:8.2f} {ceiling:>14}")
+    for line in beside:
+        print(line)
     print(f"\ngeometric mean, best variant / the better peer: "
           f"{math.exp(statistics.fmean(math.log(r) for r in ratios)):.3f} over {len(ratios)} shapes")
 
