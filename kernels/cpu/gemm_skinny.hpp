@@ -10,7 +10,8 @@
 // every operand strided: small M takes S = A, T = B, out = C; small N takes the transpose,
 // S = B^T, T = A^T, out = C^T. T is read one of two ways:
 //   rows  T's rows contiguous (t_cs == 1): a group of T's rows (rows_depth: 8, 16 for 8 rows
-//         in ymm when T fits the LLC, fewer where their lines would share an L1 set) stream
+//         in ymm when T fits the LLC, fewer where their lines would share an L1 set; 32 in
+//         zmm from kDeepRows rows of S) stream
 //         side by side along a chunk of columns, each step one broadcast of S(r, p) per row of
 //         S (axpys) in the variant's vectors (zmm or ymm), the chunk's sums kept in L1-L2
 //         between sweeps; 8 rows in ymm transposed: a broadcast of T(p, c) per column against
@@ -63,6 +64,16 @@ constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1
 /// threads, AVX2 EPYC: 8x1000x1000 to 8x3000x2000 1.07-1.19x; 5 rows, not transposed, 0.98x;
 /// past the LLC 0.94-0.99x; 24 and 32 rows 0.75-0.95x).
 constexpr index_t kRowsDepthInCache = 16;
+/// In zmm, from kDeepRows rows of S on, a group reads kRowsDepthDeep of T's rows, whatever
+/// L1 sets their lines share: the block's sums (R x 2 zmm) go to L1 and back once a group, and
+/// at 8 rows of T a group that round trip held the block to 75-78 % of a core's FMA peak with
+/// T in L2. Zen 4, 2 threads, medians of 5 alternations (a throwaway driver of skinny::run):
+/// in the LLC 8x768x3072 144 -> 197 GFLOP/s, 6x768x3072 171 -> 201, 7x2000x1000 181 -> 203
+/// (16 rows: 181, 190, 198); past it 8x6144x6144 116-121 -> 121-124, 6x6144x6144 level. Fewer
+/// rows lose by it (1-3 rows in the LLC 0.52-0.9x, 4 rows past it 0.9x): their FMAs are few
+/// beside the streams, and 32 streams a core outrun the prefetchers.
+constexpr int kDeepRows = 6;
+constexpr index_t kRowsDepthDeep = 32;
 /// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
 /// reduction of each dot's vector, a few adds, is then under 2 % of its multiply-adds).
 /// Measured against the blocked path in paired runs (AVX-512, 2 threads): 1.02-3x at 12-25
@@ -280,7 +291,7 @@ void rows_range_ahead(const Task& t, index_t c0, index_t c1, index_t p0, index_t
   constexpr index_t kChunk = kRowsSums / R / 1024 * 1024;
   static_assert(kChunk >= 1024 && kChunk % kStep == 0);
   alignas(64) float sums[R][kChunk];
-  const index_t depth = rows_depth(t, kRowsDepth);
+  const index_t depth = kRowW == 16 && R >= kDeepRows ? kRowsDepthDeep : rows_depth(t, kRowsDepth);
   for (index_t cb = c0; cb < c1; cb += kChunk) {
     const index_t width = std::min(kChunk, c1 - cb);
     const index_t whole = width / kStep * kStep;
