@@ -265,8 +265,14 @@ def main() -> None:
             own = statistics.median(own_reads[number]) if own_reads[number] else bandwidth
             ceiling = f"{gbps:5.1f} GB/s " + ("in LLC" if cached else f"{gbps / own:4.0%}")
             if own_reads[number]:
+                # the roofline's ceiling: the bandwidth, or the FMA peak where the shape's
+                # flops per byte put it past the ridge (8 rows: 4 flops a byte)
+                peak_here = statistics.median(peaks[number])
+                roof = min(peak_here, own * GEMM.flops(problem) / GEMM.bytes_moved(problem))
                 beside.append(f"{shape_text(problem)}: read {min(own_reads[number]):.1f}-"
-                              f"{max(own_reads[number]):.1f} GB/s beside it, median {own:.1f}")
+                              f"{max(own_reads[number]):.1f} GB/s beside it, median {own:.1f}; "
+                              f"{rate[best]:.1f} GFLOP/s is {rate[best] / roof:.0%} of its roof, "
+                              f"{roof:.0f} GFLOP/s ({'compute' if roof == peak_here else 'memory'}-bound)")
         else:
             ceiling = f"{rate[best] / statistics.median(peaks[number]):4.0%} of peak"
         ratios.append(rate[best] / better)
