@@ -65,13 +65,14 @@ constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1
 /// past the LLC 0.94-0.99x; 24 and 32 rows 0.75-0.95x).
 constexpr index_t kRowsDepthInCache = 16;
 /// In zmm, from kDeepRows rows of S on, a group reads kRowsDepthDeep of T's rows, whatever
-/// L1 sets their lines share: the block's sums (R x 2 zmm) go to L1 and back once a group, and
-/// at 8 rows of T a group that round trip held the block to 75-78 % of a core's FMA peak with
-/// T in L2. Zen 4, 2 threads, medians of 5 alternations (a throwaway driver of skinny::run):
-/// in the LLC 8x768x3072 144 -> 197 GFLOP/s, 6x768x3072 171 -> 201, 7x2000x1000 181 -> 203
-/// (16 rows: 181, 190, 198); past it 8x6144x6144 116-121 -> 121-124, 6x6144x6144 level. Fewer
-/// rows lose by it (1-3 rows in the LLC 0.52-0.9x, 4 rows past it 0.9x): their FMAs are few
-/// beside the streams, and 32 streams a core outrun the prefetchers.
+/// L1 sets their lines share: a column block's sums (R x NV zmm) go to L1 and back once a
+/// group, and with groups of 8 of T's rows that round trip held 8 rows of S to 75-78 % of a
+/// core's FMA peak with T in L2. Zen 4, 2 threads, medians of 5-9 alternations (a throwaway
+/// driver of skinny::run), groups of 8 (7 at 4 KiB apart) -> 32 rows: in the LLC 8x768x3072
+/// 144 -> 197 GFLOP/s, 6x768x3072 171 -> 201, 7x2000x1000 181 -> 203 (groups of 16: 181, 190,
+/// 198); past it 8x6144x6144 116-121 -> 121-124, 6x6144x6144 level. Fewer rows of S lose by
+/// it (1-3 in the LLC 0.52-0.92x, 4 past it 0.82-0.93x): their FMAs are few beside the
+/// streams, and 32 streams a core outrun the prefetchers.
 constexpr int kDeepRows = 6;
 constexpr index_t kRowsDepthDeep = 32;
 /// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
