@@ -26,11 +26,13 @@ VARIANTS = [GemmConfig("fp32", isa, mr, nr, 2 * mr, 2 * nr, 48, par, pack_a, pre
             for isa in sorted(ISAS, reverse=True) for (mr, nr), (par, pack_a, prefetch)
             in zip(micro_tiles(isa), SCHEMES)]
 # bf16: on AVX-512 BF16 pairs of k steps packed for vdpbf16ps (KC 47: blocks of an odd depth,
-# pairs starting at odd offsets), 8- and 16-row A panels beside the 14- and 6-row ones
+# pairs starting at odd offsets), 8- and 16-row A panels beside the 14- and 6-row ones; and
+# an AVX2 build, which widens bf16 to fp32 (and in the GEMV-class path widens as it loads)
 VARIANTS += [GemmConfig("bf16", "avx512", 14, 32, 28, 64, 48, "m", True, True),
              GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False),
              GemmConfig("bf16", "avx512", 8, 32, 32, 96, 47, "n", True, False),
-             GemmConfig("bf16", "avx512", 16, 16, 32, 64, 47, "k", True, True)]
+             GemmConfig("bf16", "avx512", 16, 16, 32, 64, 47, "k", True, True),
+             GemmConfig("bf16", "avx2", 6, 16, 12, 32, 48, "k", True, True)]
 SHAPES = [(1, 1, 1), (7, 13, 5), (1, 300, 200), (130, 1, 70), (33, 65, 300), (129, 257, 65),
           (64, 64, 1000)]
 LAYOUTS = [("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")]
@@ -64,9 +66,7 @@ BF16_SHAPES = [(37, 70, 301), (29, 45, 99), (100, 130, 517), (64, 96, 1), (40, 3
 def test_bf16_pairs_match_torch_in_every_layout(built, tmp_path):
     """bf16 variants (vdpbf16ps on two k steps at a time where the CPU has AVX-512 BF16)
     on odd depths and leading dimensions, every layout of A and B."""
-    bf16 = [b for b in built if b.config.dtype == "bf16"]
-    if not bf16:
-        pytest.skip("this CPU lacks AVX-512")
+    bf16 = [b for b in built if b.config.dtype == "bf16"]   # the AVX2 one on every CPU
     problems = [(*shape, *layouts) for shape, layouts in itertools.product(BF16_SHAPES, LAYOUTS)]
     expect_gemm_matches_torch(bf16, problems, tmp_path, PROTOCOL, "bf16")
 
@@ -105,6 +105,16 @@ def test_gemv_class_shapes_match_torch_in_every_layout(built, tmp_path):
     assert {b.config.parallel for b in fp32} == {"m", "n", "k"}
     problems = [(*shape, *layouts) for shape, layouts in itertools.product(SKINNY_SHAPES, LAYOUTS)]
     expect_gemm_matches_torch(fp32, problems, tmp_path, PROTOCOL)
+
+
+def test_gemv_class_bf16_shapes_match_torch_in_every_layout(built, tmp_path):
+    """bf16 GEMV-class shapes take the same path as fp32 ones, the large operand widened as
+    it is loaded (zmm: a masked 16-bit load for column tails; ymm: a copy of the tail) and the
+    small one widened once a call: the shapes above in every layout, AVX-512 and AVX2."""
+    bf16 = [b for b in built if b.config.dtype == "bf16"]
+    assert {b.config.isa for b in bf16} >= {"avx2"}
+    problems = [(*shape, *layouts) for shape, layouts in itertools.product(SKINNY_SHAPES, LAYOUTS)]
+    expect_gemm_matches_torch(bf16, problems, tmp_path, PROTOCOL, "bf16")
 
 
 def test_panel_packing_matches_a_plain_loop(tmp_path):

@@ -84,13 +84,48 @@ constexpr index_t kDotsMinDepth = 256;
 
 struct Task {
   index_t rows, cols, depth;  // R, N, K
-  const float* s;
+  const float* s;             // S in fp32: the operand itself, or (bf16) run's widened copy
   index_t s_rs, s_cs;
-  const float* t;
+  const InputT* t;            // T as stored: fp32, or bf16 widened as it is loaded
   index_t t_rs, t_cs;
   float* out;
   index_t o_rs, o_cs;
+  const InputT* s_in;         // S as stored (what run widens for bf16)
 };
+
+/// Vectors of T's elements as fp32: fp32 loaded as is, bf16 (the upper half of an fp32's
+/// bits) widened by a 16-bit shift as it is loaded, so a bf16 T streams half the bytes.
+template <class V>
+struct TLoad;
+template <>
+struct TLoad<VecAvx2> {
+  static TC_INLINE __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  static TC_INLINE __m256 load(const std::uint16_t* p) { return load8(p); }
+  static TC_INLINE __m256 load_first(const float* p, int n) { return VecAvx2::load_first(p, n); }
+  static TC_INLINE __m256 load_first(const std::uint16_t* p, int n) {
+    alignas(16) std::uint16_t lanes[8] = {};
+    for (int i = 0; i < n; ++i) lanes[i] = p[i];
+    return load8(lanes);
+  }
+  static TC_INLINE __m256 broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static TC_INLINE __m256 broadcast(const std::uint16_t* p) { return _mm256_set1_ps(to_float(*p)); }
+};
+#ifdef __AVX512F__
+template <>
+struct TLoad<VecAvx512> {
+  static TC_INLINE __m512 widen(__m256i bits) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  }
+  static TC_INLINE __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  static TC_INLINE __m512 load(const std::uint16_t* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static TC_INLINE __m512 load_first(const float* p, int n) { return VecAvx512::load_first(p, n); }
+  static TC_INLINE __m512 load_first(const std::uint16_t* p, int n) {
+    return widen(_mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p));
+  }
+};
+#endif
 
 /// The caches rows_depth sizes a group by, read once from the C library (sysconf); an
 /// unknown figure takes the common one (8 ways, 64 sets of 64 bytes) or, for the LLC, none.
@@ -136,7 +171,7 @@ inline index_t group_depth(index_t row_bytes, index_t wanted, const CacheShape& 
 inline index_t rows_depth(const Task& t, index_t wanted) {
   thread_local index_t last_rs = -1, last_wanted = 0, last_depth = 0;
   if (t.t_rs != last_rs || wanted != last_wanted) {
-    last_depth = group_depth(t.t_rs * index_t(sizeof(float)), wanted, CacheShape::here());
+    last_depth = group_depth(t.t_rs * index_t(sizeof(InputT)), wanted, CacheShape::here());
     last_rs = t.t_rs, last_wanted = wanted;
   }
   return last_depth;
@@ -144,33 +179,35 @@ inline index_t rows_depth(const Task& t, index_t wanted) {
 
 /// Whether T (depth x cols floats) fits this machine's last-level cache.
 inline bool fits_llc(const Task& t) {
-  return t.depth * t.cols * index_t(sizeof(float)) <= CacheShape::here().llc_bytes;
+  return t.depth * t.cols * index_t(sizeof(InputT)) <= CacheShape::here().llc_bytes;
 }
 
-/// Whether `problem` takes this path, and its task; false for bf16 or odd strides.
+/// S's fp32 pointer: the operand itself (fp32), or none until run widens it (bf16).
+template <class T>
+inline const float* as_float(const T* data) {
+  if constexpr (std::is_same_v<T, float>) return data;
+  else return (void)data, nullptr;
+}
+
+/// Whether `problem` takes this path, and its task; false for odd strides.
 template <class P>
 inline bool task_of(const P& p, Task& task) {
-  if constexpr (!std::is_same_v<InputT, float>) {
-    (void)p, (void)task;
-    return false;
+  const Task by_rows{p.m, p.n, p.k, as_float(p.a.data), p.a.row_stride, p.a.col_stride,
+                     p.b.data, p.b.row_stride, p.b.col_stride, p.c, p.ldc, 1, p.a.data};
+  const Task by_cols{p.n, p.m, p.k, as_float(p.b.data), p.b.col_stride, p.b.row_stride,
+                     p.a.data, p.a.col_stride, p.a.row_stride, p.c, 1, p.ldc, p.b.data};
+  if (p.m <= kSkinnyMax && p.m <= p.n) {
+    task = by_rows;
+  } else if (p.n <= kSkinnyMax) {
+    task = by_cols;
+  } else if (p.k >= kDotsMinDepth && p.m <= kDotsMax && p.m <= p.n && by_rows.t_rs == 1) {
+    task = by_rows;   // few rows of C, B's columns contiguous: dots
+  } else if (p.k >= kDotsMinDepth && p.n <= kDotsMax && by_cols.t_rs == 1) {
+    task = by_cols;   // few columns of C, A's rows contiguous: dots of C^T
   } else {
-    const Task by_rows{p.m, p.n, p.k, p.a.data, p.a.row_stride, p.a.col_stride,
-                       p.b.data, p.b.row_stride, p.b.col_stride, p.c, p.ldc, 1};
-    const Task by_cols{p.n, p.m, p.k, p.b.data, p.b.col_stride, p.b.row_stride,
-                       p.a.data, p.a.col_stride, p.a.row_stride, p.c, 1, p.ldc};
-    if (p.m <= kSkinnyMax && p.m <= p.n) {
-      task = by_rows;
-    } else if (p.n <= kSkinnyMax) {
-      task = by_cols;
-    } else if (p.k >= kDotsMinDepth && p.m <= kDotsMax && p.m <= p.n && by_rows.t_rs == 1) {
-      task = by_rows;   // few rows of C, B's columns contiguous: dots
-    } else if (p.k >= kDotsMinDepth && p.n <= kDotsMax && by_cols.t_rs == 1) {
-      task = by_cols;   // few columns of C, A's rows contiguous: dots of C^T
-    } else {
-      return false;
-    }
-    return task.t_cs == 1 || task.t_rs == 1;  // the family's layouts always give one
+    return false;
   }
+  return task.t_cs == 1 || task.t_rs == 1;  // the family's layouts always give one
 }
 
 inline float hsum(__m256 v) {
@@ -198,7 +235,7 @@ TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, inde
   typename V::reg acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NV; ++j) acc[r][j] = V::load_aligned(&sums[r][c + kRowW * j]);
-  const float* tp = t.t + p0 * t.t_rs + cb + c;
+  const InputT* tp = t.t + p0 * t.t_rs + cb + c;
   const float* sp = t.s + p0 * t.s_cs;
   for (index_t p = p0; p < p1; ++p, tp += t.t_rs, sp += t.s_cs) {
     if constexpr (kPrefetch)
@@ -207,7 +244,8 @@ TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, inde
                      _MM_HINT_T1);
     typename V::reg row[NV];
     for (int j = 0; j < NV; ++j)
-      row[j] = kMasked && j == NV - 1 ? V::load_first(tp + kRowW * j, tail) : V::load(tp + kRowW * j);
+      row[j] = kMasked && j == NV - 1 ? TLoad<V>::load_first(tp + kRowW * j, tail)
+                                      : TLoad<V>::load(tp + kRowW * j);
     for (int r = 0; r < R; ++r) {
       const typename V::reg s = V::broadcast(sp + r * t.s_rs);
       for (int j = 0; j < NV; ++j) acc[r][j] = V::fma(s, row[j], acc[r][j]);
@@ -227,10 +265,10 @@ TC_INLINE void rows_block_t(const Task& t, float (*sums)[8], const float (*st)[8
                             index_t p0, index_t p1) {
   __m256 acc[NC];
   for (int j = 0; j < NC; ++j) acc[j] = _mm256_load_ps(sums[c + j]);
-  const float* tp = t.t + p0 * t.t_rs + cb + c;
+  const InputT* tp = t.t + p0 * t.t_rs + cb + c;
   for (index_t p = p0; p < p1; ++p, tp += t.t_rs) {
     const __m256 column = _mm256_load_ps(st[p - p0]);
-    for (int j = 0; j < NC; ++j) acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(tp + j), column, acc[j]);
+    for (int j = 0; j < NC; ++j) acc[j] = _mm256_fmadd_ps(TLoad<VecAvx2>::broadcast(tp + j), column, acc[j]);
   }
   for (int j = 0; j < NC; ++j) _mm256_store_ps(sums[c + j], acc[j]);
 }
@@ -343,15 +381,15 @@ TC_INLINE void cols_block(const Task& t, const float* s, index_t s_rs, index_t c
   __m256 acc[R][CB];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < CB; ++j) acc[r][j] = _mm256_setzero_ps();
-  const float* col[CB];
+  const InputT* col[CB];
   for (int j = 0; j < CB; ++j) col[j] = t.t + (c + j) * t.t_cs;
   index_t p = p0;
   for (; p + 8 <= p1; p += 8) {
     if constexpr (kPrefetch)
       for (int j = 0; j < CB; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(col[j] + p + kPrefetchBytes / 4), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(col[j] + p) + kPrefetchBytes, _MM_HINT_T0);
     __m256 tv[CB];
-    for (int j = 0; j < CB; ++j) tv[j] = _mm256_loadu_ps(col[j] + p);
+    for (int j = 0; j < CB; ++j) tv[j] = TLoad<VecAvx2>::load(col[j] + p);
     for (int r = 0; r < R; ++r) {
       const __m256 sv = _mm256_loadu_ps(s + r * s_rs + p);
       for (int j = 0; j < CB; ++j) acc[r][j] = _mm256_fmadd_ps(sv, tv[j], acc[r][j]);
@@ -360,7 +398,7 @@ TC_INLINE void cols_block(const Task& t, const float* s, index_t s_rs, index_t c
   if (p < p1) {
     const int rest = int(p1 - p);
     __m256 tv[CB];
-    for (int j = 0; j < CB; ++j) tv[j] = VecAvx2::load_first(col[j] + p, rest);
+    for (int j = 0; j < CB; ++j) tv[j] = TLoad<VecAvx2>::load_first(col[j] + p, rest);
     for (int r = 0; r < R; ++r) {
       const __m256 sv = VecAvx2::load_first(s + r * s_rs + p, rest);
       for (int j = 0; j < CB; ++j) acc[r][j] = _mm256_fmadd_ps(sv, tv[j], acc[r][j]);
@@ -389,7 +427,7 @@ TC_INLINE void dots_block(const Task& t, const float* s, index_t s_rs, index_t r
   typename V::reg acc[RB][CB];
   for (int r = 0; r < RB; ++r)
     for (int j = 0; j < CB; ++j) acc[r][j] = V::zero();
-  const float* col[CB];
+  const InputT* col[CB];
   for (int j = 0; j < CB; ++j) col[j] = t.t + (c + j) * t.t_cs;
   const float* row[RB];
   for (int r = 0; r < RB; ++r) row[r] = s + (r0 + r) * s_rs;
@@ -397,9 +435,9 @@ TC_INLINE void dots_block(const Task& t, const float* s, index_t s_rs, index_t r
   for (; p + W <= p1; p += W) {
     if constexpr (kPrefetch)
       for (int j = 0; j < CB; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(col[j] + p + kPrefetchBytes / 4), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(col[j] + p) + kPrefetchBytes, _MM_HINT_T0);
     typename V::reg tv[CB];
-    for (int j = 0; j < CB; ++j) tv[j] = V::load(col[j] + p);
+    for (int j = 0; j < CB; ++j) tv[j] = TLoad<V>::load(col[j] + p);
     for (int r = 0; r < RB; ++r) {
       const typename V::reg sv = V::load(row[r] + p);
       for (int j = 0; j < CB; ++j) acc[r][j] = V::fma(sv, tv[j], acc[r][j]);
@@ -408,7 +446,7 @@ TC_INLINE void dots_block(const Task& t, const float* s, index_t s_rs, index_t r
   if (p < p1) {
     const int rest = int(p1 - p);
     typename V::reg tv[CB];
-    for (int j = 0; j < CB; ++j) tv[j] = V::load_first(col[j] + p, rest);
+    for (int j = 0; j < CB; ++j) tv[j] = TLoad<V>::load_first(col[j] + p, rest);
     for (int r = 0; r < RB; ++r) {
       const typename V::reg sv = V::load_first(row[r] + p, rest);
       for (int j = 0; j < CB; ++j) acc[r][j] = V::fma(sv, tv[j], acc[r][j]);
@@ -467,20 +505,29 @@ constexpr RangeFn kRanges[kSkinnyMax] = {range<1>, range<2>, range<3>, range<4>,
                                          range<5>, range<6>, range<7>, range<8>};
 
 /// Scratch of the skinny path, sized before timing: S's rows packed contiguous (cols form
-/// with strided S), and the split-K partial outputs of all threads but the first.
+/// with strided S; bf16's S widened to fp32, either form), and the split-K partial outputs
+/// of all threads but the first.
 struct Scratch {
   AlignedBuffer s_rows;
   SlicedBuffer partial;
   Scratch() = default;
   Scratch(const Task& t, int threads) {
-    if (t.t_cs != 1 && t.s_cs != 1) s_rows = AlignedBuffer(t.rows * t.depth);
+    if (!std::is_same_v<InputT, float> || (t.t_cs != 1 && t.s_cs != 1))
+      s_rows = AlignedBuffer(t.rows * t.depth);
     if (kParScheme == 2 && threads > 1) partial = SlicedBuffer(threads - 1, t.rows * t.cols);
   }
 };
 
 /// out = S * T for one task, on `threads` threads by the variant's scheme.
-inline void run(const Task& t, Scratch& scratch, int threads) {
+inline void run(const Task& given, Scratch& scratch, int threads) {
+  Task t = given;
   const RangeFn fn = t.rows <= kSkinnyMax ? kRanges[t.rows - 1] : dots_range;
+  if constexpr (!std::is_same_v<InputT, float>) {  // bf16: S widened to fp32 rows, once a call
+    float* widened = scratch.s_rows.get();
+    for (index_t r = 0; r < t.rows; ++r)
+      for (index_t p = 0; p < t.depth; ++p) widened[r * t.depth + p] = to_float(t.s_in[r * t.s_rs + p * t.s_cs]);
+    t.s = widened, t.s_rs = t.depth, t.s_cs = 1;
+  }
   const float* s_rows = t.s;
   index_t s_rs = t.s_rs;
   if (t.t_cs != 1 && t.s_cs != 1) {  // cols form reads S's rows as vectors: make them contiguous
