@@ -101,7 +101,8 @@ using Vec = VecAvx2;
 
 /// bf16 on a CPU with AVX-512 BF16 keeps its operands bf16 in the packed panels, two k
 /// steps to a 32-bit word, and the micro-kernel multiplies them with vdpbf16ps; elsewhere
-/// (and in the GEMV-class path) bf16 is widened to fp32 while packing.
+/// bf16 is widened to fp32 while packing (the GEMV-class path, gemm_skinny.hpp, widens its
+/// large operand as it loads it and multiplies in fp32 on every CPU).
 #if TC_DTYPE == 1 && TC_ISA == 1 && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 constexpr bool kBf16Dot = true;
 using MicroVec = VecAvx512Bf16Dot;

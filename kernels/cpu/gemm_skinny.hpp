@@ -1,10 +1,12 @@
-// GEMV-class problems: C = A * B with M <= kSkinnyMax or N <= kSkinnyMax (fp32), and the
+// GEMV-class problems: C = A * B with M <= kSkinnyMax or N <= kSkinnyMax (fp32 or bf16), and the
 // few-row products the cols form below runs as dot products (M or N up to kDotsMax).
 //
 // Such a product does 2 flops per element of its large operand, so it runs at the rate
 // that operand streams from memory: packing it first (the blocked path) reads it twice
 // and writes it once. Here the large operand is read once, in place, and the small one
 // stays in registers or L1.
+//
+// bf16 takes the same path: T is widened to fp32 as it is loaded (TLoad), S once a call.
 //
 // Both cases are one task, out (R x N) = S (R x K) * T (K x N) with R <= kSkinnyMax and
 // every operand strided: small M takes S = A, T = B, out = C; small N takes the transpose,
@@ -17,7 +19,8 @@
 //         between sweeps; 8 rows in ymm transposed: a broadcast of T(p, c) per column against
 //         S's column;
 //   cols  T's columns contiguous (t_rs == 1): R x CB dot products down CB columns at once,
-//         S's rows read as vectors (packed first when they are strided). Up to kDotsMax rows
+//         S's rows read as vectors (packed first when they are strided), in ymm (zmm dots
+//         from kDotsMinDepth steps on AVX-512, as past kSkinnyMax rows). Up to kDotsMax rows
 //         (R > kSkinnyMax: dots_range) when the dots are at least kDotsMinDepth long: a few
 //         columns of T at a time against S a few rows at a time, in the variant's vectors,
 //         the columns staying in L1-L2 while S's row blocks pass, so T is still read once.
@@ -495,6 +498,11 @@ void range(const Task& t, const float* s_rows, index_t s_rs, index_t c0, index_t
     if constexpr (kRowW == 8 && R == 8) rows_range_t<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
     else rows_range<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
   } else {
+    // in zmm, dots of kDotsMinDepth steps or more go in dots_range's blocks whatever R (paired
+    // against the ymm blocks below, 2 threads, Zen 4: fp32 4-8 rows or columns 1.23-1.48x, 3000x6x1000
+    // 1.39x, bf16 1.07-1.64x; one row or column level: memory holds it)
+    if constexpr (kRowW == 16)
+      if (p1 - p0 >= kDotsMinDepth) return dots_range(t, s_rows, s_rs, c0, c1, p0, p1, out, o_rs, o_cs);
     cols_range<R>(t, s_rows, s_rs, c0, c1, p0, p1, out, o_rs, o_cs);
   }
 }
