@@ -125,7 +125,13 @@ struct TLoad<VecAvx512> {
   }
   static TC_INLINE __m512 load_first(const float* p, int n) { return VecAvx512::load_first(p, n); }
   static TC_INLINE __m512 load_first(const std::uint16_t* p, int n) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
     return widen(_mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p));
+#else  // AVX-512 F alone has no 16-bit masked load
+    alignas(32) std::uint16_t lanes[16] = {};
+    for (int i = 0; i < n; ++i) lanes[i] = p[i];
+    return load(lanes);
+#endif
   }
 };
 #endif
