@@ -200,7 +200,7 @@ def main() -> None:
         check = (lambda an=an[0], bn=bn[0], c=c_np: np.matmul(an, bn, out=c), firsts)
         setups.append((problem, outputs, calls, peers, c_np, check, copies > 1))
         if copies > 1:
-            print(f"{problem.m}x{problem.n}x{problem.k}: {copies} copies of the operands, "
+            print(f"{shape_text(problem)}: {copies} copies of the operands, "
                   "each call reads the next (cold past the LLC)")
 
     rng = random.Random(0)
