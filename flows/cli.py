@@ -113,8 +113,12 @@ def _cmd_run(args) -> int:
     cli.config_arg(args.config)
     workdir = cli.user_dir(pipeline.expand_workdir(args.workdir), "workdir", writable=True)
     cli.registry_root(args.registry, must_exist=False)
+    if args.store:
+        from tilecast.store.store import Store
+        Store(args.store).create()   # unreachable or unwritable: one line, before any build
     if args.plain:
-        ctx = pipeline.RunContext.create(args.config, workdir, args.registry, run_id=args.run_id)
+        ctx = pipeline.RunContext.create(args.config, workdir, args.registry, run_id=args.run_id,
+                                         store=args.store)
         summary = pipeline.run_all(ctx, device=args.device)
     else:
         prefect_env(workdir)
@@ -140,7 +144,7 @@ def _cmd_run(args) -> int:
         try:
             summary = nightly.with_options(task_runner=runner)(
                 config=args.config, workdir=args.workdir, registry=args.registry,
-                run_id=args.run_id, device=args.device)
+                run_id=args.run_id, device=args.device, store=args.store)
         except cli.user_errors():
             _drain_prefect_workers()
             raise
@@ -166,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="a YAML file, or the name of a shipped config (quick, tiny, ...)")
     run.add_argument("--workdir", default="work/quick")
     run.add_argument("--registry", default="registry")
+    run.add_argument("--store", default=None,
+                     help="a measurement store (directory or s3:// prefix): the night's records "
+                          "are added to it and the models train on the labels pooled over "
+                          "its nights of this machine's hardware class (default: none)")
     run.add_argument("--run-id", default=None,
                      help="resume this run id (Prefect task cache); default: a new id")
     run.add_argument("--plain", action="store_true",

@@ -12,33 +12,44 @@ from prefect import flow
 from tilecast.tasks import orchestration, stages
 from tilecast.workflows import pipeline
 from tilecast.core.device import default_device
+from tilecast.store.store import Store
 
 
 @flow(name="tilecast-nightly", log_prints=True)
 def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: str = "registry",
-            run_id: str | None = None, device: str | None = None) -> dict:
+            run_id: str | None = None, device: str | None = None,
+            store: str | None = None) -> dict:
     """Run every stage for every family of `config`; returns the report's summary.
     `run_id` resumes a run (its finished tasks are cached); `device` names the benchmark
-    device (default: this host's CPU)."""
-    ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id)
+    device (default: this host's CPU); `store` (a path or URL) keeps the night's records
+    and trains on the labels pooled over its nights (tilecast.store)."""
+    ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store)
+    if ctx.store:
+        Store(ctx.store).create()   # unreachable or unwritable: fail before anything is built
     device = device or default_device()
     orchestration.ensure_device_limit(device)
     args = (str(ctx.config.path), str(ctx.workdir), str(ctx.registry), ctx.run_id)
     families = list(ctx.config.families)
 
-    builds = {f: stages.build_kernels.submit(*args, f) for f in families}
+    builds = {f: stages.build_kernels.submit(*args, f, store=ctx.store) for f in families}
     bench_task = orchestration.on_device(stages.benchmark_candidates, device)
     benches, previous = {}, list(builds.values())
     for f in families:
-        benches[f] = bench_task.submit(*args, f, builds[f], device, wait_for=previous)
+        benches[f] = bench_task.submit(*args, f, builds[f], device, store=ctx.store,
+                                     wait_for=previous)
         previous = [benches[f]]
     for future in benches.values():  # nothing else in flight while the device measures
         future.wait()
-    converts = {f: stages.convert_to_parquet.submit(*args, f, benches[f]) for f in families}
-    trains = {f: stages.train_model.submit(*args, f, converts[f]) for f in families}
-    evaluations = {f: stages.evaluate_holdout.submit(*args, f, trains[f]) for f in families}
-    report = stages.write_report.submit(*args, {f: evaluations[f] for f in families})
-    publishes = {f: stages.publish_registry.submit(*args, f, evaluations[f], wait_for=[report])
+    converts = {f: stages.convert_to_parquet.submit(*args, f, benches[f], store=ctx.store)
+                for f in families}
+    trains = {f: stages.train_model.submit(*args, f, converts[f], store=ctx.store)
+              for f in families}
+    evaluations = {f: stages.evaluate_holdout.submit(*args, f, trains[f], store=ctx.store)
+                   for f in families}
+    report = stages.write_report.submit(*args, {f: evaluations[f] for f in families},
+                                        store=ctx.store)
+    publishes = {f: stages.publish_registry.submit(*args, f, evaluations[f], store=ctx.store,
+                                                   wait_for=[report])
                  for f in families}
 
     summaries = {f: {"build": builds[f].result(), "bench": benches[f].result(),

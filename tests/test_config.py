@@ -319,3 +319,16 @@ def test_check_config_file_also_asks_this_cpu(tmp_path, monkeypatch):
 def test_missing_config_lists_the_available_ones():
     with pytest.raises(ConfigError, match="available: .*quick"):
         load_config("no-such-config")
+
+
+def test_threads_auto_measures_with_this_machines_cores_and_is_the_default(tmp_path):
+    from tilecast.core.hardware import cpu_count
+
+    assert Protocol().threads == cpu_count() == Protocol.from_mapping({"threads": "auto"}).threads
+    document = with_gemm()
+    document["protocol"] = {"threads": "auto"}
+    assert load_config(write(tmp_path, document)).protocol.threads == cpu_count()
+    document["protocol"] = {"threads": "many"}
+    with pytest.raises(ConfigError, match=r"protocol.threads: expected a whole number >= 1 or "
+                                          r"'auto'.*got 'many'"):
+        load_config(write(tmp_path, document))

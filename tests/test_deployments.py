@@ -18,6 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from tilecast.store.nights import summary
+from tilecast.store.store import Store
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "configs" / "tiny.yaml"
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -115,7 +118,8 @@ def test_deployments_run_on_workers_share_the_device_and_publish(worker, tmp_pat
     assert deployments["nightly"].schedules[0].schedule.cron == "0 1 * * *"
 
     commands = [["tilecast-nightly/nightly", "-p", f"workdir={tmp_path / name / 'work'}",
-                 "-p", f"registry={tmp_path / name / 'registry'}"] for name in ("a", "b")]
+                 "-p", f"registry={tmp_path / name / 'registry'}",
+                 "-p", f"store={tmp_path / name / 'store'}"] for name in ("a", "b")]
     commands.append(["tilecast-rebenchmark/rebenchmark", "-p", f"workdir={tmp_path / 'rebench'}",
                      "-p", f"history={tmp_path / 'history'}"])
     runs = [subprocess.Popen([*PREFECT, "deployment", "run", *command, "--watch",
@@ -130,6 +134,8 @@ def test_deployments_run_on_workers_share_the_device_and_publish(worker, tmp_pat
         versions = tmp_path / name / "registry" / "gemm" / "versions"
         assert sorted(p.name for p in versions.iterdir()) == ["1"]
         assert (tmp_path / name / "work" / "report" / "evaluation.json").exists()
+        [held] = summary(Store(str(tmp_path / name / "store")))   # the night kept, one class
+        assert held["nights"] == 1 and held["records"] > 0
     assert (tmp_path / "rebench" / "report" / "rebench_gemm.json").exists()
 
     from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterKey, TaskRunFilter,

@@ -160,3 +160,37 @@ def test_the_flow_runs_on_a_dask_local_cluster(tmp_path):
     assert summary["published"]["gemm"]["version"] == 1
     assert summary["stages"]["gemm"]["bench"]["new_records"] > 0
     assert (work / "report" / "evaluation.json").exists()
+
+
+@pytest.mark.slow
+def test_nights_accumulate_in_a_store_and_models_train_on_their_pooled_labels(tmp_path):
+    """Two nights (the flow, then --plain) in fresh workdirs, one store: the second trains and
+    is judged on labels pooled over both; `store add` of a workdir adds nothing new."""
+    from tilecast.store.nights import summary
+    from tilecast.store.store import Store
+
+    store, registry = tmp_path / "store", tmp_path / "registry"
+    evaluations = []
+    for night, plain in (("n1", ()), ("n2", ("--plain",))):
+        work = tmp_path / night
+        run = json.loads(_run("run", *plain, "--config", str(TINY), "--workdir", str(work),
+                              "--registry", str(registry), "--store", str(store)).stdout)
+        assert run["stages"]["gemm"]["convert"]["stored"]["new_files"] == 1
+        evaluations.append(json.loads((work / "report" / "evaluation.json").read_text())
+                           ["models"]["gemm"])
+        assert "### Labels pooled over nights" in (work / "report" / "report.md").read_text()
+    [held] = summary(Store(store))
+    assert held["nights"] == 2 and held["problems"] == 15 and held["kernels"] == 4
+    first, second = (e["pooled_labels"] for e in evaluations)
+    assert first["holdout"]["median_nights"] == 1 and second["holdout"]["median_nights"] == 2
+    assert second["train"]["median_nights"] == 2 and second["train"]["pairs"] >= 40
+    assert evaluations[1]["n_problems"] == 3
+    added = _run("store", "add", str(store), str(tmp_path / "n1")).stdout
+    assert "in 0 new file(s)" in added
+    # the store is refused before anything is built when it cannot be written
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = _run("run", "--config", str(TINY), "--workdir", str(tmp_path / "n3"),
+                "--store", str(blocker / "store"), check=False)
+    assert proc.returncode == 2 and "cannot be written" in proc.stderr
+    assert not (tmp_path / "n3" / "build").exists()

@@ -43,6 +43,7 @@ USER_ERRORS = (
     ("tilecast.workflows.user_eval", "EvaluationError"),  # problems with nothing to score
     ("tilecast.table.transfer", "TransferError"),       # cross-hardware evaluation options
     ("tilecast.table.dataset", "TableDataError"),       # imported datasets, device tables
+    ("tilecast.store.store", "StoreError"),             # measurement stores
 )
 
 
@@ -296,20 +297,56 @@ def _cmd_import(args) -> int:
 
 
 def _cmd_repeatability(args) -> int:
-    from tilecast.workflows.repeatability import report
+    from tilecast.workflows.repeatability import is_store, report, store_report
 
+    if not 0.0 <= args.tie_threshold_pct < 100.0:
+        raise CliError(f"--tie-threshold-pct {args.tie_threshold_pct:g} must be a percentage "
+                       "from 0 to 100, e.g. 1")
+    stores = [is_store(run) for run in args.runs]
+    if any(stores):
+        if not all(stores):
+            raise CliError("compare two stores (two series of nights) or two runs, not one "
+                           f"of each: {args.runs[stores.index(False)]} is not a store")
+        if args.nights is not None and args.nights < 1:
+            raise CliError(f"--nights {args.nights} must be at least 1")
+        print(store_report(args.runs[0], args.runs[1], args.family, args.tie_threshold_pct,
+                           args.hardware_class, args.nights))
+        return 0
     for run in args.runs:
         path = Path(run)
         if not path.is_dir():
             with user_file(path, "run").open("rb") as handle:
                 if handle.read(4) != b"PAR1":
-                    raise CliError(f"run {path} is neither a workdir nor a parquet dataset "
-                                   "(`tilecast convert` writes one)")
-    if not 0.0 <= args.tie_threshold_pct < 100.0:
-        raise CliError(f"--tie-threshold-pct {args.tie_threshold_pct:g} must be a percentage "
-                       "from 0 to 100, e.g. 1")
+                    raise CliError(f"run {path} is neither a workdir, a store nor a parquet "
+                                   "dataset (`tilecast convert` writes one)")
     print(report(args.runs[0], args.runs[1], args.family, args.tie_threshold_pct))
     return 0
+
+
+def _cmd_store(args) -> int:
+    from tilecast.store import nights
+    from tilecast.store.store import Store
+
+    store = Store(args.store)
+    if args.action == "add":
+        if not args.workdirs:
+            raise CliError("store add needs one or more WORKDIRs")
+        for workdir in args.workdirs:
+            user_dir(workdir, "workdir", must_exist=True)
+        for workdir in args.workdirs:
+            for appended in nights.add_workdir(store, workdir, args.hardware_class):
+                print(f"{workdir}: {appended.line()}")
+        return 0
+    if args.workdirs:
+        raise CliError(f"store {args.action} takes no WORKDIR (got {args.workdirs[0]})")
+    if args.action == "summary":
+        print("\n".join(nights.summary_lines(nights.summary(store.require()))))
+        return 0
+    damage = store.check()
+    for item in damage:
+        print(f"{item.path}: {item.why}")
+    print(f"{len(store.parts())} record files; {len(damage)} damaged, foreign or left over")
+    return 1 if damage else 0
 
 
 def _cmd_registry(args) -> int:
@@ -628,7 +665,26 @@ def build_parser() -> argparse.ArgumentParser:
     repeat.add_argument("runs", nargs=2, metavar="RUN")
     repeat.add_argument("--family", default="gemm")
     repeat.add_argument("--tie-threshold-pct", type=float, default=1.0)
+    repeat.add_argument("--nights", type=int, default=None,
+                        help="two stores: print K = 1 .. this many nights (default: all both have)")
+    repeat.add_argument("--hardware-class", default=None,
+                        help="two stores: the class to compare (default: the one both hold)")
     repeat.set_defaults(func=_cmd_repeatability)
+
+    store = sub.add_parser(
+        "store", help="a measurement store: what it holds, whether it is sound, or add "
+                      "workdirs' nights to it",
+        description="A store (a directory or s3:// prefix) keeps every record of every night "
+                    "`tilecast run --store S` measured, per hardware class. summary: per class, "
+                    "nights, problems, kernels, records and the last night. check: lists "
+                    "damaged, foreign or left-over files (exit status 1 when there are any). "
+                    "add: the records of existing workdirs become nights of the store.")
+    store.add_argument("action", choices=("summary", "check", "add"))
+    store.add_argument("store", metavar="STORE", help="a directory or fsspec URL (s3://...)")
+    store.add_argument("workdirs", nargs="*", metavar="WORKDIR", help="add: workdirs of runs")
+    store.add_argument("--hardware-class", default=None,
+                       help="add: the class of workdirs measured on another machine")
+    store.set_defaults(func=_cmd_store)
 
     reg = sub.add_parser("registry", help="list, show, promote or roll back model versions")
     reg.add_argument("action", choices=("list", "show", "promote", "rollback"))

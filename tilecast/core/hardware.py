@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 from pathlib import Path
 
 CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -76,6 +77,7 @@ def profile(threads: int | None = None) -> dict:
         **_caches(),
     }
     prof["fingerprint"] = fingerprint(prof)
+    prof["hardware_class"] = hardware_class(prof)
     return prof
 
 
@@ -85,3 +87,26 @@ def fingerprint(prof: dict) -> str:
     parts = [prof.get("cpu_model", ""), prof.get("cores"), prof.get("threads"),
              prof.get("l1d_bytes"), prof.get("l2_bytes"), prof.get("l3_bytes"), ",".join(isa)]
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
+
+
+# A class id is a path segment (a store's partition, a registry's folder): these characters only.
+CLASS_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,95}$")
+# words of a CPU's model name that say nothing about it
+_NOISE = {"processor", "cpu", "core", "with", "radeon", "graphics"}
+
+
+def isa_level(prof: dict) -> str:
+    """The widest vector ISA the profile's flags allow: avx512, avx2 or sse."""
+    flags = set(prof.get("flags", ()))
+    return "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "sse"
+
+
+def hardware_class(prof: dict) -> str:
+    """The profile's hardware class: what changes kernel speed (the fingerprint's CPU model,
+    cores, thread count, caches and ISA) as a readable, path-safe id, e.g.
+    `amd-epyc-avx512-2c-2t-1a2b3c4d`. Two machines of one class share labels and models."""
+    name = re.sub(r"\((r|tm)\)", " ", str(prof.get("cpu_model", "")).lower()).split("@")[0]
+    words = [w for w in re.split(r"[^a-z0-9]+", name) if w and w not in _NOISE]
+    model = "-".join(w for w in words if w)[:40].strip("-") or "cpu"
+    return (f"{model}-{isa_level(prof)}-{prof.get('cores', 0)}c-{prof.get('threads', 0)}t-"
+            f"{fingerprint(prof)[:8]}")

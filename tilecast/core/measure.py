@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from tilecast.core.hardware import cpu_count
+
 
 class ProtocolError(ValueError):
     """An invalid measurement protocol setting."""
@@ -39,6 +41,9 @@ _HARNESS_USAGE = "usage: <binary>"
 # Protocol fields that count something: whole numbers, never booleans or fractions (the
 # harness rejects `--samples 2.5` as a usage error) -> their least allowed value.
 _COUNTS = {"samples": 1, "max_reps": 1, "threads": 1, "retakes": 0}
+# protocol.threads: measure with as many threads as this machine has cores (the default): a
+# label is only true of the thread count it was measured with, and that is a hardware class's
+AUTO_THREADS = "auto"
 _NUMBERS = ("warmup_ms", "min_sample_ms", "timeout_s", "stall_limit", "sync_limit")
 
 
@@ -50,7 +55,7 @@ class Protocol:
     samples: int = 7
     max_reps: int = 10000
     flush_cache: bool = False
-    threads: int = 2
+    threads: int | str = AUTO_THREADS   # "auto": this machine's cores (core.hardware.cpu_count)
     timeout_s: float = 60.0
     # Contention guard (see harness.hpp): a sample during which tasks waited for a CPU for
     # more than stall_limit of its time is re-taken, at most `retakes` times per job.
@@ -61,6 +66,8 @@ class Protocol:
     sync_limit: float = 1.5
 
     def __post_init__(self):
+        if self.threads == AUTO_THREADS:
+            object.__setattr__(self, "threads", cpu_count())
         for name in _NUMBERS:
             value = getattr(self, name)
             if (isinstance(value, bool) or not isinstance(value, numbers.Real)

@@ -347,10 +347,14 @@ MODEL_RULES = {
     "early_stopping_rounds": whole(1), "seed": whole(0), "target": choice(TARGET_TRANSFORMS),
     "top_weight": NON_NEGATIVE, "shortlist": whole(0, 64)}
 
+# protocol.threads: a count, or "auto" (this machine's cores)
+THREADS = _rule(int | Literal["auto"], "a whole number >= 1 or 'auto' (this machine's cores)",
+                lambda v: v == "auto" or (_is_whole(v) and v >= 1))
+
 # one per field of tilecast.core.measure.Protocol, whose defaults the section takes
 PROTOCOL_RULES = {
     "warmup_ms": POSITIVE, "min_sample_ms": POSITIVE, "samples": whole(1),
-    "max_reps": whole(1), "flush_cache": FLAG, "threads": whole(1), "timeout_s": POSITIVE,
+    "max_reps": whole(1), "flush_cache": FLAG, "threads": THREADS, "timeout_s": POSITIVE,
     "retakes": whole(0), "stall_limit": FRACTION,
     "sync_limit": number("0 (off) or > 1", lambda v: v == 0 or v > 1, ge=0)}
 

@@ -114,6 +114,16 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
             ["share of samples kept apart", noise.get("samples_kept_apart_share")],
             ["protocol (share of records)", ", ".join(f"{k} {v:.2f}" for k, v in
                                                       (noise.get("timing") or {}).items()) or None]])
+    pooled = metrics.get("pooled_labels")
+    if pooled:
+        lines += ["### Labels pooled over nights", "",
+                  f"Trained and scored on the labels of store `{pooled['store']}` for hardware "
+                  f"class `{pooled['hardware_class']}`, pooled over the nights that measured each "
+                  "problem (tilecast.store.labels); spread is max - min of a kernel's "
+                  "night-adjusted time over its nights, relative.", ""]
+        lines += _table(["problems", "pairs", "median nights", "median spread", "P90 spread"],
+                        [[ps, v["pairs"], v["median_nights"], v["median_spread"], v["p90_spread"]]
+                         for ps, v in pooled.items() if isinstance(v, dict)])
     slices = metrics.get("slices")
     if slices:
         lines += ["### Per-slice results (held-out problems)", ""]

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from tilecast.core import dataset, hardware, tune
@@ -30,6 +31,10 @@ from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortli
                                       slice_metrics, static_best)
 from tilecast.stages.report import write_report
 from tilecast.stages.train import ModelSpec, check_warm_start, git_sha, load_predictor, train_model
+from tilecast.store import labels as pooled_labels
+from tilecast.store import nights as store_nights
+from tilecast.store.nights import write_hardware
+from tilecast.store.store import Store
 from tilecast.workflows.repeatability import run_noise
 
 log = logging.getLogger("tilecast.workflows.pipeline")
@@ -51,17 +56,18 @@ class RunContext:
     run_id: str
     hardware: dict
     git_sha: str
+    store: str | None = None   # the measurement store (tilecast.store): a path or fsspec URL
 
     @classmethod
     def create(cls, config: str | Path, workdir: str | Path, registry: str | Path,
-               run_id: str | None = None) -> "RunContext":
+               run_id: str | None = None, store: str | Path | None = None) -> "RunContext":
         cfg = load_config(config)
         now = datetime.now(timezone.utc)
         run_id = run_id or now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
         workdir = expand_workdir(workdir, now)
         return cls(config=cfg, workdir=Path(workdir).resolve(), registry=normalize_root(registry),
                    run_id=run_id, hardware=hardware.profile(cfg.protocol.threads),
-                   git_sha=git_sha())
+                   git_sha=git_sha(), store=None if store in (None, "") else str(store))
 
     def path(self, *parts: str) -> Path:
         return self.workdir.joinpath(*parts)
@@ -164,6 +170,7 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None,
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
                 "hardware": ctx.hardware["fingerprint"]}
     pairs = problems(ctx, name)
+    write_hardware(ctx.workdir, ctx.hardware)
     log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
     with exclusive(device or default_device()):
         summary = benchmark(family, builts, pairs, ctx.layout.raw_log(name),
@@ -174,16 +181,48 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None,
 
 
 def convert_stage(ctx: RunContext, name: str) -> dict:
-    """Raw records -> W/data/<family>.parquet."""
+    """Raw records -> W/data/<family>.parquet; with a store, the night's records are also
+    appended to it (a re-run appends nothing twice)."""
     summary = convert_raw([ctx.layout.raw_log(name)], ctx.layout.dataset(name))
-    return {"family": name, "rows": summary.rows, "problems": summary.problems,
-            "kernels": summary.kernels, "statuses": summary.statuses}
+    outcome = {"family": name, "rows": summary.rows, "problems": summary.problems,
+               "kernels": summary.kernels, "statuses": summary.statuses}
+    if ctx.store:
+        family, _ = _family(ctx, name)
+        frame = dataset.load(ctx.layout.dataset(name))
+        appended = store_nights.append_frame(Store(ctx.store).require(), frame, family,
+                                             ctx.hardware["hardware_class"])
+        log.info("convert %s: %s", name, appended.line())
+        outcome["stored"] = {"store": ctx.store, "records": appended.records,
+                             "new_files": appended.files,
+                             "hardware_class": appended.hardware_class}
+    return outcome
+
+
+def holdout_keys(ctx: RunContext, name: str) -> set[str]:
+    """The dims_keys of the config's held-out problems."""
+    family, _ = _family(ctx, name)
+    return {family.dims_key(p) for ps, p in problems(ctx, name) if ps == "holdout"}
 
 
 def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """(this night's records, the final table by problem set). With a store, the final
+    table is the labels pooled over the class's nights (tilecast.store.labels) for this
+    night's candidates: training takes every problem of the class's nights but the held-out
+    ones (the config's, and any a night held out), evaluation the config's held-out
+    problems."""
     records = dataset.load(ctx.layout.dataset(name))
-    final = dataset.final_table(records)
-    return records, {ps: final[final["problem_set"] == ps] for ps in PROBLEM_SETS}
+    if not ctx.store:
+        final = dataset.final_table(records)
+        return records, {ps: final[final["problem_set"] == ps] for ps in PROBLEM_SETS}
+    stored = store_nights.read_frame(Store(ctx.store).require(), ctx.hardware["hardware_class"],
+                                     name)
+    kernels = set(records.loc[records["role"] == "candidate", "kernel"])
+    final = pooled_labels.pooled_final(stored[stored["kernel"].isin(kernels)])
+    held = holdout_keys(ctx, name) | set(stored.loc[stored["problem_set"] == "holdout", "dims_key"])
+    is_holdout = final["dims_key"].isin(holdout_keys(ctx, name))
+    final = final.assign(problem_set=np.where(is_holdout, "holdout", "train"))
+    return records, {"holdout": final[is_holdout],
+                     "train": final[~final["dims_key"].isin(held)]}
 
 
 def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[Path | None, dict]:
@@ -286,6 +325,10 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
         log.info("evaluate %s: through the shortlist, mean eff %s", name, ", ".join(
             f"{v['mean_efficiency']:.3f} with {k}"
             for k, v in evaluation.metrics["shortlist"]["sizes"].items()))
+    if ctx.store:
+        evaluation.metrics["pooled_labels"] = {
+            "store": ctx.store, "hardware_class": ctx.hardware["hardware_class"],
+            **{ps: pooled_labels.label_spread_summary(by_set[ps]) for ps in PROBLEM_SETS}}
     out = ctx.layout.eval_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     evaluation.per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
@@ -297,7 +340,8 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
     log.info("evaluate %s: %d held-out problems, mean eff %.3f, P10 %.3f, top1 %.2f, top5 %.2f, "
              "static best %.3f", name, m["n_problems"], m["mean_efficiency"], m["p10_efficiency"],
              m["top1"], m["top5"], m["static_best"]["mean_efficiency"])
-    return {"family": name, **{k: v for k, v in m.items() if k not in ("slices", "shortlist")}}
+    return {"family": name, **{k: v for k, v in m.items()
+                               if k not in ("slices", "shortlist", "pooled_labels")}}
 
 
 def report_stage(ctx: RunContext) -> dict:

@@ -179,3 +179,69 @@ def report(run_a: str | Path, run_b: str | Path, family: str = "gemm",
 
 def _num(value) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+# -- two series of nights in two stores (tilecast.store) ----------------------------------
+
+def is_store(run: str | Path) -> bool:
+    """True for a measurement store: a URL, or a directory holding STORE.json."""
+    from tilecast.store.store import MARKER_FILE
+
+    return "://" in str(run) or (Path(run) / MARKER_FILE).is_file()
+
+
+def _common_class(stores, hardware_class: str | None, family: str) -> str:
+    from tilecast.store.store import StoreError
+
+    classes = [{p.hardware_class for p in s.parts(family=family)} for s in stores]
+    if hardware_class:
+        for store, held in zip(stores, classes):
+            if hardware_class not in held:
+                raise StoreError(f"store {store.location} holds no {family} records of class "
+                                 f"{hardware_class!r}; it has: {sorted(held) or 'none'}")
+        return hardware_class
+    common = sorted(classes[0] & classes[1])
+    if len(common) != 1:
+        raise StoreError(f"the stores share {len(common)} hardware classes with {family} "
+                         f"records ({common or 'none'}): name one with --hardware-class")
+    return common[0]
+
+
+def series_agreement(records_a: pd.DataFrame, records_b: pd.DataFrame, nights: int,
+                     tie_threshold_pct: float = 1.0) -> dict[str, pd.DataFrame]:
+    """Both directions of per_problem between the labels pooled over each series' first
+    `nights` nights (tilecast.store.labels)."""
+    from tilecast.store import labels
+
+    finals = [labels.series_labels(r, labels.nights_in_order(r)[:nights]) for r in
+              (records_a, records_b)]
+    return {"A's winners scored on B": per_problem(finals[0], finals[1], tie_threshold_pct),
+            "B's winners scored on A": per_problem(finals[1], finals[0], tie_threshold_pct)}
+
+
+def store_report(store_a: str | Path, store_b: str | Path, family: str = "gemm",
+                 tie_threshold_pct: float = 1.0, hardware_class: str | None = None,
+                 max_nights: int | None = None) -> str:
+    """The text `tilecast repeatability` prints for two stores (two independent series of
+    nights of one class): for K = 1, 2, ... nights, one series' pooled winners scored on
+    the other's pooled labels, both ways, overall and per runtime bin."""
+    from tilecast.store import nights as store_nights
+    from tilecast.store.store import Store
+
+    stores = [Store(s).require() for s in (store_a, store_b)]
+    chosen = _common_class(stores, hardware_class, family)
+    records = [store_nights.read_frame(s, chosen, family) for s in stores]
+    counts = [len(set(r["run_id"])) for r in records]
+    most = min(counts) if max_nights is None else min(min(counts), max_nights)
+    lines = [f"repeatability of {family} on {chosen}: labels pooled over each series' first "
+             f"K nights", f"  A = {store_a} ({counts[0]} nights), B = {store_b} "
+             f"({counts[1]} nights)"]
+    for nights in range(1, most + 1):
+        lines.append(f"\nK = {nights}")
+        for label, table in series_agreement(*records, nights, tie_threshold_pct).items():
+            lines.append(f"  {label}: {summarize(table).line().strip()}")
+            for low, high, name in RUNTIME_BINS_US:
+                binned = table[(table["best_us"] >= low) & (table["best_us"] < high)]
+                if len(binned):
+                    lines.append(f"    {name:12s} {summarize(binned).line()}")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""The measurement store's record schema: a dataset row of any family as one fixed arrow schema.
+
+A store holds every family's records in one pyarrow dataset, so the family-specific columns
+(problem fields, kernel config fields, the harness's extras) travel as JSON text: `problem`
+(the family's problem fields) and `extra` (every other column of the dataset row). The rest
+are the dataset's common columns (tilecast.core.dataset.RECORD_COLUMNS) plus what makes a
+record a store's: its `hardware_class`, the store schema version and a `record_id` that is
+the same wherever and however often the record is written (a hash of convert's
+RECORD_IDENTITY), so that a record appended twice is read once.
+
+`to_table` and `to_frame` are inverses on a dataset frame: the dataset frame a night's
+convert stage wrote comes back from the store with the same columns and values.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pandas as pd
+import pyarrow as pa
+
+from tilecast.core import dataset
+
+# 1: the first layout (STORE.json, records/class=/family=/night=/<digest>.parquet)
+STORE_VERSION = 1
+
+# columns of the dataset row stored as they are (the rest go to `extra`)
+_TEXT = ("run_id", "time", "git_sha", "hardware", "family", "problem_set", "dims_key", "kernel",
+         "role", "phase", "status", "reason", "timing", "protocol_hash", "build_key")
+_FLOAT = ("median_s", "mad_s", "tflops", "gbps", "max_error", "reps_per_sample")
+_INT = ("threads",)
+
+SCHEMA = pa.schema(
+    [("store_version", pa.int16()), ("record_id", pa.string()), ("hardware_class", pa.string())]
+    + [(c, pa.string()) for c in _TEXT]
+    + [(c, pa.float64()) for c in _FLOAT]
+    + [(c, pa.int64()) for c in _INT]
+    + [("samples_s", pa.list_(pa.float64())), ("problem", pa.string()), ("extra", pa.string())])
+COLUMNS = tuple(SCHEMA.names)
+
+# convert's identity of one measurement (tilecast.stages.convert.RECORD_IDENTITY)
+IDENTITY = ("run_id", "time", "family", "dims_key", "kernel", "role", "phase", "protocol_hash",
+            "build_key")
+
+
+class RecordError(ValueError):
+    """Records that cannot go into (or come out of) a store as they are."""
+
+
+def record_id(row: dict) -> str:
+    """The id of one measurement: the same for every copy of it, in any file or store."""
+    text = "\x1f".join(str(row.get(c)) for c in IDENTITY)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _plain(value):
+    """A JSON-ready value: numpy scalars and arrays made plain, NaN as None."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_table(frame: pd.DataFrame, problem_fields: tuple[str, ...], hardware_class: str) -> pa.Table:
+    """A dataset frame of one family (tilecast.core.dataset's columns plus the family's) as
+    store rows of `hardware_class`, in the store's SCHEMA."""
+    missing = [c for c in dataset.RECORD_COLUMNS if c not in frame.columns]
+    missing += [f for f in problem_fields if f not in frame.columns]
+    if missing:
+        raise RecordError(f"records lack column(s) {missing}; a store takes converted "
+                          "benchmark records (tilecast convert)")
+    families = sorted(set(frame["family"].astype(str)))
+    if len(families) > 1:
+        raise RecordError(f"records of several families {families}: append one family at a time")
+    known = set(_TEXT) | set(_FLOAT) | set(_INT) | {"samples_s", "schema_version"}
+    extra_columns = [c for c in frame.columns if c not in known and c not in problem_fields]
+    rows = frame.to_dict("records")
+    columns: dict[str, list] = {name: [] for name in COLUMNS}
+    for row in rows:
+        columns["store_version"].append(STORE_VERSION)
+        columns["record_id"].append(record_id(row))
+        columns["hardware_class"].append(hardware_class)
+        for c in _TEXT:
+            value = _plain(row.get(c))
+            columns[c].append(None if value is None else str(value))
+        for c in _FLOAT:
+            value = _plain(row.get(c))
+            columns[c].append(None if value is None else float(value))
+        for c in _INT:
+            value = _plain(row.get(c))
+            columns[c].append(None if value is None else int(value))
+        columns["samples_s"].append([float(x) for x in (_plain(row.get("samples_s")) or [])])
+        columns["problem"].append(json.dumps({f: _plain(row[f]) for f in problem_fields},
+                                             sort_keys=True))
+        columns["extra"].append(json.dumps({c: _plain(row[c]) for c in extra_columns},
+                                           sort_keys=True, default=str))
+    return pa.table(columns, schema=SCHEMA)
+
+
+def to_frame(table: pa.Table) -> pd.DataFrame:
+    """Store rows as a dataset frame: the common columns, the problem fields and the extras
+    as columns again (`hardware_class` and `record_id` kept beside them)."""
+    frame = table.drop_columns(["problem", "extra", "store_version"]).to_pandas()
+    frame["samples_s"] = [list(v) if v is not None else [] for v in frame["samples_s"]]
+    frame["schema_version"] = dataset.SCHEMA_VERSION
+    for name in ("problem", "extra"):
+        expanded = pd.DataFrame.from_records([json.loads(t) if t else {} for t in
+                                              table.column(name).to_pylist()], index=frame.index)
+        for column in expanded.columns:
+            if column not in frame.columns:
+                frame[column] = expanded[column]
+    return frame
