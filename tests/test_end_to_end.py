@@ -178,7 +178,8 @@ def test_nights_accumulate_in_a_store_and_models_train_on_their_pooled_labels(tm
         assert run["stages"]["gemm"]["convert"]["stored"]["new_files"] == 1
         evaluations.append(json.loads((work / "report" / "evaluation.json").read_text())
                            ["models"]["gemm"])
-        assert "### Labels pooled over nights" in (work / "report" / "report.md").read_text()
+        report = (work / "report" / "report.md").read_text()
+        assert "### Labels pooled over nights" in report and "### Change points" in report
     [held] = summary(Store(store))
     assert held["nights"] == 2 and held["problems"] == 15 and held["kernels"] == 4
     first, second = (e["pooled_labels"] for e in evaluations)

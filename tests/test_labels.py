@@ -91,3 +91,25 @@ def test_series_labels_pool_the_named_nights_in_time_order():
     assert dataset.winners(first, 1.0)[first["dims_key"].iloc[0]].kernel == "a"
     spread = labels.label_spread_summary(labels.pooled_final(records))
     assert spread["pairs"] == 2 and spread["median_nights"] == 2
+
+
+def test_a_kernel_that_slows_against_its_rivals_for_two_nights_is_a_change_point():
+    from tilecast.store import drift
+
+    rng = np.random.default_rng(0)
+
+    def spec(slow):
+        return {m: {"a": 1e-5 * m * rng.uniform(0.995, 1.005),
+                    "b": 1.2e-5 * m * slow * rng.uniform(0.995, 1.005),
+                    "c": 1.5e-5 * m * rng.uniform(0.995, 1.005)} for m in (8, 16, 32)}
+
+    steady = [spec(1.0) for _ in range(4)]
+    records = nights(*steady, spec(1.10), spec(1.10))
+    [point] = drift.change_points(records)
+    assert point.kernel == "b" and point.night == "n5" and point.problems == 3
+    assert point.shift == pytest.approx(0.10, abs=0.02)
+    assert drift.change_points(nights(*steady, spec(1.0), spec(1.0))) == []
+    # one slow night is not a change; a whole night's level moving is none either
+    assert drift.change_points(nights(*steady, spec(1.0), spec(1.10))) == []
+    level = {m: {k: 3 * v for k, v in kernels.items()} for m, kernels in spec(1.0).items()}
+    assert drift.change_points(nights(*steady, level, level)) == []

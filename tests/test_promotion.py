@@ -226,7 +226,8 @@ def test_history_survives_a_torn_last_line(tmp_path):
 def test_registry_command_line(tmp_path, capsys):
     _versions(tmp_path, 2)
     assert cli.main(["registry", "list", "--registry", str(tmp_path)]) == 0
-    assert "m: versions [1, 2]; aliases production -> 2" in capsys.readouterr().out
+    assert "m [no hardware class]: versions [1, 2]; aliases production -> 2" in \
+        capsys.readouterr().out
     assert cli.main(["registry", "show", "m", "1", "--registry", str(tmp_path)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["version"] == 1 and shown["mean_efficiency"] == 0.9 and shown["aliases"] == []

@@ -352,18 +352,28 @@ def _cmd_store(args) -> int:
 def _cmd_registry(args) -> int:
     from tilecast.registry import api as registry
 
+    from tilecast.registry import classes
+
     root = registry_root(args.registry)
     if args.action == "list":
-        models = [args.model] if args.model else registry.list_models(root)
+        names = registry.list_models(root)
+        models = [m for m in names if args.model in (None, m, classes.split(m)[0])]
         if not models:
-            raise CliError(f"registry {root} holds no model")
+            raise CliError(f"registry {root} holds no model" + (f" {args.model!r}" if args.model
+                                                                 else ""))
         for model in models:
+            name, hardware_class = classes.split(model)
             aliases = registry.list_aliases(root, model)
-            print(f"{model}: versions {registry.list_versions(root, model) or 'none'}; aliases "
+            print(f"{name} [{hardware_class or 'no hardware class'}]: versions "
+                  f"{registry.list_versions(root, model) or 'none'}; aliases "
                   + (", ".join(f"{a} -> {v}" for a, v in aliases.items()) or "none"))
         return 0
     if not args.model:
         raise CliError(f"registry {args.action} needs MODEL")
+    if args.action == "show":
+        args.model = registry.serving_name(root, args.model)
+    else:
+        args.model = _class_to_move(root, args.model)
     if args.action == "show":
         number = registry.resolve_version(root, args.model, args.version or args.alias)
         aliases = [a for a, v in registry.list_aliases(root, args.model).items() if v == number]
@@ -384,6 +394,24 @@ def _cmd_registry(args) -> int:
         raise CliError(f"registry {root} is not writable: {err.strerror} ({err.filename}); "
                        "ask its owner, or use a registry you can write") from None
     return 0
+
+
+def _class_to_move(root, model: str) -> str:
+    """The registered model a promote or rollback of `model` acts on: `model` itself when it
+    names a class or a classless model, else this host's class's; CliError naming the
+    classes when this host has none."""
+    from tilecast.registry import api as registry, classes
+
+    names = registry.list_models(root)
+    if classes.split(model)[1] is not None or model in names:
+        return model
+    registered = classes.classes(names, model)
+    own = classes.class_model(model, classes.host_class())
+    if own in names:
+        return own
+    raise CliError(f"registry {root}: model {model!r} has versions for hardware classes "
+                   f"{registered or 'none'}, none of them this host's: name one as "
+                   f"{model}@<class>")
 
 
 #: `evaluate`'s two modes and the options of each (argparse dests; None = not given).

@@ -36,8 +36,8 @@ from typing import Callable, Mapping, Sequence
 from tilecast.registry import integrity
 from tilecast.registry.base import (  # noqa: F401 - the registry's names, re-exported
     CANDIDATE, CHECKSUMS_FILE, CLAIM_FILE, COMPLETE_FILE, FLOAT_SLACK, HISTORY_FILE,
-    MAX_CLAIM_ATTEMPTS, MEAN_TOLERANCE, METRICS_FILE, NAME_RE, P10_TOLERANCE, PRODUCTION,
-    PROMOTION_FILE, RESERVED_FILES, STALE_TEMP_S, TEMP_PREFIX, RegistryError,
+    MAX_CLAIM_ATTEMPTS, MEAN_TOLERANCE, METRICS_FILE, MODEL_RE, NAME_RE, P10_TOLERANCE,
+    PRODUCTION, PROMOTION_FILE, RESERVED_FILES, STALE_TEMP_S, TEMP_PREFIX, RegistryError,
     relative_name)
 from tilecast.registry.local import LocalStore
 from tilecast.registry.remote import open_store
@@ -94,8 +94,11 @@ def _store(root):
 
 
 def _check_name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value) or value in (".", ".."):
-        raise RegistryError(f"invalid {what} name {value!r}: use letters, digits, '_', '.', '-'")
+    pattern = MODEL_RE if what == "model" else NAME_RE
+    if not isinstance(value, str) or not pattern.match(value) or value in (".", ".."):
+        extra = " (and '@<hardware class>')" if what == "model" else ""
+        raise RegistryError(f"invalid {what} name {value!r}: use letters, digits, '_', '.', "
+                            f"'-'{extra}")
     return value
 
 
@@ -125,6 +128,23 @@ def _is_number(alias_or_version) -> bool:
 def list_models(root) -> list[str]:
     """Names of the models under `root` (those with a versions/ directory), sorted."""
     return _store(root).model_names()
+
+
+def serving_name(root, model: str, host: str | None = None) -> str:
+    """The registered model that serves `model` on hardware class `host` (default: this
+    host's, at the thread count its kernels will run with): tilecast.registry.classes. A
+    classless table model (imported measurements of other devices) is served as it is."""
+    from tilecast.registry import classes
+
+    names = list_models(root)
+    if classes.split(model)[1] is None and model in names and not classes.classes(names, model):
+        try:
+            spec = json.loads(read_version_file(root, model, PRODUCTION, "feature_spec.json"))
+            if spec.get("family") == "table":
+                return model
+        except (RegistryError, ValueError):
+            pass   # the loader reports what is wrong with the version
+    return classes.serving_model(names, model, host or classes.host_class(), str(root))
 
 
 def list_versions(root, model: str) -> list[int]:

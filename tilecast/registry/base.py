@@ -9,6 +9,9 @@ import re
 from pathlib import PurePosixPath
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+# a model's name: a name, or a name and the hardware class it was measured on (`gemm@<class>`,
+# tilecast.registry.classes)
+MODEL_RE = re.compile(r"^[A-Za-z0-9_.-]+(@[a-z0-9][a-z0-9.-]*)?$")
 PRODUCTION = "production"
 CANDIDATE = "candidate"
 METRICS_FILE = "metrics.json"

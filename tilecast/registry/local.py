@@ -32,8 +32,8 @@ from pathlib import Path, PurePosixPath
 
 from tilecast.core.atomic import atomic_write_bytes, make_temp_dir
 from tilecast.registry import integrity
-from tilecast.registry.base import (HISTORY_FILE, MAX_CLAIM_ATTEMPTS, NAME_RE, STALE_TEMP_S,
-                                    TEMP_PREFIX, RegistryError)
+from tilecast.registry.base import (HISTORY_FILE, MAX_CLAIM_ATTEMPTS, MODEL_RE, NAME_RE,
+                                    STALE_TEMP_S, TEMP_PREFIX, RegistryError)
 
 LOCK_FILE = ".lock"
 OWNER_SEPARATOR = "+"   # neither in host names nor in registry names: the name parses back
@@ -118,7 +118,7 @@ class LocalStore:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir()
-                      if NAME_RE.match(p.name) and (p / "versions").is_dir())
+                      if MODEL_RE.match(p.name) and (p / "versions").is_dir())
 
     def version_numbers(self, model: str) -> list[int]:
         versions_dir = self._versions_dir(model)

@@ -63,8 +63,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
 from tilecast.registry import cache, integrity
-from tilecast.registry.base import (CLAIM_FILE, COMPLETE_FILE, MAX_CLAIM_ATTEMPTS, NAME_RE,
-                                    RegistryError, relative_name)
+from tilecast.registry.base import (CLAIM_FILE, COMPLETE_FILE, MAX_CLAIM_ATTEMPTS, MODEL_RE,
+                                    NAME_RE, RegistryError, relative_name)
 from tilecast.registry.local import LocalStore
 
 logger = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class ObjectStore:
     # -- reading --------------------------------------------------------------------------
 
     def model_names(self) -> list[str]:
-        names = [name for name in self._children() if NAME_RE.match(name)]
+        names = [name for name in self._children() if MODEL_RE.match(name)]
         with self._io(f"list {self.location}"):
             return [name for name in names if self.fs.isdir(self._key(name, "versions"))]
 

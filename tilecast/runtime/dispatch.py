@@ -359,7 +359,10 @@ class Dispatcher:
         are verified against its checksums first (registry.local_copy): a damaged version is
         a RegistryError naming the file, which `tilecast.runtime.serving` answers with the
         last good version or the caller's static kernel. A remote version is loaded from a
-        local copy downloaded once (tilecast.registry.cache; `cache_dir` overrides where)."""
+        local copy downloaded once (tilecast.registry.cache; `cache_dir` overrides where).
+        `model` without a hardware class serves this host's class's model, or the nearest
+        class's with a warning (tilecast.registry.classes)."""
+        model = registry.serving_name(root, model)
         version = registry.resolve_version(root, model, alias)
         path = registry.local_copy(root, model, version, cache_dir=cache_dir)
         try:

@@ -124,6 +124,15 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
         lines += _table(["problems", "pairs", "median nights", "median spread", "P90 spread"],
                         [[ps, v["pairs"], v["median_nights"], v["median_spread"], v["p90_spread"]]
                          for ps, v in pooled.items() if isinstance(v, dict)])
+    if pooled:
+        moved = metrics.get("change_points") or []
+        lines += ["### Change points", "",
+                  "Kernels whose last nights all moved the same way against their rivals "
+                  "(median over problems, the night's level taken out; tilecast.store.drift): "
+                  "a rebuilt binary, a compiler or a machine change.", ""]
+        lines += (_table(["kernel", "since night", "shift (time)", "z", "problems"],
+                         [[c["kernel"], c["night"], f"{c['shift']:+.1%}", c["z"], c["problems"]]
+                          for c in moved]) if moved else ["None.", ""])
     slices = metrics.get("slices")
     if slices:
         lines += ["### Per-slice results (held-out problems)", ""]

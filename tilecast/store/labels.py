@@ -104,39 +104,44 @@ def median_polish(log_times: np.ndarray, sweeps: int = MAX_SWEEPS) -> tuple[np.n
     return kernel, night
 
 
+def polished(labels: pd.DataFrame, window: int = DEFAULT_WINDOW):
+    """Per problem of night_labels(): (dims_key, kernel names, run ids, kernel effects,
+    residuals): the median polish of its kernels x latest `window` nights log times, with
+    NaN residuals where a night did not measure a kernel."""
+    if window < 1:
+        raise ValueError(f"window {window!r}: pool at least one night")
+    for dims_key, problem in _latest_nights(labels, window).groupby("dims_key", sort=True):
+        table = problem.pivot_table(index="kernel", columns="run_id", values="median_s",
+                                    aggfunc="first")
+        log_times = np.log(table.to_numpy(dtype=float))
+        kernel, night = median_polish(log_times)
+        residual = log_times - kernel[:, None] - night[None, :]
+        yield dims_key, list(table.index), list(table.columns), kernel, residual
+
+
 def pool(labels: pd.DataFrame, window: int = DEFAULT_WINDOW) -> pd.DataFrame:
     """One row per (dims_key, kernel) measured validly on one of the problem's latest `window`
     nights: its pooled `median_s` (median polish of the problem's kernels x nights log
     times: the kernel's time on a typical night), `rel` (the problem's fastest pooled time /
     this one), `spread` (max - min over its nights of its time relative to its pooled one,
     the night's level taken out) and `nights`."""
-    if window < 1:
-        raise ValueError(f"window {window!r}: pool at least one night")
-    recent = _latest_nights(labels, window)
     rows = []
-    for dims_key, problem in recent.groupby("dims_key", sort=True):
-        table = problem.pivot_table(index="kernel", columns="run_id", values="median_s",
-                                    aggfunc="first")
-        log_times = np.log(table.to_numpy(dtype=float))
-        kernel, night = median_polish(log_times)
-        residual = log_times - kernel[:, None] - night[None, :]
-        measured = np.isfinite(log_times)
+    for dims_key, kernels, _, kernel, residual in polished(labels, window):
         pooled_s = np.exp(kernel)
-        for index, name in enumerate(table.index):
-            nights = residual[index][measured[index]]
-            ratio = np.exp(nights)
+        for index, name in enumerate(kernels):
+            ratio = np.exp(residual[index][np.isfinite(residual[index])])
             rows.append({"dims_key": dims_key, "kernel": name, "median_s": pooled_s[index],
                          "rel": pooled_s.min() / pooled_s[index],
                          "spread": float(ratio.max() - ratio.min()),
-                         "nights": int(measured[index].sum())})
+                         "nights": int(np.isfinite(residual[index]).sum())})
     return pd.DataFrame(rows, columns=["dims_key", "kernel", "median_s", "rel", "spread",
                                        "nights"])
 
 
 def pooled_final(records: pd.DataFrame, window: int = DEFAULT_WINDOW) -> pd.DataFrame:
     """A final table (tilecast.core.dataset.final_table's columns) of pooled labels: a valid
-    pair's `tflops` is `rel x level_tflops` and its `median_s` `level_s / rel`, with its
-    `nights` and `spread`; a pair no night measured validly keeps its latest record (its
+    pair's `median_s` is its pooled time and its `tflops` the problem's work over that, with
+    its `nights` and `spread`; a pair no night measured validly keeps its latest record (its
     failure), and a pair whose binary gave a wrong result or crashed on any night is that
     failure. The other columns come from the pair's latest record."""
     candidates = current_origin(records)

@@ -113,12 +113,12 @@ def read_frame(store: Store, hardware_class: str, family: str) -> pd.DataFrame:
     return store_records.to_frame(store.read(hardware_class, family))
 
 
-SUMMARY_COLUMNS = ("hardware_class", "run_id", "family", "dims_key", "kernel", "time")
+SUMMARY_COLUMNS = ("hardware_class", "run_id", "family", "dims_key", "kernel", "role", "time")
 
 
 def summary(store: Store) -> list[dict]:
-    """Per hardware class: its nights, problems (family, dims_key), kernels, records and the
-    time of its last record; classes in name order."""
+    """Per hardware class: its nights, problems (family, dims_key), candidate kernels (peers
+    left out), records and the time of its last record; classes in name order."""
     table = store.read(columns=SUMMARY_COLUMNS)
     out = []
     if table.num_rows == 0:
@@ -130,7 +130,8 @@ def summary(store: Store) -> list[dict]:
                     "nights": pc.count_distinct(rows.column("run_id")).as_py(),
                     "families": sorted(pc.unique(rows.column("family")).to_pylist()),
                     "problems": pc.count_distinct(problems).as_py(),
-                    "kernels": pc.count_distinct(rows.column("kernel")).as_py(),
+                    "kernels": pc.count_distinct(rows.filter(pc.equal(
+                        rows.column("role"), "candidate")).column("kernel")).as_py(),
                     "records": rows.num_rows,
                     "last_night": pc.max(rows.column("time")).as_py()})
     return out

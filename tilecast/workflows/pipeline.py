@@ -22,6 +22,7 @@ from tilecast.core.config import PROBLEM_SETS, ConfigError, RunConfig, load_conf
 from tilecast.core.device import default_device, exclusive
 from tilecast.families import get_family
 from tilecast.registry import api as registry
+from tilecast.registry import classes as registry_classes
 from tilecast.registry import gate as promotion
 from tilecast.registry.api import normalize_root
 from tilecast.stages import build, layout, roofline
@@ -32,6 +33,7 @@ from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortli
 from tilecast.stages.report import write_report
 from tilecast.stages.train import ModelSpec, check_warm_start, git_sha, load_predictor, train_model
 from tilecast.store import labels as pooled_labels
+from tilecast.store.drift import change_points
 from tilecast.store import nights as store_nights
 from tilecast.store.nights import write_hardware
 from tilecast.store.store import Store
@@ -204,6 +206,12 @@ def holdout_keys(ctx: RunContext, name: str) -> set[str]:
     return {family.dims_key(p) for ps, p in problems(ctx, name) if ps == "holdout"}
 
 
+def _stored(ctx: RunContext, name: str) -> pd.DataFrame:
+    """The store's records of the family measured on this run's hardware class."""
+    return store_nights.read_frame(Store(ctx.store).require(), ctx.hardware["hardware_class"],
+                                   name)
+
+
 def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """(this night's records, the final table by problem set). With a store, the final
     table is the labels pooled over the class's nights (tilecast.store.labels) for this
@@ -214,8 +222,7 @@ def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, p
     if not ctx.store:
         final = dataset.final_table(records)
         return records, {ps: final[final["problem_set"] == ps] for ps in PROBLEM_SETS}
-    stored = store_nights.read_frame(Store(ctx.store).require(), ctx.hardware["hardware_class"],
-                                     name)
+    stored = _stored(ctx, name)
     kernels = set(records.loc[records["role"] == "candidate", "kernel"])
     final = pooled_labels.pooled_final(stored[stored["kernel"].isin(kernels)])
     held = holdout_keys(ctx, name) | set(stored.loc[stored["problem_set"] == "holdout", "dims_key"])
@@ -231,7 +238,7 @@ def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[P
     if fc.warm_start is None:
         return None, {}
     try:
-        base_dir = registry.local_copy(ctx.registry, name, fc.warm_start)
+        base_dir = registry.local_copy(ctx.registry, registered_model(ctx, name), fc.warm_start)
     except registry.RegistryError as err:
         log.warning("train %s: warm start from %r impossible (%s); training from scratch",
                     name, fc.warm_start, err)
@@ -239,7 +246,7 @@ def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[P
     init = check_warm_start(base_dir, family, engine, spec)
     manifest = json.loads((base_dir / layout.MANIFEST_FILE).read_text() or "{}")
     return init, {"warm_start": fc.warm_start, "base": {
-        "model": name, "version": int(base_dir.name), "data_hash": manifest.get("data_hash"),
+        "model": registered_model(ctx, name), "version": int(base_dir.name), "data_hash": manifest.get("data_hash"),
         "registry": str(ctx.registry)}}
 
 
@@ -329,6 +336,8 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
         evaluation.metrics["pooled_labels"] = {
             "store": ctx.store, "hardware_class": ctx.hardware["hardware_class"],
             **{ps: pooled_labels.label_spread_summary(by_set[ps]) for ps in PROBLEM_SETS}}
+        evaluation.metrics["change_points"] = [c.as_dict() for c in change_points(
+            _stored(ctx, name))]
     out = ctx.layout.eval_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     evaluation.per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
@@ -341,7 +350,8 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
              "static best %.3f", name, m["n_problems"], m["mean_efficiency"], m["p10_efficiency"],
              m["top1"], m["top5"], m["static_best"]["mean_efficiency"])
     return {"family": name, **{k: v for k, v in m.items()
-                               if k not in ("slices", "shortlist", "pooled_labels")}}
+                               if k not in ("slices", "shortlist", "pooled_labels",
+                                            "change_points")}}
 
 
 def report_stage(ctx: RunContext) -> dict:
@@ -372,6 +382,12 @@ def report_stage(ctx: RunContext) -> dict:
     return {"report_dir": str(directory), "evaluation": str(directory / layout.EVALUATION_FILE)}
 
 
+def registered_model(ctx: RunContext, name: str) -> str:
+    """The registry's name of a family's model measured on this run's hardware class: each
+    class has its own versions, aliases and gate (tilecast.registry.classes)."""
+    return registry_classes.class_model(name, ctx.hardware["hardware_class"])
+
+
 def publish_stage(ctx: RunContext, name: str) -> dict:
     """A new registry version of the family's model; production moves only if the new model
     passes the gate against production's choices on this run's holdout (tilecast.registry.gate)."""
@@ -384,13 +400,15 @@ def publish_stage(ctx: RunContext, name: str) -> dict:
     files[layout.PER_PROBLEM_FILE] = per_problem
     metrics = json.loads((eval_dir / layout.METRICS_FILE).read_text())
     _, by_set = _final_by_set(ctx, name)
-    baseline = promotion.production_baseline(ctx.registry, name, family, by_set["holdout"],
+    model = registered_model(ctx, name)
+    baseline = promotion.production_baseline(ctx.registry, model, family, by_set["holdout"],
                                              ctx.config.tie_threshold_pct)
     gate = promotion.make_gate(baseline, promotion.read_candidate_table(per_problem))
-    result = registry.publish(ctx.registry, name, files, metrics=metrics, gate=gate)
-    log.info("publish %s: version %d, %s (%s)", name, result.version,
+    result = registry.publish(ctx.registry, model, files, metrics=metrics, gate=gate)
+    log.info("publish %s: version %d, %s (%s)", model, result.version,
              "promoted" if result.promoted else "not promoted", result.reason)
-    outcome = {"family": name, "version": result.version, "promoted": result.promoted,
+    outcome = {"family": name, "model": model, "hardware_class": ctx.hardware["hardware_class"],
+               "version": result.version, "promoted": result.promoted,
                "reason": result.reason, "path": str(result.path),
                "aliases": list(result.aliases), "baseline_version": baseline.version}
     atomic_write_json(ctx.layout.publish_outcome(name), outcome)

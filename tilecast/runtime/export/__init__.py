@@ -47,6 +47,7 @@ def load(root, model: str, alias_or_version: str | int = "production",
     from tilecast.registry import api as registry
     from tilecast.runtime.dispatch import Dispatcher
 
+    model = registry.serving_name(root, model)
     version = registry.resolve_version(root, model, alias_or_version)
     path = registry.local_copy(root, model, version)
     family = _family(path)
