@@ -4,6 +4,8 @@ and `store summary` over 10 M records, on a local directory and on moto's S3 ser
 
     .venv/bin/python benchmarks/store_bench.py                       # everything, local and S3
     .venv/bin/python benchmarks/store_bench.py --records 1000000 --no-s3
+    .venv/bin/python benchmarks/store_bench.py --layouts ours delta  # beside Delta Lake (needs
+                                                                     # `pip install deltalake`)
 
 A night is generated in the shape of the nightly's (64 kernels x 300 problems, one screen
 record each and a confirm record for the finalists, 6-24 samples a record): the store does
@@ -36,6 +38,7 @@ from tilecast.store import nights, records as store_records  # noqa: E402
 from tilecast.store.store import Store  # noqa: E402
 
 GEMM = get_family("gemm")
+LAYOUTS = {"ours": "immutable parquet parts (tilecast.store)", "delta": "a Delta Lake table"}
 CLASS = "bench-cpu-avx512-2c-2t-00000000"
 
 
@@ -120,6 +123,90 @@ def concurrent_appends(location: str, writers: int, appends: int, env: dict) -> 
             "duplicated": len(ids) - len(set(ids)), "wall_s": wall}
 
 
+# -- the same work on a Delta Lake table (deltalake, delta-rs), for the layout's choice ----------
+
+def _delta_options(location: str) -> dict | None:
+    """delta-rs storage options: on S3 the endpoint and conditional PUTs (If-None-Match),
+    which make its commits safe from concurrent writers without a lock table."""
+    if not location.startswith("s3://"):
+        return None
+    return {"AWS_ENDPOINT_URL": os.environ["AWS_ENDPOINT_URL"], "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing", "conditional_put": "etag"}
+
+
+def delta_append(location: str, table: pa.Table) -> None:
+    from deltalake import write_deltalake
+    write_deltalake(location, table.replace_schema_metadata(None), mode="append",
+                    partition_by=["hardware_class", "family"],
+                    storage_options=_delta_options(location))
+
+
+def delta_night_append(location: str, rounds: int) -> list[float]:
+    frame = synthetic_night("n-0")
+    seconds = []
+    for index in range(rounds):
+        frame["run_id"] = f"append-{index}"
+        start = time.perf_counter()
+        delta_append(location, store_records.to_table(frame, tuple(GEMM.problem_fields), CLASS))
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def _delta_writer(location: str, writer: int, appends: int, env: dict) -> None:
+    os.environ.update(env)
+    base = synthetic_night("w", kernels=2, problems=1, seed=writer)
+    for index in range(appends):
+        frame = base.assign(run_id=f"w{writer}", m=index + 1,
+                            dims_key=[f"writer{writer}-append{index}-{k}" for k in range(len(base))])
+        delta_append(location, store_records.to_table(frame, tuple(GEMM.problem_fields), CLASS))
+
+
+def delta_concurrent(location: str, writers: int, appends: int, env: dict) -> dict:
+    from deltalake import DeltaTable
+
+    context = multiprocessing.get_context("spawn")
+    start = time.perf_counter()
+    procs = [context.Process(target=_delta_writer, args=(location, w, appends, env))
+             for w in range(writers)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    wall = time.perf_counter() - start
+    ids = (DeltaTable(location, storage_options=_delta_options(location)).to_pyarrow_dataset()
+           .to_table(columns=["record_id"]).column("record_id").to_pylist())
+    expected = writers * appends * 4
+    return {"writers": writers, "appends": appends,
+            "failed_writers": sum(p.exitcode != 0 for p in procs), "expected": expected,
+            "read": len(ids), "lost": expected - len(set(ids)),
+            "duplicated": len(ids) - len(set(ids)), "wall_s": wall}
+
+
+def delta_big(location: str, records: int) -> None:
+    night = store_records.to_table(synthetic_night("big-0"), tuple(GEMM.problem_fields), CLASS)
+    for index in range(max(1, records // night.num_rows)):
+        delta_append(location, _as_night(night, f"big-{index:04d}"))
+
+
+def delta_summary(location: str, rounds: int) -> list[float]:
+    """The same figures as nights.summary, read from the Delta table."""
+    from deltalake import DeltaTable
+
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        table = DeltaTable(location).to_pyarrow_dataset().to_table(
+            columns=list(nights.SUMMARY_COLUMNS))
+        for hardware_class in pc.unique(table.column("hardware_class")).to_pylist():
+            rows = table.filter(pc.equal(table.column("hardware_class"), hardware_class))
+            problems = pc.binary_join_element_wise(rows.column("family"), rows.column("dims_key"), "|")
+            [pc.count_distinct(rows.column(c)).as_py() for c in ("run_id", "kernel")]
+            pc.count_distinct(problems).as_py()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def big_store(location: str, records: int) -> Store:
     """A store of about `records` records: one generated night written under many run ids."""
     store = Store(location).create()
@@ -143,8 +230,10 @@ def time_summary(store: Store, rounds: int) -> tuple[list[float], dict]:
 
 def s3_server():
     """moto's S3 server on 127.0.0.1 and the environment pointing at it."""
+    import logging
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)   # a line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -168,6 +257,7 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=["ours"])
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tilecast-store-bench-"))
     print(f"CPU: {_cpu()}; {os.cpu_count()} CPUs")
@@ -179,26 +269,33 @@ def main() -> None:
         locations["moto S3"] = lambda name: f"s3://tilecast-bench/{name}"
     try:
         for where, location in locations.items():
-            print(f"\n== {where}")
-            night_s = time_night_append(location("append"), args.rounds)
-            rows = len(synthetic_night("x"))
-            print(f"a night's append ({rows} records): {_median(night_s)}")
-            result = concurrent_appends(location("concurrent"), args.writers, args.appends, env)
-            print(f"{result['writers']} processes x {result['appends']} appends: "
-                  f"{result['read']} of {result['expected']} records read, {result['lost']} lost, "
-                  f"{result['duplicated']} duplicated, {result['failed_writers']} writers failed, "
-                  f"{result['wall_s']:.1f} s")
-        print(f"\n== local, {args.records:,} records")
-        store = big_store(str(root / "big"), args.records)
-        size = sum(f.stat().st_size for f in (root / "big").rglob("*.parquet"))
-        seconds, summary = time_summary(store, args.rounds)
-        print(f"store summary: {summary['records']:,} records, {summary['nights']} nights, "
-              f"{summary['problems']} problems, {size / 2**20:.0f} MiB on disk: {_median(seconds)}")
-        start = time.perf_counter()
-        table = store.read(CLASS, "gemm", columns=["dims_key", "kernel", "median_s", "run_id"])
-        print(f"reading one class's labels' columns ({table.num_rows:,} rows): "
-              f"{time.perf_counter() - start:.2f} s")
-        del table
+            for layout in args.layouts:
+                print(f"\n== {where}, {LAYOUTS[layout]}")
+                appender, concurrent = ((time_night_append, concurrent_appends) if layout == "ours"
+                                        else (delta_night_append, delta_concurrent))
+                night_s = appender(location(f"{layout}-append"), args.rounds)
+                rows = len(synthetic_night("x"))
+                print(f"a night's append ({rows} records): {_median(night_s)}")
+                result = concurrent(location(f"{layout}-concurrent"), args.writers, args.appends,
+                                    env)
+                print(f"{result['writers']} processes x {result['appends']} appends: "
+                      f"{result['read']} of {result['expected']} records read, {result['lost']} "
+                      f"lost, {result['duplicated']} duplicated, {result['failed_writers']} "
+                      f"writers failed, {result['wall_s']:.1f} s")
+        for layout in args.layouts:
+            print(f"\n== local, {args.records:,} records, {LAYOUTS[layout]}")
+            where = root / f"{layout}-big"
+            if layout == "ours":
+                store = big_store(str(where), args.records)
+                seconds, summary = time_summary(store, args.rounds)
+                print(f"{summary['records']:,} records, {summary['nights']} nights, "
+                      f"{summary['problems']} problems")
+            else:
+                delta_big(str(where), args.records)
+                seconds = delta_summary(str(where), args.rounds)
+            size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
+            print(f"store summary, {size / 2**20:.0f} MiB on disk: {_median(seconds)}")
+            shutil.rmtree(where, ignore_errors=True)
     finally:
         if server is not None:
             server.stop()

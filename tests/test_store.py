@@ -22,6 +22,7 @@ from tilecast.core import dataset, hardware
 from tilecast.families import get_family
 from tilecast.store import nights, records as store_records
 from tilecast.store.store import Store, StoreError
+from tests.test_registry_s3 import s3, s3_endpoint  # noqa: F401 - moto's S3 on 127.0.0.1
 
 GEMM = get_family("gemm")
 CLASS = "test-cpu-avx2-2c-2t-00000000"
@@ -249,3 +250,50 @@ def test_every_profile_has_a_path_safe_class_that_its_fingerprint_decides(model,
     assert f"-{cores}c-{threads}t-" in name
     other = hardware.hardware_class({**prof, "threads": threads + 1})
     assert other != name
+
+
+# -- on S3 (moto's server on 127.0.0.1, tests/test_registry_s3.py's fixtures) -------------------
+
+def test_a_store_on_s3_appends_reads_checks_and_takes_concurrent_writers(s3):
+    import threading
+
+    url, fs, prefix = s3
+    location = url.replace("/reg", "/store")
+    store = Store(location).create()
+    nights.append_frame(store, night("n1", NIGHT), GEMM, CLASS)
+    assert nights.append_frame(store, night("n1", NIGHT), GEMM, CLASS).files == 0
+    errors = []
+
+    def writer(number):
+        try:
+            _append_many(location, number, 8)
+        except Exception as err:   # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    back = nights.read_frame(store, CLASS, "gemm")
+    assert len(back) == 4 + 4 * 8 and back["record_id"].is_unique
+    [row] = nights.summary(store)
+    assert row["nights"] == 5 and row["records"] == 36
+    damaged = f"{prefix.replace('/reg', '/store')}/records/class={CLASS}/family=gemm/night=n1/{'0' * 32}.parquet"
+    fs.pipe_file(damaged, b"PAR1 not really")
+    assert len(nights.read_frame(store, CLASS, "gemm")) == 36
+    assert [d.path for d in store.check()] == [damaged]
+
+
+def test_an_unreachable_s3_store_is_one_line(s3, monkeypatch, capsys):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")   # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    import s3fs
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        assert main(["store", "summary", "s3://tilecast-nowhere/store"]) == 2
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "store s3://tilecast-nowhere/store" in err[0]

@@ -108,7 +108,7 @@ def open_store(url: str):
     return ObjectStore(fs, path.rstrip("/"), url.rstrip("/"))
 
 
-def _storage_errors() -> tuple[type[BaseException], ...]:
+def storage_errors() -> tuple[type[BaseException], ...]:
     """OSError, plus botocore's errors once s3fs has loaded it: s3fs translates S3's error
     answers into OSErrors but lets connection errors (EndpointConnectionError) through."""
     errors: list[type[BaseException]] = [OSError]
@@ -142,7 +142,7 @@ class ObjectStore:
         self.fs, self.path, self.location = fs, path, url
         protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
         self.protocols = tuple(protocols)
-        self._errors = _storage_errors()
+        self._errors = storage_errors()
 
     # -- places ---------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tilecast.core.dataset import DatasetError
+from tilecast.registry.remote import storage_errors
 from tilecast.store import records as store_records
 
 log = logging.getLogger("tilecast.store")
@@ -112,7 +113,7 @@ class Store:
             document = json.loads(self.fs.cat_file(marker))
         except StoreError:
             raise
-        except (OSError, ValueError) as err:
+        except (*storage_errors(), ValueError) as err:
             raise StoreError(f"store {self.location}: cannot read {MARKER_FILE}: "
                              f"{_reason(err)}") from None
         if not isinstance(document, dict) or document.get("format") != FORMAT:
@@ -146,7 +147,7 @@ class Store:
             probe = self._path(f".probe-{uuid.uuid4().hex}")
             self._write(probe, b"")
             self.fs.rm_file(probe)
-        except (OSError, PermissionError) as err:
+        except storage_errors() as err:
             raise StoreError(f"store {self.location} cannot be written: {_reason(err)}") from None
         return self
 
@@ -193,12 +194,16 @@ class Store:
             digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:32]
             path = self._path(RECORDS_DIR, f"class={hardware_class}", f"family={family}",
                               f"night={night}", f"{digest}.parquet")
-            if self.fs.exists(path):
-                continue
             buffer = io.BytesIO()
             metadata = {METADATA_KEY: str(store_records.STORE_VERSION).encode()}
             pq.write_table(part.replace_schema_metadata(metadata), buffer, compression="zstd")
-            self._write(path, buffer.getvalue())
+            try:
+                if self.fs.exists(path):
+                    continue
+                self._write(path, buffer.getvalue())
+            except storage_errors() as err:
+                raise StoreError(f"store {self.location}: cannot append {path}: "
+                                 f"{_reason(err)}") from None
             written.append(path)
         return written
 
@@ -209,7 +214,7 @@ class Store:
         base = self._path(RECORDS_DIR)
         try:
             paths = sorted(self.fs.find(base)) if self.fs.exists(base) else []
-        except OSError as err:
+        except storage_errors() as err:
             raise StoreError(f"store {self.location}: cannot list {RECORDS_DIR}/: "
                              f"{_reason(err)}") from None
         parts, others = [], []
@@ -264,7 +269,7 @@ class Store:
                 return self._read_part(part, columns)
             except StoreError:
                 raise
-            except (OSError, ValueError, pa.ArrowException) as err:
+            except (*storage_errors(), ValueError, pa.ArrowException) as err:
                 log.warning("store %s: skipped %s, which cannot be read (%s); `tilecast store "
                             "check` lists such files", self.location, part.path, _reason(err))
                 return None
@@ -284,7 +289,7 @@ class Store:
         for part in parts:
             try:
                 table = self._read_part(part, ["hardware_class", "family", "run_id"])
-            except (OSError, ValueError, pa.ArrowException, StoreError) as err:
+            except (*storage_errors(), ValueError, pa.ArrowException, StoreError) as err:
                 damage.append(Damage(part.path, f"unreadable: {_reason(err)}"))
                 continue
             for column, expected in (("hardware_class", part.hardware_class),
