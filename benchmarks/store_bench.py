@@ -92,34 +92,53 @@ def time_night_append(location: str, rounds: int) -> list[float]:
     return seconds
 
 
-def _writer(location: str, writer: int, appends: int, env: dict) -> None:
-    os.environ.update(env)
-    store = Store(location)
+def _appends(writer: int, appends: int):
+    """The frames one concurrent writer appends: 4 records each, unique to the writer."""
     base = synthetic_night("w", kernels=2, problems=1, seed=writer)
     for index in range(appends):
-        frame = base.assign(run_id=f"w{writer}", m=index + 1,
-                            dims_key=[f"writer{writer}-append{index}-{k}" for k in range(len(base))])
-        nights.append_frame(store, frame, GEMM, CLASS)
+        yield base.assign(run_id=f"w{writer}", m=index + 1,
+                          dims_key=[f"writer{writer}-append{index}-{k}" for k in range(len(base))])
 
 
-def concurrent_appends(location: str, writers: int, appends: int, env: dict) -> dict:
+def _writer(layout: str, location: str, writer: int, appends: int, env: dict) -> None:
+    os.environ.update(env)
+    store = Store(location)
+    for frame in _appends(writer, appends):
+        if layout == "ours":
+            nights.append_frame(store, frame, GEMM, CLASS)
+        else:
+            delta_append(location, store_records.to_table(frame, tuple(GEMM.problem_fields), CLASS))
+
+
+def _record_ids(layout: str, location: str) -> list[str]:
+    if layout == "ours":
+        table = Store(location).read(CLASS, "gemm", columns=["record_id"])
+    else:
+        from deltalake import DeltaTable
+        table = (DeltaTable(location, storage_options=_delta_options(location))
+                 .to_pyarrow_dataset().to_table(columns=["record_id"]))
+    return table.column("record_id").to_pylist()
+
+
+def concurrent_appends(layout: str, location: str, writers: int, appends: int,
+                       env: dict) -> dict:
     """`writers` processes x `appends` appends of 4 records each: lost and duplicated records."""
-    store = Store(location).create()
+    if layout == "ours":
+        Store(location).create()
     context = multiprocessing.get_context("spawn")
     start = time.perf_counter()
-    procs = [context.Process(target=_writer, args=(location, w, appends, env))
+    procs = [context.Process(target=_writer, args=(layout, location, w, appends, env))
              for w in range(writers)]
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join()
     wall = time.perf_counter() - start
-    failed = sum(proc.exitcode != 0 for proc in procs)
-    table = store.read(CLASS, "gemm", columns=["record_id", "dims_key"])
+    ids = _record_ids(layout, location)
     expected = writers * appends * 4
-    ids = table.column("record_id").to_pylist()
-    return {"writers": writers, "appends": appends, "failed_writers": failed,
-            "expected": expected, "read": len(ids), "lost": expected - len(set(ids)),
+    return {"writers": writers, "appends": appends,
+            "failed_writers": sum(p.exitcode != 0 for p in procs), "expected": expected,
+            "read": len(ids), "lost": expected - len(set(ids)),
             "duplicated": len(ids) - len(set(ids)), "wall_s": wall}
 
 
@@ -151,36 +170,6 @@ def delta_night_append(location: str, rounds: int) -> list[float]:
         delta_append(location, store_records.to_table(frame, tuple(GEMM.problem_fields), CLASS))
         seconds.append(time.perf_counter() - start)
     return seconds
-
-
-def _delta_writer(location: str, writer: int, appends: int, env: dict) -> None:
-    os.environ.update(env)
-    base = synthetic_night("w", kernels=2, problems=1, seed=writer)
-    for index in range(appends):
-        frame = base.assign(run_id=f"w{writer}", m=index + 1,
-                            dims_key=[f"writer{writer}-append{index}-{k}" for k in range(len(base))])
-        delta_append(location, store_records.to_table(frame, tuple(GEMM.problem_fields), CLASS))
-
-
-def delta_concurrent(location: str, writers: int, appends: int, env: dict) -> dict:
-    from deltalake import DeltaTable
-
-    context = multiprocessing.get_context("spawn")
-    start = time.perf_counter()
-    procs = [context.Process(target=_delta_writer, args=(location, w, appends, env))
-             for w in range(writers)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join()
-    wall = time.perf_counter() - start
-    ids = (DeltaTable(location, storage_options=_delta_options(location)).to_pyarrow_dataset()
-           .to_table(columns=["record_id"]).column("record_id").to_pylist())
-    expected = writers * appends * 4
-    return {"writers": writers, "appends": appends,
-            "failed_writers": sum(p.exitcode != 0 for p in procs), "expected": expected,
-            "read": len(ids), "lost": expected - len(set(ids)),
-            "duplicated": len(ids) - len(set(ids)), "wall_s": wall}
 
 
 def delta_big(location: str, records: int) -> None:
@@ -271,13 +260,12 @@ def main() -> None:
         for where, location in locations.items():
             for layout in args.layouts:
                 print(f"\n== {where}, {LAYOUTS[layout]}")
-                appender, concurrent = ((time_night_append, concurrent_appends) if layout == "ours"
-                                        else (delta_night_append, delta_concurrent))
+                appender = time_night_append if layout == "ours" else delta_night_append
                 night_s = appender(location(f"{layout}-append"), args.rounds)
                 rows = len(synthetic_night("x"))
                 print(f"a night's append ({rows} records): {_median(night_s)}")
-                result = concurrent(location(f"{layout}-concurrent"), args.writers, args.appends,
-                                    env)
+                result = concurrent_appends(layout, location(f"{layout}-concurrent"),
+                                            args.writers, args.appends, env)
                 print(f"{result['writers']} processes x {result['appends']} appends: "
                       f"{result['read']} of {result['expected']} records read, {result['lost']} "
                       f"lost, {result['duplicated']} duplicated, {result['failed_writers']} "

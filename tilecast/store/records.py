@@ -48,10 +48,13 @@ class RecordError(ValueError):
     """Records that cannot go into (or come out of) a store as they are."""
 
 
+def _digest(values) -> str:
+    return hashlib.sha256("\x1f".join(values).encode()).hexdigest()[:32]
+
+
 def record_id(row: dict) -> str:
     """The id of one measurement: the same for every copy of it, in any file or store."""
-    text = "\x1f".join(str(row.get(c)) for c in IDENTITY)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return _digest(str(row.get(c)) for c in IDENTITY)
 
 
 def _plain(value):
@@ -63,6 +66,13 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _json_rows(frame: pd.DataFrame, names: list[str]) -> list[str]:
+    """Each row's `names` columns as JSON text (keys sorted, NaN as null)."""
+    names = sorted(names)
+    return [json.dumps(dict(zip(names, map(_plain, row))), default=str)
+            for row in frame[names].itertuples(index=False, name=None)]
 
 
 def to_table(frame: pd.DataFrame, problem_fields: tuple[str, ...], hardware_class: str) -> pa.Table:
@@ -78,26 +88,25 @@ def to_table(frame: pd.DataFrame, problem_fields: tuple[str, ...], hardware_clas
         raise RecordError(f"records of several families {families}: append one family at a time")
     known = set(_TEXT) | set(_FLOAT) | set(_INT) | {"samples_s", "schema_version"}
     extra_columns = [c for c in frame.columns if c not in known and c not in problem_fields]
-    rows = frame.to_dict("records")
-    columns: dict[str, list] = {name: [] for name in COLUMNS}
-    for row in rows:
-        columns["store_version"].append(STORE_VERSION)
-        columns["record_id"].append(record_id(row))
-        columns["hardware_class"].append(hardware_class)
-        for c in _TEXT:
-            value = _plain(row.get(c))
-            columns[c].append(None if value is None else str(value))
-        for c in _FLOAT:
-            value = _plain(row.get(c))
-            columns[c].append(None if value is None else float(value))
-        for c in _INT:
-            value = _plain(row.get(c))
-            columns[c].append(None if value is None else int(value))
-        columns["samples_s"].append([float(x) for x in (_plain(row.get("samples_s")) or [])])
-        columns["problem"].append(json.dumps({f: _plain(row[f]) for f in problem_fields},
-                                             sort_keys=True))
-        columns["extra"].append(json.dumps({c: _plain(row[c]) for c in extra_columns},
-                                           sort_keys=True, default=str))
+    frame = frame.reset_index(drop=True)
+    identity = frame.reindex(columns=list(IDENTITY)).astype(str).to_numpy()
+    columns: dict[str, object] = {
+        "store_version": [STORE_VERSION] * len(frame),
+        "record_id": [_digest(row) for row in identity],
+        "hardware_class": [hardware_class] * len(frame)}
+    for c in _TEXT:
+        values = frame[c].astype(object)
+        columns[c] = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+                      for v in values]
+    for c in _FLOAT:
+        columns[c] = pa.array(pd.to_numeric(frame[c], errors="coerce").astype("float64"),
+                              from_pandas=True)   # NaN as null
+    for c in _INT:
+        columns[c] = pd.array(pd.to_numeric(frame[c], errors="coerce"), dtype="Int64")
+    columns["samples_s"] = [[float(x) for x in v] if isinstance(v, (list, tuple)) or
+                            hasattr(v, "tolist") else [] for v in frame["samples_s"]]
+    columns["problem"] = _json_rows(frame, list(problem_fields))
+    columns["extra"] = _json_rows(frame, extra_columns)
     return pa.table(columns, schema=SCHEMA)
 
 
