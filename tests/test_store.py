@@ -75,6 +75,19 @@ def test_a_night_comes_back_as_it_went_in(tmp_path):
     assert nights.read_frame(store, "other-class", "gemm").empty
 
 
+def test_a_peer_record_without_a_binary_goes_in_and_keeps_its_id(tmp_path):
+    store = new_store(tmp_path)
+    frame = night("n1", NIGHT)
+    peer = dict(frame.iloc[0], kernel="torch", role="peer", build_key=None, protocol_hash=None)
+    frame = pd.concat([frame, pd.DataFrame([peer])], ignore_index=True)
+    table = store_records.to_table(frame, GEMM.problem_fields, CLASS)
+    assert table.column("record_id").to_pylist()[-1] == store_records.record_id(peer)
+    nights.append_frame(store, frame, GEMM, CLASS)
+    back = nights.read_frame(store, CLASS, "gemm")
+    assert back.loc[back["role"] == "peer", "build_key"].isna().all() and len(back) == 5
+    assert nights.summary(store)[0]["kernels"] == 2   # the peer is no kernel
+
+
 def test_appending_again_adds_nothing_and_overlapping_files_are_read_once(tmp_path):
     store = new_store(tmp_path)
     first = night("n1", {8: NIGHT[8]})

@@ -89,7 +89,9 @@ def to_table(frame: pd.DataFrame, problem_fields: tuple[str, ...], hardware_clas
     known = set(_TEXT) | set(_FLOAT) | set(_INT) | {"samples_s", "schema_version"}
     extra_columns = [c for c in frame.columns if c not in known and c not in problem_fields]
     frame = frame.reset_index(drop=True)
-    identity = frame.reindex(columns=list(IDENTITY)).astype(str).to_numpy()
+    # str() of each value as it is (None -> "None", as record_id does for a row): pandas'
+    # astype(str) leaves a missing value missing under its string dtype
+    identity = zip(*([str(v) for v in frame[c].astype(object)] for c in IDENTITY))
     columns: dict[str, object] = {
         "store_version": [STORE_VERSION] * len(frame),
         "record_id": [_digest(row) for row in identity],

@@ -190,7 +190,9 @@ def is_store(run: str | Path) -> bool:
     return "://" in str(run) or (Path(run) / MARKER_FILE).is_file()
 
 
-def _common_class(stores, hardware_class: str | None, family: str) -> str:
+def common_class(stores, hardware_class: str | None, family: str) -> str:
+    """The hardware class two stores' `family` records are compared on: the one named, or
+    the only one both hold (StoreError otherwise)."""
     from tilecast.store.store import StoreError
 
     classes = [{p.hardware_class for p in s.parts(family=family)} for s in stores]
@@ -229,7 +231,7 @@ def store_report(store_a: str | Path, store_b: str | Path, family: str = "gemm",
     from tilecast.store.store import Store
 
     stores = [Store(s).require() for s in (store_a, store_b)]
-    chosen = _common_class(stores, hardware_class, family)
+    chosen = common_class(stores, hardware_class, family)
     records = [store_nights.read_frame(s, chosen, family) for s in stores]
     counts = [len(set(r["run_id"])) for r in records]
     most = min(counts) if max_nights is None else min(min(counts), max_nights)
