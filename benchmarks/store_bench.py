@@ -42,7 +42,8 @@ LAYOUTS = {"ours": "immutable parquet parts (tilecast.store)", "delta": "a Delta
 CLASS = "bench-cpu-avx512-2c-2t-00000000"
 
 
-def synthetic_night(run_id: str, kernels: int = 64, problems: int = 300, seed: int = 0) -> pd.DataFrame:
+def synthetic_night(run_id: str, kernels: int = 64, problems: int = 300,
+                    seed: int = 0) -> pd.DataFrame:
     """A dataset frame shaped like one nightly's records (see the module docstring)."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -189,7 +190,8 @@ def delta_summary(location: str, rounds: int) -> list[float]:
             columns=list(nights.SUMMARY_COLUMNS))
         for hardware_class in pc.unique(table.column("hardware_class")).to_pylist():
             rows = table.filter(pc.equal(table.column("hardware_class"), hardware_class))
-            problems = pc.binary_join_element_wise(rows.column("family"), rows.column("dims_key"), "|")
+            problems = pc.binary_join_element_wise(rows.column("family"), rows.column("dims_key"),
+                                                   "|")
             [pc.count_distinct(rows.column(c)).as_py() for c in ("run_id", "kernel")]
             pc.count_distinct(problems).as_py()
         seconds.append(time.perf_counter() - start)
@@ -236,7 +238,8 @@ def s3_server():
 
 
 def _median(values: list[float]) -> str:
-    return f"median {statistics.median(values):.3f} s (min {min(values):.3f}, max {max(values):.3f})"
+    return (f"median {statistics.median(values):.3f} s (min {min(values):.3f}, "
+            f"max {max(values):.3f})")
 
 
 def main() -> None:

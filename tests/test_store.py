@@ -293,7 +293,8 @@ def test_a_store_on_s3_appends_reads_checks_and_takes_concurrent_writers(s3):
     assert len(back) == 4 + 4 * 8 and back["record_id"].is_unique
     [row] = nights.summary(store)
     assert row["nights"] == 5 and row["records"] == 36
-    damaged = f"{prefix.replace('/reg', '/store')}/records/class={CLASS}/family=gemm/night=n1/{'0' * 32}.parquet"
+    damaged = (f"{prefix.replace('/reg', '/store')}/records/class={CLASS}/family=gemm/night=n1/"
+               f"{'0' * 32}.parquet")
     fs.pipe_file(damaged, b"PAR1 not really")
     assert len(nights.read_frame(store, CLASS, "gemm")) == 36
     assert [d.path for d in store.check()] == [damaged]

@@ -33,8 +33,8 @@ from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortli
 from tilecast.stages.report import write_report
 from tilecast.stages.train import ModelSpec, check_warm_start, git_sha, load_predictor, train_model
 from tilecast.store import labels as pooled_labels
-from tilecast.store.drift import change_points
 from tilecast.store import nights as store_nights
+from tilecast.store.drift import change_points
 from tilecast.store.nights import write_hardware
 from tilecast.store.store import Store
 from tilecast.workflows.repeatability import run_noise
@@ -225,8 +225,9 @@ def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, p
     stored = _stored(ctx, name)
     kernels = set(records.loc[records["role"] == "candidate", "kernel"])
     final = pooled_labels.pooled_final(stored[stored["kernel"].isin(kernels)])
-    held = holdout_keys(ctx, name) | set(stored.loc[stored["problem_set"] == "holdout", "dims_key"])
-    is_holdout = final["dims_key"].isin(holdout_keys(ctx, name))
+    config_holdout = holdout_keys(ctx, name)
+    held = config_holdout | set(stored.loc[stored["problem_set"] == "holdout", "dims_key"])
+    is_holdout = final["dims_key"].isin(config_holdout)
     final = final.assign(problem_set=np.where(is_holdout, "holdout", "train"))
     return records, {"holdout": final[is_holdout],
                      "train": final[~final["dims_key"].isin(held)]}
@@ -246,8 +247,8 @@ def _warm_start(ctx: RunContext, name: str, fc, family, engine, spec) -> tuple[P
     init = check_warm_start(base_dir, family, engine, spec)
     manifest = json.loads((base_dir / layout.MANIFEST_FILE).read_text() or "{}")
     return init, {"warm_start": fc.warm_start, "base": {
-        "model": registered_model(ctx, name), "version": int(base_dir.name), "data_hash": manifest.get("data_hash"),
-        "registry": str(ctx.registry)}}
+        "model": registered_model(ctx, name), "version": int(base_dir.name),
+        "data_hash": manifest.get("data_hash"), "registry": str(ctx.registry)}}
 
 
 def train_stage(ctx: RunContext, name: str) -> dict:
