@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.compute as pc
 
 from tilecast.core import dataset, hardware
 from tilecast.stages import layout
@@ -113,27 +112,24 @@ def read_frame(store: Store, hardware_class: str, family: str) -> pd.DataFrame:
     return store_records.to_frame(store.read(hardware_class, family))
 
 
-SUMMARY_COLUMNS = ("hardware_class", "run_id", "family", "dims_key", "kernel", "role", "time")
-
-
 def summary(store: Store) -> list[dict]:
     """Per hardware class: its nights, problems (family, dims_key), candidate kernels (peers
-    left out), records and the time of its last record; classes in name order."""
-    table = store.read(columns=SUMMARY_COLUMNS)
+    left out), records and the time of its last record; classes in name order. Read from
+    the files' footers (each says what it holds), not from the records."""
+    by_class: dict[str, list] = {}
+    for part, held in store.footers():
+        by_class.setdefault(part.hardware_class, []).append((part, held))
     out = []
-    if table.num_rows == 0:
-        return out
-    for hardware_class in sorted(pc.unique(table.column("hardware_class")).to_pylist()):
-        rows = table.filter(pc.equal(table.column("hardware_class"), hardware_class))
-        problems = pc.binary_join_element_wise(rows.column("family"), rows.column("dims_key"), "|")
+    for hardware_class, items in sorted(by_class.items()):
+        parts = [part for part, _ in items]
         out.append({"hardware_class": hardware_class,
-                    "nights": pc.count_distinct(rows.column("run_id")).as_py(),
-                    "families": sorted(pc.unique(rows.column("family")).to_pylist()),
-                    "problems": pc.count_distinct(problems).as_py(),
-                    "kernels": pc.count_distinct(rows.filter(pc.equal(
-                        rows.column("role"), "candidate")).column("kernel")).as_py(),
-                    "records": rows.num_rows,
-                    "last_night": pc.max(rows.column("time")).as_py()})
+                    "nights": len({part.night for part in parts}),
+                    "families": sorted({part.family for part in parts}),
+                    "problems": len({(part.family, key) for part, held in items
+                                     for key in held["problems"]}),
+                    "kernels": len({k for _, held in items for k in held["kernels"]}),
+                    "records": sum(held["records"] for _, held in items) - store.repeats(parts),
+                    "last_night": max(held["last_time"] for _, held in items)})
     return out
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tilecast.core.dataset import DatasetError
@@ -49,6 +50,9 @@ MARKER_FILE = "STORE.json"
 FORMAT = "tilecast-store"
 RECORDS_DIR = "records"
 METADATA_KEY = b"tilecast.store_version"
+# each file's footer also says what it holds (records, problems, candidate kernels, last
+# time), so that `store summary` reads footers, not 10 M rows
+SUMMARY_KEY = b"tilecast.summary"
 PART_RE = re.compile(r"^[0-9a-f]{32}\.parquet$")
 PARTITIONS = ("class", "family", "night")
 PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -195,7 +199,8 @@ class Store:
             path = self._path(RECORDS_DIR, f"class={hardware_class}", f"family={family}",
                               f"night={night}", f"{digest}.parquet")
             buffer = io.BytesIO()
-            metadata = {METADATA_KEY: str(store_records.STORE_VERSION).encode()}
+            metadata = {METADATA_KEY: str(store_records.STORE_VERSION).encode(),
+                        SUMMARY_KEY: json.dumps(_part_summary(part)).encode()}
             pq.write_table(part.replace_schema_metadata(metadata), buffer, compression="zstd")
             try:
                 if self.fs.exists(path):
@@ -238,30 +243,82 @@ class Store:
         return [p for p in parts if (hardware_class is None or p.hardware_class == hardware_class)
                 and (family is None or p.family == family)]
 
-    def _read_part(self, part: Part, columns: list[str] | None) -> pa.Table:
-        with self.fs.open(part.path, "rb") as handle:
-            table = pq.read_table(handle, columns=columns)
-        version = (table.schema.metadata or {}).get(METADATA_KEY)
+    def _check_version(self, part: Part, version: bytes | None) -> None:
         if version is None:
             raise ValueError("no tilecast store version in its metadata: a foreign parquet file")
         if int(version) > store_records.STORE_VERSION:
             raise StoreError(f"store {self.location}: {part.path} is of store version "
                              f"{int(version)}; this tilecast reads version "
                              f"{store_records.STORE_VERSION}: upgrade tilecast to read it")
+
+    def _read_part(self, part: Part, columns: list[str] | None) -> pa.Table:
+        with self.fs.open(part.path, "rb") as handle:
+            table = pq.read_table(handle, columns=columns)
+        self._check_version(part, (table.schema.metadata or {}).get(METADATA_KEY))
         return table
 
     def read(self, hardware_class: str | None = None, family: str | None = None,
              columns: Iterable[str] | None = None) -> pa.Table:
         """The store's records (of one class and family where given), each once: a damaged or
-        foreign file is skipped with a warning naming it."""
+        foreign file is skipped with a warning naming it. All files are read as one arrow
+        dataset (threaded); only when that fails are they read one by one, to find and skip
+        the ones that cannot be read."""
         self.require()
-        wanted = None if columns is None else list(dict.fromkeys([*columns, "record_id"]))
+        wanted = list(dict.fromkeys([*(columns or store_records.COLUMNS), "record_id"]))
         parts = self.parts(hardware_class, family)
-        tables = self._read_parts(parts, wanted)
-        if not tables:
-            return store_records.SCHEMA.empty_table().select(wanted or store_records.COLUMNS)
-        table = pa.concat_tables(tables)
-        return _unique_records(table, parts, tables)
+        if not parts:
+            return store_records.SCHEMA.empty_table().select(wanted)
+        try:
+            table = self._dataset(parts).to_table(columns=wanted)
+        except (*storage_errors(), ValueError, pa.ArrowException):
+            tables = self._read_parts(parts, wanted)
+            if not tables:
+                return store_records.SCHEMA.empty_table().select(wanted)
+            table = pa.concat_tables(tables)
+        return _unique_records(table, parts)
+
+    def _dataset(self, parts: list[Part]):
+        import pyarrow.dataset as ds
+        from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+        filesystem = None if self.local else PyFileSystem(FSSpecHandler(self.fs))
+        return ds.dataset([p.path for p in parts], schema=store_records.SCHEMA, format="parquet",
+                          filesystem=filesystem)
+
+    def footers(self, hardware_class: str | None = None) -> list[tuple[Part, dict]]:
+        """(part, what its footer says it holds: records, problems, kernels, last_time) for
+        every readable record file (of one class where given); a file whose footer cannot
+        be read is skipped with a warning naming it."""
+        self.require()
+
+        def footer(part: Part):
+            try:
+                with self.fs.open(part.path, "rb") as handle:
+                    metadata = pq.read_metadata(handle).metadata or {}
+                self._check_version(part, metadata.get(METADATA_KEY))
+                return part, json.loads(metadata[SUMMARY_KEY])
+            except StoreError:
+                raise
+            except (*storage_errors(), ValueError, KeyError, pa.ArrowException) as err:
+                log.warning("store %s: skipped %s, whose footer cannot be read (%s); `tilecast "
+                            "store check` lists such files", self.location, part.path,
+                            _reason(err))
+                return None
+        parts = self.parts(hardware_class)
+        with ThreadPoolExecutor(1 if self.local else READ_THREADS) as pool:
+            return [f for f in pool.map(footer, parts) if f is not None]
+
+    def repeats(self, parts: list[Part]) -> int:
+        """How many records of `parts` are copies of another record of them (only nights
+        with more than one file can hold any)."""
+        per_dir = defaultdict(list)
+        for part in parts:
+            per_dir[part.night_dir].append(part)
+        shared = [p for group in per_dir.values() if len(group) > 1 for p in group]
+        if not shared:
+            return 0
+        ids = pa.concat_tables(self._read_parts(shared, ["record_id"])).column("record_id")
+        return len(ids) - len(set(ids.to_pylist()))
 
     def _read_parts(self, parts: list[Part], columns) -> list[pa.Table]:
         def read(part: Part):
@@ -303,14 +360,12 @@ class Store:
         return sorted(damage, key=lambda d: d.path)
 
 
-def _unique_records(table: pa.Table, parts: list[Part], tables: list[pa.Table]) -> pa.Table:
+def _unique_records(table: pa.Table, parts: list[Part]) -> pa.Table:
     """`table` with each record id once. Files are immutable and named by their record ids,
     so repeats can only come from two files of one night's directory: a store with one file
     a night is not searched at all (a 10 M-record store is not hashed whole)."""
-    per_dir = defaultdict(int)
-    for part in parts:
-        per_dir[part.night_dir] += 1
-    if all(count == 1 for count in per_dir.values()):
+    nights = [p.night_dir for p in parts]
+    if len(set(nights)) == len(nights):
         return table
     ids = table.column("record_id").to_pylist()
     seen, keep = set(), []
@@ -319,6 +374,15 @@ def _unique_records(table: pa.Table, parts: list[Part], tables: list[pa.Table]) 
             seen.add(rid)
             keep.append(index)
     return table if len(keep) == len(ids) else table.take(pa.array(keep))
+
+
+def _part_summary(part: pa.Table) -> dict:
+    """What a file holds, for its footer (SUMMARY_KEY)."""
+    candidates = part.filter(pc.equal(part.column("role"), "candidate"))
+    return {"records": part.num_rows,
+            "problems": sorted(pc.unique(part.column("dims_key")).to_pylist()),
+            "kernels": sorted(pc.unique(candidates.column("kernel")).to_pylist()),
+            "last_time": pc.max(part.column("time")).as_py()}
 
 
 def _reason(err: BaseException) -> str:
