@@ -201,6 +201,22 @@ def delta_summary(location: str, rounds: int) -> list[float]:
     return seconds
 
 
+LABEL_COLUMNS = ("run_id", "dims_key", "kernel", "status", "median_s", "time")
+
+
+def time_label_read(layout: str, location: str) -> float:
+    """Seconds to read what pooling labels needs of every record of one class."""
+    start = time.perf_counter()
+    if layout == "ours":
+        Store(location).read(CLASS, "gemm", columns=LABEL_COLUMNS)
+    else:
+        import pyarrow.dataset as ds
+        from deltalake import DeltaTable
+        DeltaTable(location).to_pyarrow_dataset().to_table(
+            columns=list(LABEL_COLUMNS), filter=(ds.field("hardware_class") == CLASS))
+    return time.perf_counter() - start
+
+
 def big_store(location: str, records: int) -> Store:
     """A store of about `records` records: one generated night written under many run ids."""
     store = Store(location).create()
@@ -252,6 +268,8 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--no-appends", action="store_true",
+                        help="only the big store's summary and read times")
     parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=["ours"])
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tilecast-store-bench-"))
@@ -263,7 +281,7 @@ def main() -> None:
         server, env = s3_server()
         locations["moto S3"] = lambda name: f"s3://tilecast-bench/{name}"
     try:
-        for where, location in locations.items():
+        for where, location in ({} if args.no_appends else locations).items():
             for layout in args.layouts:
                 print(f"\n== {where}, {LAYOUTS[layout]}")
                 appender = time_night_append if layout == "ours" else delta_night_append
@@ -289,6 +307,9 @@ def main() -> None:
                 seconds = delta_summary(str(where), args.rounds)
             size = sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
             print(f"store summary, {size / 2**20:.0f} MiB on disk: {_median(seconds)}")
+            read_s = [time_label_read(layout, str(where)) for _ in range(args.rounds)]
+            print(f"reading one class's label columns ({', '.join(LABEL_COLUMNS)}): "
+                  f"{_median(read_s)}")
             shutil.rmtree(where, ignore_errors=True)
     finally:
         if server is not None:
