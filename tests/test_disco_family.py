@@ -430,7 +430,8 @@ def test_selector_chooses_a_kernel_the_runtime_runs(tiny_run):
     x = torch.randn(2, 5, 16, 64, generator=torch.Generator().manual_seed(1))
     fields = problem_fields(x.shape, (16, 64), (8, 32), grid_out="legendre-gauss",
                             dtype=x.dtype)
-    candidates = json.loads((Path(ctx.registry) / "disco_forward" / "versions" / "1" /
+    model = summary["published"]["disco_forward"]["model"]   # disco_forward@<this class>
+    candidates = json.loads((Path(ctx.registry) / model / "versions" / "1" /
                              "candidates.json").read_text())["kernels"]
     assert any("_kpacked_" in name for name in candidates)
     for basis, kernel_shape in (("harmonic", (3, 3)), ("piecewise linear", (3,))):

@@ -61,16 +61,21 @@ def test_run_then_select_then_rerun(tmp_path):
     assert "### Roofline (held-out problems)" in report
     assert (work / "report" / "roofline_gemm.png").stat().st_size > 1000
 
-    candidates = json.loads((registry / "gemm" / "versions" / "1" / "candidates.json").read_text())
+    # published under this machine's hardware class; `--model gemm` serves it here
+    from tilecast.core.hardware import profile
+    model = summary["published"]["gemm"]["model"]
+    assert model == f"gemm@{profile(2)['hardware_class']}"
+    candidates = json.loads((registry / model / "versions" / "1" / "candidates.json").read_text())
     chosen = _run("select", "--registry", str(registry), "--model", "gemm",
                   "--problem", "m=40,n=70,k=90").stdout.strip()
     assert chosen in candidates["kernels"]
     as_json = json.loads(_run("select", "--registry", str(registry), "--model", "gemm",
                               "--problem", "m=40,n=70,k=90", "--json").stdout)
     assert as_json["kernel"] == chosen and as_json["version"] == 1 and as_json["predicted_tflops"] > 0
+    assert as_json["model"] == model
 
     # the version carries its shortlist (checksummed with the rest); evaluate scored it
-    version = registry / "gemm" / "versions" / "1"
+    version = registry / model / "versions" / "1"
     shortlist = json.loads((version / "shortlist.json").read_text())
     assert shortlist["format"] == "tilecast-shortlist" and shortlist["leaves"]
     assert "shortlist.json" in json.loads((version / "checksums.json").read_text())["files"]
@@ -113,7 +118,7 @@ def test_run_then_select_then_rerun(tmp_path):
                   "--registry", str(registry))
     again = json.loads(second.stdout)
     assert again["stages"]["gemm"]["train"]["warm_start_version"] == 1
-    manifest = json.loads((registry / "gemm" / "versions" / "2" / "train_manifest.json").read_text())
+    manifest = json.loads((registry / model / "versions" / "2" / "train_manifest.json").read_text())
     assert manifest["lineage"][0]["base"]["version"] == 1 and manifest["base_trees"] > 0
     published = again["published"]["gemm"]
     assert "same holdout, 3 problems" in published["reason"] and published["baseline_version"] == 1

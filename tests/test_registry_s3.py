@@ -217,7 +217,8 @@ def test_registry_command_line_over_s3(s3, capsys):
         registry.publish(url, "m", {"model.txt": f"v{i}"}, metrics=GOOD,
                          gate=lambda prod, new: (True, "ok"))
     assert cli.main(["registry", "list", "--registry", url]) == 0
-    assert "m: versions [1, 2]; aliases production -> 2" in capsys.readouterr().out
+    assert "m [no hardware class]: versions [1, 2]; aliases production -> 2" in \
+        capsys.readouterr().out
     assert cli.main(["registry", "show", "m", "1", "--registry", url]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["version"] == 1 and shown["mean_efficiency"] == 0.9 and shown["aliases"] == []

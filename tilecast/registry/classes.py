@@ -28,7 +28,7 @@ SEPARATOR = "@"
 CLASS_PARTS = re.compile(r"^(?P<cpu>.+)-(?P<isa>avx512|avx2|sse)-(?P<cores>\d+)c-(?P<threads>\d+)t-"
                          r"(?P<fingerprint>[0-9a-f]{8})$")
 ISA_RANK = {"sse": 0, "avx2": 1, "avx512": 2}
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple] = set()
 
 
 def class_model(model: str, hardware_class: str) -> str:
@@ -89,14 +89,16 @@ def serving_model(names: list[str], model: str, host: str, where: str) -> str:
     registered = classes(names, model)
     if registered:
         nearest = min(registered, key=lambda c: distance(c, host))
-        _warn_once(model, nearest, f"registry {where} has no {model!r} model for this host's "
-                   f"hardware class {host}; serving the nearest class's, {nearest} (its kernels "
-                   f"were ranked there; `tilecast run --registry {where}` on this host "
-                   "publishes one of its own)")
+        _warn_once((where, model, nearest, host),
+                   f"registry {where} has no {model!r} model for this host's hardware class "
+                   f"{host}; serving the nearest class's, {nearest} (its kernels were ranked "
+                   f"there; `tilecast run --registry {where}` on this host publishes one of "
+                   "its own)")
         return class_model(model, nearest)
     if model in names:
-        _warn_once(model, "", f"registry {where}: model {model!r} was published without a "
-                   f"hardware class; serving it on {host} (a run on this host publishes "
+        _warn_once((where, model, "", host),
+                   f"registry {where}: model {model!r} was published without a hardware "
+                   f"class; serving it on {host} (a run on this host publishes "
                    f"{class_model(model, host)!r})")
         return model
     raise RegistryError(f"registry {where} has no {model!r} model for any hardware class "
@@ -104,7 +106,9 @@ def serving_model(names: list[str], model: str, host: str, where: str) -> str:
                         f"{where}` on this host to measure and publish one")
 
 
-def _warn_once(model: str, served: str, message: str) -> None:
-    if (model, served) not in _warned:
-        _warned.add((model, served))
+def _warn_once(key: tuple, message: str) -> None:
+    """Log `message` once per process for `key` (registry, model, served class, host):
+    a service choosing per request warns once, not per call."""
+    if key not in _warned:
+        _warned.add(key)
         log.warning("%s", message)

@@ -192,10 +192,10 @@ def nights_in_order(records: pd.DataFrame) -> list[str]:
 
 def label_spread_summary(pooled: pd.DataFrame) -> dict:
     """How settled the labels are: pairs, median nights, and the median and P90 spread of
-    the pairs measured on two or more nights."""
+    the pairs measured on two or more nights (None while there are none)."""
     valid = dataset.valid(pooled)
     several = valid[valid["nights"] >= 2]["spread"].to_numpy(dtype=float)
     return {"pairs": int(len(valid)),
             "median_nights": float(np.median(valid["nights"])) if len(valid) else 0.0,
-            "median_spread": float(np.median(several)) if len(several) else float("nan"),
-            "p90_spread": float(np.percentile(several, 90)) if len(several) else float("nan")}
+            "median_spread": float(np.median(several)) if len(several) else None,
+            "p90_spread": float(np.percentile(several, 90)) if len(several) else None}

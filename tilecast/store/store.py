@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tilecast.core.atomic import atomic_write_bytes
 from tilecast.core.dataset import DatasetError
 from tilecast.registry.remote import storage_errors
 from tilecast.store import records as store_records
@@ -163,17 +164,8 @@ class Store:
         if not self.local:
             self.fs.pipe_file(path, data)
             return
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
-        try:
-            with open(temp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, target)
-        finally:
-            temp.unlink(missing_ok=True)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)   # `.<name>.<pid>.<random>.tmp`, then os.replace
 
     def append(self, table: pa.Table) -> list[str]:
         """Append store rows (tilecast.store.records.SCHEMA) as one file per (class, family,
