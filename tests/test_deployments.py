@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tilecast.core.hardware import profile
 from tilecast.store.nights import summary
 from tilecast.store.store import Store
 
@@ -131,7 +132,8 @@ def test_deployments_run_on_workers_share_the_device_and_publish(worker, tmp_pat
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0 and "Completed" in out, out[-4000:]
     for name in ("a", "b"):
-        versions = tmp_path / name / "registry" / "gemm" / "versions"
+        model = f"gemm@{profile(2)['hardware_class']}"   # published under its class
+        versions = tmp_path / name / "registry" / model / "versions"
         assert sorted(p.name for p in versions.iterdir()) == ["1"]
         assert (tmp_path / name / "work" / "report" / "evaluation.json").exists()
         [held] = summary(Store(str(tmp_path / name / "store")))   # the night kept, one class
