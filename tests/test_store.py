@@ -239,6 +239,9 @@ def test_store_add_takes_a_workdir_with_its_class_and_refuses_a_foreign_one(tmp_
     assert main(["store", "add", str(store), str(workdir)]) == 0
     classes = {r["hardware_class"] for r in nights.summary(Store(store))}
     assert classes == {CLASS, "from-file-avx2-2c-2t-22222222"}
+    (workdir / nights.HARDWARE_FILE).write_text("{not json")
+    assert main(["store", "add", str(store), str(workdir)]) == 2
+    assert "does not name a hardware class" in capsys.readouterr().err
 
 
 def test_appending_rows_of_another_schema_is_refused(tmp_path):

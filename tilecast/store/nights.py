@@ -10,7 +10,6 @@ otherwise needs the class given by hand.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +19,6 @@ from tilecast.core import dataset, hardware
 from tilecast.stages import layout
 from tilecast.store import records as store_records
 from tilecast.store.store import Store, StoreError
-
-log = logging.getLogger("tilecast.store")
 
 HARDWARE_FILE = "hardware.json"   # W/hardware.json: the profile the night measured with
 
@@ -64,7 +61,14 @@ def _class_of(workdir: Path, frame: pd.DataFrame, hardware_class: str | None) ->
         return hardware_class
     saved = workdir / HARDWARE_FILE
     if saved.is_file():
-        return json.loads(saved.read_text())["hardware_class"]
+        try:
+            named = json.loads(saved.read_text())["hardware_class"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise StoreError(f"{saved} does not name a hardware class ({type(err).__name__}: "
+                             f"{err}); give the class by hand (--hardware-class)") from None
+        if not isinstance(named, str) or not hardware.CLASS_RE.match(named):
+            raise StoreError(f"{saved}: hardware_class {named!r} is not a class id")
+        return named
     fingerprints = sorted(set(frame["hardware"].astype(str)))
     threads = sorted(set(int(t) for t in frame["threads"].dropna()))
     here = {hardware.profile(t)["fingerprint"]: hardware.profile(t)["hardware_class"]
