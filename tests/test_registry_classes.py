@@ -83,3 +83,20 @@ def test_distance_orders_isa_cpu_threads_then_cores():
     ranked = sorted([EPYC_AVX2, XEON_2T, EPYC_8T, EPYC_2T, "weird-name"],
                     key=lambda c: classes.distance(c, host))
     assert ranked == [EPYC_2T, EPYC_8T, XEON_2T, EPYC_AVX2, "weird-name"]
+
+
+def test_the_host_class_is_at_the_thread_count_kernels_will_run_with(monkeypatch):
+    import sys
+
+    import torch
+
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert classes.host_threads() == 1 and "-1t-" in classes.host_class()
+    finally:
+        torch.set_num_threads(before)
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert classes.host_threads() == 3 and "-3t-" in classes.host_class()
