@@ -114,3 +114,13 @@ def test_a_kernel_that_slows_against_its_rivals_for_two_nights_is_a_change_point
     assert drift.change_points(nights(*steady, spec(1.0), spec(1.10))) == []
     level = {m: {k: 3 * v for k, v in kernels.items()} for m, kernels in spec(1.0).items()}
     assert drift.change_points(nights(*steady, level, level)) == []
+
+
+def test_nights_with_no_valid_measurement_pool_to_their_failures_and_no_change():
+    from tilecast.store import drift
+
+    failed = night("n1", {8: {"a": 1e-5, "b": 2e-5}}, status="timeout")
+    final = labels.pooled_final(failed)
+    assert set(final["status"]) == {"timeout"} and set(final["nights"]) == {0}
+    assert dataset.winners(final, 1.0) == {}
+    assert drift.change_points(failed) == [] and drift.change_points(failed.iloc[0:0]) == []

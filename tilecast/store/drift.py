@@ -50,6 +50,8 @@ def kernel_shifts(records: pd.DataFrame, window: int = DRIFT_WINDOW) -> pd.DataF
                 if np.isfinite(residual[i, j]):
                     rows.append((kernel, night, dims_key, residual[i, j]))
     frame = pd.DataFrame(rows, columns=["kernel", "run_id", "dims_key", "residual"])
+    if frame.empty:
+        return pd.DataFrame(dtype=float)
     order = pooled_labels.nights_in_order(records)
     shifts = frame.pivot_table(index="kernel", columns="run_id", values="residual",
                                aggfunc="median")

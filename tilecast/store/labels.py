@@ -110,6 +110,8 @@ def polished(labels: pd.DataFrame, window: int = DEFAULT_WINDOW):
     NaN residuals where a night did not measure a kernel."""
     if window < 1:
         raise ValueError(f"window {window!r}: pool at least one night")
+    if labels.empty:
+        return
     for dims_key, problem in _latest_nights(labels, window).groupby("dims_key", sort=True):
         table = problem.pivot_table(index="kernel", columns="run_id", values="median_s",
                                     aggfunc="first")
