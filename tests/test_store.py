@@ -314,3 +314,34 @@ def test_an_unreachable_s3_store_is_one_line(s3, monkeypatch, capsys):
         s3fs.S3FileSystem.clear_instance_cache()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "store s3://tilecast-nowhere/store" in err[0]
+
+
+def test_repeatability_of_two_stores_prints_each_k_and_refuses_mixed_or_bad_input(tmp_path,
+                                                                                   capsys):
+    # series A and B agree on m=8 and disagree on m=16 one night in each
+    for name, slow in (("a", "n2"), ("b", "n1")):
+        store = new_store(tmp_path, name)
+        for run_id in ("n1", "n2"):
+            k2 = 4e-5 if run_id == slow else 2e-5
+            nights.append_frame(store, night(f"{name}{run_id}", {8: NIGHT[8],
+                                                               16: {"k1": 3e-5, "k2": k2}},
+                                             time_=f"2026-12-0{run_id[1]}T01:00:00"),
+                                GEMM, CLASS)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert main(["repeatability", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "K = 1" in out and "K = 2" in out and "K = 3" not in out
+    assert f"on {CLASS}" in out
+    one, two = out.split("K = 2")
+    # one night each: A picks k2 on m=16, which B measured 4/3 slower; pooled, both pick k2
+    assert "A's winners scored on B: 2 problems  mean 0.8750" in one
+    assert "A's winners scored on B: 2 problems  mean 1.0000" in two
+    assert main(["repeatability", a, b, "--nights", "1"]) == 0
+    assert "K = 2" not in capsys.readouterr().out
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    for args, needle in (([a, str(workdir)], "not one of each"),
+                         ([a, b, "--nights", "0"], "--nights 0 must be at least 1"),
+                         ([a, b, "--hardware-class", "nope"], "holds no gemm records of class")):
+        assert main(["repeatability", *args]) == 2
+        assert needle in capsys.readouterr().err
