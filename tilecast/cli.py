@@ -372,9 +372,6 @@ def _cmd_registry(args) -> int:
         raise CliError(f"registry {args.action} needs MODEL")
     if args.action == "show":
         args.model = registry.serving_name(root, args.model)
-    else:
-        args.model = _class_to_move(root, args.model)
-    if args.action == "show":
         number = registry.resolve_version(root, args.model, args.version or args.alias)
         aliases = [a for a, v in registry.list_aliases(root, args.model).items() if v == number]
         print(json.dumps({"model": args.model, "aliases": aliases,
@@ -382,6 +379,7 @@ def _cmd_registry(args) -> int:
         return 0
     if args.action == "promote" and not args.version:
         raise CliError("registry promote needs VERSION")
+    args.model = _class_to_move(root, args.model)
     try:
         if args.action == "promote":
             previous = registry.promote(root, args.model, args.version, args.alias)

@@ -47,26 +47,13 @@ def current_origin(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def night_labels(records: pd.DataFrame) -> pd.DataFrame:
-    """Every night's relative labels: one row per (run_id, dims_key, kernel) that night
-    measured validly, with `rel` (night's best median time / this kernel's), the night's
-    `best_s` and `best_tflops` for the problem, and the row's `median_s`."""
-    frames = []
-    for run_id, night in current_origin(records).groupby("run_id", sort=True):
-        valid = dataset.valid(dataset.final_table(night))
-        if valid.empty:
-            continue
-        valid = valid[["dims_key", "kernel", "median_s", "tflops", "time"]].copy()
-        groups = valid.groupby("dims_key")
-        valid["best_s"] = groups["median_s"].transform("min")
-        valid["best_tflops"] = groups["tflops"].transform("max")
-        valid["rel"] = valid["best_s"] / valid["median_s"]
-        valid["run_id"] = run_id
-        frames.append(valid)
-    columns = ["run_id", "dims_key", "kernel", "median_s", "tflops", "time", "best_s",
-               "best_tflops", "rel"]
-    if not frames:
-        return pd.DataFrame(columns=columns)
-    return pd.concat(frames, ignore_index=True)[columns]
+    """Every night's valid measurements of the current binaries: one row per (run_id,
+    dims_key, kernel) with its `median_s` and `time` (what the polish reads)."""
+    columns = ["run_id", "dims_key", "kernel", "median_s", "time"]
+    frames = [dataset.valid(dataset.final_table(night)).assign(run_id=run_id)[columns]
+              for run_id, night in current_origin(records).groupby("run_id", sort=True)]
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def _latest_nights(labels: pd.DataFrame, window: int) -> pd.DataFrame:

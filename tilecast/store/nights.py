@@ -71,8 +71,8 @@ def _class_of(workdir: Path, frame: pd.DataFrame, hardware_class: str | None) ->
         return named
     fingerprints = sorted(set(frame["hardware"].astype(str)))
     threads = sorted(set(int(t) for t in frame["threads"].dropna()))
-    here = {hardware.profile(t)["fingerprint"]: hardware.profile(t)["hardware_class"]
-            for t in threads}
+    profiles = [hardware.profile(t) for t in threads]
+    here = {p["fingerprint"]: p["hardware_class"] for p in profiles}
     if len(fingerprints) == 1 and fingerprints[0] in here:
         return here[fingerprints[0]]
     raise StoreError(f"{workdir}: its records were measured on hardware {fingerprints} "

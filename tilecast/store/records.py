@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tilecast.core import dataset
+from tilecast.stages.convert import RECORD_IDENTITY
 
 # 1: the first layout (STORE.json, records/class=/family=/night=/<digest>.parquet)
 STORE_VERSION = 1
@@ -39,9 +40,8 @@ SCHEMA = pa.schema(
     + [("samples_s", pa.list_(pa.float64())), ("problem", pa.string()), ("extra", pa.string())])
 COLUMNS = tuple(SCHEMA.names)
 
-# convert's identity of one measurement (tilecast.stages.convert.RECORD_IDENTITY)
-IDENTITY = ("run_id", "time", "family", "dims_key", "kernel", "role", "phase", "protocol_hash",
-            "build_key")
+# what makes a measurement itself: convert's identity of a record
+IDENTITY = RECORD_IDENTITY
 
 
 class RecordError(ValueError):

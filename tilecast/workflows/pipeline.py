@@ -212,17 +212,18 @@ def _stored(ctx: RunContext, name: str) -> pd.DataFrame:
                                    name)
 
 
-def _final_by_set(ctx: RunContext, name: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+def _final_by_set(ctx: RunContext, name: str, stored: pd.DataFrame | None = None
+                  ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """(this night's records, the final table by problem set). With a store, the final
     table is the labels pooled over the class's nights (tilecast.store.labels) for this
     night's candidates: training takes every problem of the class's nights but the held-out
     ones (the config's, and any a night held out), evaluation the config's held-out
-    problems."""
+    problems. `stored`: the class's store records when the caller has read them already."""
     records = dataset.load(ctx.layout.dataset(name))
     if not ctx.store:
         final = dataset.final_table(records)
         return records, {ps: final[final["problem_set"] == ps] for ps in PROBLEM_SETS}
-    stored = _stored(ctx, name)
+    stored = _stored(ctx, name) if stored is None else stored
     kernels = set(records.loc[records["role"] == "candidate", "kernel"])
     final = pooled_labels.pooled_final(stored[stored["kernel"].isin(kernels)])
     config_holdout = holdout_keys(ctx, name)
@@ -319,7 +320,8 @@ def _shortlist_dispatchers(model_dir: Path, name: str) -> dict:
 def evaluate_stage(ctx: RunContext, name: str) -> dict:
     """The model on the held-out problems; writes W/eval/<family>/."""
     family, _ = _family(ctx, name)
-    records, by_set = _final_by_set(ctx, name)
+    stored = _stored(ctx, name) if ctx.store else None
+    records, by_set = _final_by_set(ctx, name, stored)
     model_dir = ctx.layout.model_dir(name)
     candidates = json.loads((model_dir / layout.CANDIDATES_FILE).read_text())["kernels"]
     evaluation = evaluate(family, family.feature_engine(ctx.hardware), load_predictor(model_dir),
@@ -337,8 +339,7 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
         evaluation.metrics["pooled_labels"] = {
             "store": ctx.store, "hardware_class": ctx.hardware["hardware_class"],
             **{ps: pooled_labels.label_spread_summary(by_set[ps]) for ps in PROBLEM_SETS}}
-        evaluation.metrics["change_points"] = [c.as_dict() for c in change_points(
-            _stored(ctx, name))]
+        evaluation.metrics["change_points"] = [c.as_dict() for c in change_points(stored)]
     out = ctx.layout.eval_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     evaluation.per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
