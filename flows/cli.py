@@ -1,6 +1,7 @@
 """The `tilecast` console script: the library's subcommands plus `run` (the Prefect flow)."""
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import logging
@@ -118,7 +119,7 @@ def _cmd_run(args) -> int:
         Store(args.store).create()   # unreachable or unwritable: one line, before any build
     if args.plain:
         ctx = pipeline.RunContext.create(args.config, workdir, args.registry, run_id=args.run_id,
-                                         store=args.store)
+                                         store=args.store, budget_minutes=args.budget_minutes)
         summary = pipeline.run_all(ctx, device=args.device)
     else:
         prefect_env(workdir)
@@ -144,7 +145,8 @@ def _cmd_run(args) -> int:
         try:
             summary = nightly.with_options(task_runner=runner)(
                 config=args.config, workdir=args.workdir, registry=args.registry,
-                run_id=args.run_id, device=args.device, store=args.store)
+                run_id=args.run_id, device=args.device, store=args.store,
+                budget_minutes=args.budget_minutes)
         except cli.user_errors():
             _drain_prefect_workers()
             raise
@@ -162,6 +164,16 @@ def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
         worker.drain_all(timeout=timeout_s)
 
 
+def _positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected minutes > 0, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -176,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                           "its nights of this machine's hardware class (default: none)")
     run.add_argument("--run-id", default=None,
                      help="resume this run id (Prefect task cache); default: a new id")
+    run.add_argument("--budget-minutes", type=_positive_minutes, default=None,
+                     help="with --store: tonight's measuring time; the night measures what its "
+                          "plan chooses (labels to settle, drift sentinels, new shapes where the "
+                          "model is least sure) rather than the config's lists (default: the "
+                          "config's night.budget_minutes)")
     run.add_argument("--plain", action="store_true",
                      help="call the stages as plain library functions, without Prefect")
     run.add_argument("--task-runner", choices=("threads", "dask"), default="threads",

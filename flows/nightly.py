@@ -18,12 +18,15 @@ from tilecast.store.store import Store
 @flow(name="tilecast-nightly", log_prints=True)
 def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: str = "registry",
             run_id: str | None = None, device: str | None = None,
-            store: str | None = None) -> dict:
+            store: str | None = None, budget_minutes: float | None = None) -> dict:
     """Run every stage for every family of `config`; returns the report's summary.
     `run_id` resumes a run (its finished tasks are cached); `device` names the benchmark
     device (default: this host's CPU); `store` (a path or URL) keeps the night's records
-    and trains on the labels pooled over its nights (tilecast.store)."""
-    ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store)
+    and trains on the labels pooled over its nights (tilecast.store); with a store, a night
+    of `budget_minutes` (default: the config's night.budget_minutes) measures what its plan
+    chooses rather than the config's lists (tilecast.store.plan)."""
+    ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
+                                     budget_minutes=budget_minutes)
     if ctx.store:
         Store(ctx.store).create()   # unreachable or unwritable: fail before anything is built
     device = device or default_device()
@@ -36,7 +39,7 @@ def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: st
     benches, previous = {}, list(builds.values())
     for f in families:
         benches[f] = bench_task.submit(*args, f, builds[f], device, store=ctx.store,
-                                     wait_for=previous)
+                                     budget_minutes=budget_minutes, wait_for=previous)
         previous = [benches[f]]
     for future in benches.values():  # nothing else in flight while the device measures
         future.wait()

@@ -44,9 +44,10 @@ def _compute(fn, *args):
     return _COMPUTE.submit(contextvars.copy_context().run, fn, *args).result()
 
 
-def _ctx(config: str, workdir: str, registry: str, run_id: str,
-         store: str | None = None) -> pipeline.RunContext:
-    return pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store)
+def _ctx(config: str, workdir: str, registry: str, run_id: str, store: str | None = None,
+         budget_minutes: float | None = None) -> pipeline.RunContext:
+    return pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
+                                      budget_minutes=budget_minutes)
 
 
 @task(name="build-kernels", cache_policy=CACHE, tags=["build"], retries=0)
@@ -62,11 +63,13 @@ def build_kernels(config: str, workdir: str, registry: str, run_id: str, family:
       retries=2, retry_delay_seconds=[5, 30])
 def benchmark_candidates(config: str, workdir: str, registry: str, run_id: str, family: str,
                          build: dict, device: str | None = None,
-                         store: str | None = None) -> dict:
-    """Measure every built candidate on the problem sets (resumes from the raw file), holding
-    the device (its tag's concurrency limit here, the host's device lock in the stage)."""
+                         store: str | None = None, budget_minutes: float | None = None) -> dict:
+    """Measure every built candidate on the problem sets, or on a budgeted night's plan
+    (resumes from the raw file), holding the device (its tag's concurrency limit here, the
+    host's device lock in the stage)."""
     with StageProgress("bench", family) as progress:
-        return _compute(pipeline.bench_stage, _ctx(config, workdir, registry, run_id, store),
+        return _compute(pipeline.bench_stage,
+                        _ctx(config, workdir, registry, run_id, store, budget_minutes),
                         family, device, progress)
 
 

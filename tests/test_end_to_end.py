@@ -200,3 +200,57 @@ def test_nights_accumulate_in_a_store_and_models_train_on_their_pooled_labels(tm
                 "--store", str(blocker / "store"), check=False)
     assert proc.returncode == 2 and "cannot be written" in proc.stderr
     assert not (tmp_path / "n3" / "build").exists()
+
+
+TINY_NIGHT = Path(__file__).parent / "configs" / "tiny_night.yaml"
+
+
+@pytest.mark.slow
+def test_a_budgeted_night_measures_its_plan_and_a_replay_compares_policies(tmp_path):
+    """tiny_night.yaml into one store: the first night (an empty store) measures the config's
+    lists; the second (the flow, --budget-minutes) plans and measures exactly its plan, and
+    its report draws the plan and the model night by night; `tilecast plan` shows the next
+    night's; `tilecast replay` runs both policies over the store."""
+    import pandas as pd
+
+    store, registry = tmp_path / "store", tmp_path / "registry"
+    common = ("--config", str(TINY_NIGHT), "--registry", str(registry), "--store", str(store))
+    first = json.loads(_run("run", "--plain", "--workdir", str(tmp_path / "n1"), *common).stdout)
+    assert not (tmp_path / "n1" / "plan").exists()
+    assert first["stages"]["gemm"]["convert"]["problems"] == 19   # 12 grid + 4 drawn + 3 held out
+    second = _run("run", "--workdir", str(tmp_path / "n2"), *common, "--budget-minutes", "0.4")
+    plan = json.loads((tmp_path / "n2" / "plan" / "gemm.json").read_text())
+    assert plan["budget_s"] == pytest.approx(24.0) and plan["seconds"] <= 24.0
+    counts = plan["counts"]
+    assert counts["held-out"] == 3 and counts["sentinel"] == 2 and counts["explore"] >= 1
+    assert counts["workload"] >= 1
+    keys = [c["dims_key"] for c in plan["chosen"]]
+    measured = pd.read_parquet(tmp_path / "n2" / "data" / "gemm.parquet")
+    assert set(measured["dims_key"]) == set(keys)
+    held = {"m=7,n=50,k=100,dtype=fp32,layout_a=row,layout_b=row",
+            "m=60,n=20,k=200,dtype=fp32,layout_a=row,layout_b=row",
+            "m=33,n=33,k=33,dtype=fp32,layout_a=row,layout_b=row"}
+    assert set(measured.loc[measured["problem_set"] == "holdout", "dims_key"]) >= held
+    assert not held & set(measured.loc[measured["problem_set"] == "train", "dims_key"])
+    assert "plan gemm: gemm: active night, 0.4 min budget" in second.stderr
+    gemm = json.loads((tmp_path / "n2" / "report" / "evaluation.json").read_text())["models"]["gemm"]
+    assert gemm["night_plan"]["counts"] == counts and gemm["night_plan"]["measured_s"] > 0
+    assert [row["version"] for row in gemm["nights"]] == [1]
+    assert gemm["train_problems"] > 16
+    report = (tmp_path / "n2" / "report" / "report.md").read_text()
+    assert "### Tonight's plan" in report and "### The model night by night" in report
+    assert "| tonight |" in report.replace("  ", " ")
+
+    shown = _run("plan", "--store", str(store), "--config", str(TINY_NIGHT), "--show", "3").stdout
+    assert "gemm: active night, 0.5 min budget" in shown and "held-out" in shown
+    out = tmp_path / "replay.json"
+    replayed = _run("replay", str(store), "--config", str(TINY_NIGHT), "--start", "6", "--step",
+                    "3", "--steps", "2", "--seeds", "1", "--rounds", "20", "--out", str(out))
+    lines = replayed.stdout.splitlines()
+    assert "2 nights" in lines[0] and "3 held-out" in lines[0]
+    assert [line.split(" |")[0] for line in lines[2:5]] == ["6", "9", "12"]
+    assert "reaches random's final mean" in lines[-1]
+    points = json.loads(out.read_text())["points"]
+    assert len(points) == 6 and {p["policy"] for p in points} == {"active", "random"}
+    starts = [p for p in points if p["step"] == 0]
+    assert starts[0]["mean_efficiency"] == starts[1]["mean_efficiency"]   # the same start

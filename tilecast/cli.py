@@ -323,6 +323,48 @@ def _cmd_repeatability(args) -> int:
     return 0
 
 
+def _cmd_plan(args) -> int:
+    from tilecast.store.store import Store
+    from tilecast.workflows import pipeline
+
+    Store(args.store).require()
+    ctx = pipeline.RunContext.create(config_arg(args.config), ".", "registry", store=args.store,
+                                     budget_minutes=args.budget_minutes)
+    if not ctx.config.night.budget_minutes:
+        raise CliError(f"config {ctx.config.name} has no night.budget_minutes; give "
+                       "--budget-minutes")
+    families = [args.family] if args.family else list(ctx.config.families)
+    for name in families:
+        family = pipeline._family(ctx, name)[0]
+        kernels = [family.kernel_name(c) for c in pipeline.select_candidates(ctx, name)]
+        plan = pipeline.make_plan(ctx, name, kernels)
+        if plan is None:
+            print(f"{name}: the store has no night of class {ctx.hardware['hardware_class']} "
+                  "yet; tonight measures the config's problem lists")
+            continue
+        print("\n".join(plan.lines()))
+        for chosen in plan.chosen[:args.show]:
+            score = "" if chosen.score is None else f"  regret {chosen.score:.3f}"
+            print(f"  {chosen.reason:9s} {chosen.dims_key}  {chosen.seconds:.1f} s{score}")
+        if len(plan.chosen) > args.show:
+            print(f"  ... and {len(plan.chosen) - args.show} more (--show)")
+    return 0
+
+
+def _cmd_replay(args) -> int:
+    from tilecast.workflows import replay
+
+    for name in ("start", "step", "steps", "seeds", "rounds"):
+        if getattr(args, name) < (0 if name == "steps" else 1):
+            raise CliError(f"--{name} {getattr(args, name)} must be at least "
+                           f"{0 if name == 'steps' else 1}")
+    print("\n".join(replay.store_replay(
+        args.store, config_arg(args.config), args.family, policies=args.policies,
+        hardware_class=args.hardware_class, start=args.start, step=args.step, steps=args.steps,
+        seeds=list(range(args.seeds)), rounds=args.rounds, out=args.out)))
+    return 0
+
+
 def _cmd_store(args) -> int:
     from tilecast.store import nights
     from tilecast.store.store import Store
@@ -711,6 +753,42 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--hardware-class", default=None,
                        help="add: the class of workdirs measured on another machine")
     store.set_defaults(func=_cmd_store)
+
+    plan = sub.add_parser(
+        "plan", help="what a budgeted night with a store would measure tonight, and why",
+        description="The plan `tilecast run --store S` makes on a config with "
+                    "night.budget_minutes (tilecast.store.plan): labels to settle, drift "
+                    "sentinels, then new shapes where the model's members disagree most. "
+                    "Nothing is built or measured.")
+    plan.add_argument("--store", required=True, help="a directory or fsspec URL (s3://...)")
+    plan.add_argument("--config", default="nightly")
+    plan.add_argument("--family", default=None, help="one family (default: every one)")
+    plan.add_argument("--budget-minutes", type=float, default=None,
+                      help="default: the config's night.budget_minutes")
+    plan.add_argument("--show", type=int, default=20, help="problems listed (default 20)")
+    plan.set_defaults(func=_cmd_plan)
+
+    replays = sub.add_parser(
+        "replay", help="compare how nights choose new shapes over a store, measuring nothing",
+        description="The store's training shapes of one class are what a night could measure "
+                    "and their pooled labels what measuring gives; each policy starts from the "
+                    "same random shapes, adds --step shapes --steps times as a night would "
+                    "choose them, and its model is scored on the config's held-out shapes "
+                    "after each step (medians over --seeds seeds).")
+    replays.add_argument("store", metavar="STORE")
+    replays.add_argument("--config", default="nightly")
+    replays.add_argument("--family", default="gemm")
+    replays.add_argument("--policies", nargs="+", default=["active", "random"],
+                         choices=["active", "random"])
+    replays.add_argument("--hardware-class", default=None,
+                         help="default: this host's class, else the one class the store holds")
+    replays.add_argument("--start", type=int, default=40)
+    replays.add_argument("--step", type=int, default=20)
+    replays.add_argument("--steps", type=int, default=8)
+    replays.add_argument("--seeds", type=int, default=3)
+    replays.add_argument("--rounds", type=int, default=500, help="trees of each model")
+    replays.add_argument("--out", default=None, help="also write every point as JSON here")
+    replays.set_defaults(func=_cmd_replay)
 
     reg = sub.add_parser("registry", help="list, show, promote or roll back model versions")
     reg.add_argument("action", choices=("list", "show", "promote", "rollback"))

@@ -50,6 +50,28 @@ class FamilyConfig:
     warm_start: str | None = None
     # the rebenchmark's problems (`tilecast rebench`); the config's holdout set when absent
     sentinel: list[dict] = field(default_factory=list)
+    # the problems the family's users run (its `workload` file), which a budgeted night
+    # measures where its model is least sure (tilecast.store.plan); none when absent
+    workload: list[dict] = field(default_factory=list)
+    # the problem sets' entries as written (grid / list / random): a budgeted night redraws
+    # the random ones to explore
+    entries: dict[str, list] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NightSettings:
+    """`night:` of a config: how a night with a measurement store spends its time
+    (tilecast.store.plan). Without a budget, or without a store, a night measures the
+    config's problem lists as they are."""
+    budget_minutes: float | None = None   # measuring time a night; None: the fixed lists
+    policy: str = "active"        # new shapes where the model is least sure, or "random"
+    settle_nights: int = 3        # a label is contested until it has this many nights ...
+    contested_pct: float = 2.0    # ... while its runner-up is within this of its best
+    remeasure_share: float = 0.4  # at most this share of the budget re-measures labels
+    sentinels: int = 8            # drift sentinels measured every night (the sentinel set's first)
+    workload_share: float = 0.5   # of the new shapes' time, this share for the workload file's
+    explore: int = 2000           # exploration shapes drawn and scored a night
+    members: int = 5              # models fitted on resampled problems, whose disagreement guides
 
 
 @dataclass(frozen=True)
@@ -72,6 +94,7 @@ class RunConfig:
     race_margin_pct: float = 25.0
     race_keep_pct: float = 5.0  # after a race round, contenders this close to its best go on
     race_fresh_process: bool = True   # each race round in a new worker, operands placed anew
+    night: NightSettings = NightSettings()
 
 
 def _raise_if(errors: list[str]) -> None:
@@ -250,13 +273,42 @@ def _family_config(where: str, name: str, body: Mapping,
         errors.append(f"{dims_keys['holdout'][overlap[0]]}: holdout problem {overlap[0]} is "
                       f"also a training problem ({len(overlap)} in all); holdouts must never "
                       "be trained on")
+    workload = []
+    if body.get("workload") is not None:
+        workload, workload_errors = _workload(where, f"{at}.workload", body["workload"], family,
+                                              memory)
+        errors += workload_errors
     warm_start = body.get("warm_start")
     return FamilyConfig(name=name, candidates=candidates,
                         budget=body.get("budget") or UNLIMITED_BUDGET, seed=body.get("seed", 0),
                         problems={ps: expanded[ps] for ps in PROBLEM_SETS},
                         model=dict(body.get("model") or {}),
                         warm_start=None if warm_start is None else str(warm_start),
-                        sentinel=expanded.get("sentinel", list(expanded["holdout"]))), errors
+                        sentinel=expanded.get("sentinel", list(expanded["holdout"])),
+                        workload=workload,
+                        entries={ps: list(body["problems"][ps]) for ps in PROBLEM_SETS}), errors
+
+
+def _workload(where: str, at: str, file: str, family, memory: int | None
+              ) -> tuple[list[dict], list[str]]:
+    """The field values of a workload file's problems (a problems file, relative to the
+    config's directory), and the errors that keep them out."""
+    from tilecast.core import schema   # pydantic: see the schema module's docstring
+
+    path = Path(file).expanduser()
+    path = path if path.is_absolute() else Path(where).parent / path
+    try:
+        document = _read_yaml(path, "workload file")
+    except ConfigError as err:
+        return [], [f"{at}: {err}"]
+    prefix = f"workload file {path}: "
+    found = schema.validate(schema.problem_file_model(family.name), document, prefix)[1]
+    found = found or _size_errors(f"{prefix}problems", document["problems"])
+    if found:
+        return [], found
+    located = list(_located(f"{prefix}problems", document["problems"]))
+    built, errors = schema.check_problems(family, located, memory)
+    return [family.problem_dict(problem) for _, problem in built], errors
 
 
 def load_config(path: str | Path) -> RunConfig:
@@ -289,6 +341,7 @@ def load_config(path: str | Path) -> RunConfig:
                      race_margin_pct=float(bench.race_margin_pct),
                      race_keep_pct=float(bench.race_keep_pct),
                      race_fresh_process=bench.race_fresh_process,
+                     night=NightSettings(**document.night.model_dump()),
                      families=families)
 
 

@@ -26,7 +26,7 @@ from pydantic import create_model, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from tilecast.core.config import MAX_PROBLEMS, ConfigError, RunConfig, load_config
+from tilecast.core.config import MAX_PROBLEMS, ConfigError, NightSettings, RunConfig, load_config
 from tilecast.core.measure import Protocol
 from tilecast.families import FAMILIES, disco_kernels, gemm, grouped_conv, grouped_conv_kernels
 from tilecast.families.disco import BASIS_ALIASES, DiscoFamily
@@ -147,6 +147,20 @@ WARM_START = _rule(str | int | None, "a registry alias (letters, digits, _ . -) 
                    "number >= 1",
                    lambda v: v is None or (_is_whole(v) and v >= 1)
                    or (isinstance(v, str) and bool(NAME_RE.match(v)) and v not in (".", "..")))
+# a family's workload file: a problems file (tilecast.core.config.read_problem_file), relative
+# to the config's directory unless absolute
+WORKLOAD = _rule(str | None, "a problems file's path (relative to the config)",
+                 lambda v: v is None or (isinstance(v, str) and bool(v.strip())))
+# `night:`, the budgeted night with a store (tilecast.store.plan.NightSettings: what each means)
+NIGHT_RULES = {
+    "budget_minutes": _rule(float | int | None, "a number > 0, or null (the fixed problem lists)",
+                            lambda v: v is None or (_is_number(v) and v > 0)),
+    "policy": choice(("active", "random")),
+    "settle_nights": whole(1), "contested_pct": PERCENT, "remeasure_share": FRACTION,
+    "sentinels": whole(0), "workload_share": number("from 0 to 1", lambda v: 0 <= v <= 1,
+                                                    ge=0, le=1),
+    "explore": whole(1, MAX_PROBLEMS), "members": whole(2, 64)}
+NIGHT_DEFAULTS = {f.name: f.default for f in dataclass_fields(NightSettings)}
 # the problem field rule of a family-less check (tilecast.core.config.expand_problems without
 # a family): any scalar, the family checks it later
 SCALAR = _rule(str | int | float, "a string or a number",
@@ -430,7 +444,8 @@ def family_model(name: str) -> type[Section]:
         f"{title}Family", __base__=Section, budget=(whole(1), None), seed=(whole(0), 0),
         candidates=(candidates, ...), problems=(problem_sets, ...),
         sentinel=(_entries(entry, SENTINEL_EMPTY, optional=True), None),
-        model=(model, Field(default_factory=model)), warm_start=(WARM_START, None))
+        model=(model, Field(default_factory=model)), warm_start=(WARM_START, None),
+        workload=(WORKLOAD, None))
 
 
 @functools.cache
@@ -452,10 +467,12 @@ def config_model() -> type[Section]:
         {"problems_per_batch": 8, "rounds": 3, "retry_disturbed": 1, "interleave": True,
          "race_cycles": 16, "race_rounds": 3, "race_margin_pct": 25.0, "race_keep_pct": 5.0,
          "race_fresh_process": True})
+    night = _section("NightSection", NIGHT_RULES, NIGHT_DEFAULTS)
     families = create_model("Families", __base__=FamiliesSection,
                             **_optional({name: family_model(name) for name in FAMILIES}))
     sections = {key: (model, Field(default_factory=model)) for key, model in
-                (("protocol", protocol), ("tune", tune), ("build", build), ("bench", bench))}
+                (("protocol", protocol), ("tune", tune), ("build", build), ("bench", bench),
+                 ("night", night))}
     # in the order configs are written, which is the order errors are listed in
     return create_model("RunConfigFile", __base__=Section, name=(TEXT, ...),
                         description=(ANY_TEXT, ""), **sections, families=(families, ...))

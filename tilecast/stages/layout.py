@@ -86,6 +86,10 @@ class Workdir:
     def dataset(self, name: str) -> Path:
         return self.root / "data" / f"{name}.parquet"
 
+    def plan(self, name: str) -> Path:
+        """A budgeted night's plan of what the family measures (tilecast.store.plan)."""
+        return self.root / "plan" / f"{name}.json"
+
     def model_dir(self, name: str) -> Path:
         return self.root / "models" / name
 

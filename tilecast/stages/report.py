@@ -133,6 +133,7 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
         lines += (_table(["kernel", "since night", "shift (time)", "z", "problems"],
                          [[c["kernel"], c["night"], f"{c['shift']:+.1%}", c["z"], c["problems"]]
                           for c in moved]) if moved else ["None.", ""])
+    lines += _night_section(metrics)
     slices = metrics.get("slices")
     if slices:
         lines += ["### Per-slice results (held-out problems)", ""]
@@ -152,6 +153,39 @@ def _model_section(name: str, evaluation: Evaluation, extra: dict, peer: Mapping
                          for key, s in sets.items()])
     else:
         lines += ["No peer measurements.", ""]
+    return lines
+
+
+def _night_section(metrics: Mapping) -> list[str]:
+    """A budgeted night's plan, and the model's held-out figures night by night."""
+    lines = []
+    plan = metrics.get("night_plan")
+    if plan:
+        counts, considered = plan["counts"], plan.get("considered", {})
+        lines += ["### Tonight's plan", "",
+                  f"A night of {plan['budget_s'] / 60:g} minutes, policy {plan['policy']} "
+                  "(tilecast.store.plan): labels to settle first, then drift sentinels, then new "
+                  "shapes where the model's members disagree most. Estimated "
+                  f"{plan['seconds'] / 60:.1f} min (calibration x{plan['calibration']:.2f}), "
+                  f"measured {plan['measured_s'] / 60:.1f} min.", ""]
+        lines += _table(["why", "problems", "could have"],
+                        [[why, n, considered.get(why)] for why, n in counts.items()])
+        lines += [f"- {note}" for note in plan.get("notes", [])] + ([""] if plan.get("notes") else [])
+    history = metrics.get("nights")
+    if history is not None:
+        now = {"version": "tonight", **{k: metrics.get(k) for k in
+                                         ("run_id", "train_problems", "n_problems",
+                                          "mean_efficiency", "p10_efficiency", "top1", "top5")},
+               "static_best": metrics["static_best"]["mean_efficiency"]}
+        lines += ["### The model night by night", "",
+                  "Held-out figures of this class's model as each night published it (the "
+                  "registry's versions), each scored on the labels pooled by its night.", ""]
+        lines += _table(["version", "night", "training shapes", "held-out", "mean", "P10",
+                         "top-1", "top-5", "static best"],
+                        [[r["version"], r.get("run_id"), r.get("train_problems"),
+                          r.get("n_problems"), r.get("mean_efficiency"), r.get("p10_efficiency"),
+                          r.get("top1"), r.get("top5"), r.get("static_best")]
+                         for r in [*history, now]])
     return lines
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
@@ -34,6 +35,7 @@ from tilecast.stages.report import write_report
 from tilecast.stages.train import ModelSpec, check_warm_start, git_sha, load_predictor, train_model
 from tilecast.store import labels as pooled_labels
 from tilecast.store import nights as store_nights
+from tilecast.store import plan as night_plan
 from tilecast.store.drift import change_points
 from tilecast.store.nights import write_hardware
 from tilecast.store.store import Store
@@ -62,8 +64,15 @@ class RunContext:
 
     @classmethod
     def create(cls, config: str | Path, workdir: str | Path, registry: str | Path,
-               run_id: str | None = None, store: str | Path | None = None) -> "RunContext":
+               run_id: str | None = None, store: str | Path | None = None,
+               budget_minutes: float | None = None) -> "RunContext":
+        """`budget_minutes` overrides the config's night.budget_minutes (a budgeted night
+        with a store: tilecast.store.plan)."""
         cfg = load_config(config)
+        if budget_minutes is not None:
+            if not (budget_minutes > 0):
+                raise ConfigError(f"budget_minutes must be > 0, got {budget_minutes!r}")
+            cfg = replace(cfg, night=replace(cfg.night, budget_minutes=float(budget_minutes)))
         now = datetime.now(timezone.utc)
         run_id = run_id or now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
         workdir = expand_workdir(workdir, now)
@@ -158,6 +167,52 @@ def problems(ctx: RunContext, name: str) -> list[tuple[str, object]]:
     return unique
 
 
+def budgeted_night(ctx: RunContext) -> bool:
+    """Whether tonight spends a time budget (a store and night.budget_minutes) rather than
+    measuring the config's problem lists."""
+    return bool(ctx.store and ctx.config.night.budget_minutes)
+
+
+def night_problems(ctx: RunContext, name: str, builts: Sequence | None = None
+                   ) -> list[tuple[str, object]]:
+    """What tonight measures: the config's lists, or on a budgeted night the plan
+    (tilecast.store.plan), made once and kept in W/plan/<family>.json so that a resumed
+    night measures what it planned. A store with no night of this class and family yet
+    starts from the config's lists."""
+    if not budgeted_night(ctx):
+        return problems(ctx, name)
+    family, _ = _family(ctx, name)
+    path = ctx.layout.plan(name)
+    if path.is_file():
+        plan = night_plan.read(path)
+        log.info("bench %s: the plan made earlier tonight (%s)", name, path)
+    else:
+        builts = load_builds(ctx, name) if builts is None else builts
+        plan = make_plan(ctx, name, [b.kernel for b in builts if b.binary is not None])
+        if plan is None:
+            log.info("bench %s: the store has no night of class %s yet; tonight measures the "
+                     "config's problem lists", name, ctx.hardware["hardware_class"])
+            return problems(ctx, name)
+        night_plan.write(plan, path)
+    for line in plan.lines():
+        log.info("plan %s", line)
+    return plan.problems(family)
+
+
+def make_plan(ctx: RunContext, name: str, kernels: Sequence[str]) -> night_plan.NightPlan | None:
+    """Tonight's plan for the family's `kernels` from the store's nights of this class (None
+    while it has none)."""
+    family, fc = _family(ctx, name)
+    stored = _stored(ctx, name)
+    if stored.empty:
+        return None
+    spec = ModelSpec.from_mapping({"seed": fc.seed, **fc.model})
+    return night_plan.plan_night(family, family.feature_engine(ctx.hardware), fc,
+                                 ctx.config.night, ctx.config.protocol, stored, kernels, spec,
+                                 seed=zlib.crc32(ctx.run_id.encode()),
+                                 threads=int(ctx.hardware.get("threads") or 2))
+
+
 def bench_stage(ctx: RunContext, name: str, device: str | None = None,
                 progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Measure every built candidate on every problem; appends to W/bench/<family>.jsonl.
@@ -171,7 +226,7 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None,
     settings = BenchSettings.from_config(cfg, seed=fc.seed, libraries=libraries)
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
                 "hardware": ctx.hardware["fingerprint"]}
-    pairs = problems(ctx, name)
+    pairs = night_problems(ctx, name, builts)
     write_hardware(ctx.workdir, ctx.hardware)
     log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
     with exclusive(device or default_device()):
@@ -201,7 +256,8 @@ def convert_stage(ctx: RunContext, name: str) -> dict:
 
 
 def holdout_keys(ctx: RunContext, name: str) -> set[str]:
-    """The dims_keys of the config's held-out problems."""
+    """The dims_keys of the config's held-out problems (a budgeted night's too: it
+    measures some of them, but judges its model on all that the store holds)."""
     family, _ = _family(ctx, name)
     return {family.dims_key(p) for ps, p in problems(ctx, name) if ps == "holdout"}
 
@@ -340,6 +396,12 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
             "store": ctx.store, "hardware_class": ctx.hardware["hardware_class"],
             **{ps: pooled_labels.label_spread_summary(by_set[ps]) for ps in PROBLEM_SETS}}
         evaluation.metrics["change_points"] = [c.as_dict() for c in change_points(stored)]
+        evaluation.metrics["run_id"] = ctx.run_id
+        evaluation.metrics["train_problems"] = int(by_set["train"]["dims_key"].nunique())
+        if ctx.layout.plan(name).is_file():
+            evaluation.metrics["night_plan"] = night_summary(
+                night_plan.read(ctx.layout.plan(name)), records)
+        evaluation.metrics["nights"] = model_history(ctx, name)
     out = ctx.layout.eval_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     evaluation.per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
@@ -353,7 +415,36 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
              m["top1"], m["top5"], m["static_best"]["mean_efficiency"])
     return {"family": name, **{k: v for k, v in m.items()
                                if k not in ("slices", "shortlist", "pooled_labels",
-                                            "change_points")}}
+                                            "change_points", "night_plan", "nights")}}
+
+
+def night_summary(plan: night_plan.NightPlan, records: pd.DataFrame) -> dict:
+    """A budgeted night's plan as evaluation.json keeps it: its counts, its estimate and the
+    measuring time it took (its records' first to last)."""
+    times = pd.to_datetime(records["time"], utc=True, format="ISO8601")
+    summary = {k: v for k, v in plan.to_json().items() if k != "chosen"}
+    return {**summary, "measured_s": round((times.max() - times.min()).total_seconds(), 1)}
+
+
+HISTORY_KEYS = ("run_id", "train_problems", "n_problems", "mean_efficiency", "p10_efficiency",
+                "top1", "top5")
+
+
+def model_history(ctx: RunContext, name: str) -> list[dict]:
+    """The held-out figures of the class model's versions so far, one a night, oldest first
+    (what report.md draws night by night); [] when the registry cannot tell."""
+    model = registered_model(ctx, name)
+    try:
+        versions = registry.list_versions(ctx.registry, model)
+        rows = []
+        for version in versions:
+            metrics = registry.read_metrics(ctx.registry, model, version)
+            rows.append({"version": version, **{k: metrics.get(k) for k in HISTORY_KEYS},
+                         "static_best": (metrics.get("static_best") or {}).get("mean_efficiency")})
+        return rows
+    except registry.RegistryError as err:
+        log.warning("evaluate %s: no history of %s (%s)", name, model, err)
+        return []
 
 
 def report_stage(ctx: RunContext) -> dict:

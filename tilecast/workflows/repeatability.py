@@ -191,8 +191,8 @@ def is_store(run: str | Path) -> bool:
 
 
 def common_class(stores, hardware_class: str | None, family: str) -> str:
-    """The hardware class two stores' `family` records are compared on: the one named, or
-    the only one both hold (StoreError otherwise)."""
+    """The hardware class the stores' `family` records are compared on: the one named, or
+    the only one all of them hold (StoreError otherwise)."""
     from tilecast.store.store import StoreError
 
     classes = [{p.hardware_class for p in s.parts(family=family)} for s in stores]
@@ -202,9 +202,9 @@ def common_class(stores, hardware_class: str | None, family: str) -> str:
                 raise StoreError(f"store {store.location} holds no {family} records of class "
                                  f"{hardware_class!r}; it has: {sorted(held) or 'none'}")
         return hardware_class
-    common = sorted(classes[0] & classes[1])
+    common = sorted(set.intersection(*classes))
     if len(common) != 1:
-        raise StoreError(f"the stores share {len(common)} hardware classes with {family} "
+        raise StoreError(f"the store(s) share {len(common)} hardware classes with {family} "
                          f"records ({common or 'none'}): name one with --hardware-class")
     return common[0]
 
