@@ -118,9 +118,16 @@ def _cmd_run(args) -> int:
         from tilecast.store.store import Store
         Store(args.store).create()   # unreachable or unwritable: one line, before any build
     if args.plain:
-        ctx = pipeline.RunContext.create(args.config, workdir, args.registry, run_id=args.run_id,
-                                         store=args.store, budget_minutes=args.budget_minutes)
-        summary = pipeline.run_all(ctx, device=args.device)
+        counts = pipeline.thread_counts(args.config)
+        runs = {}
+        for threads in counts:   # a config of several thread counts: one run each, in turn
+            ctx = pipeline.RunContext.create(args.config, workdir, args.registry,
+                                             run_id=args.run_id, store=args.store,
+                                             budget_minutes=args.budget_minutes, threads=threads)
+            args.run_id = ctx.run_id
+            runs[threads] = pipeline.run_all(ctx, device=args.device)
+        summary = (runs[counts[0]] if len(counts) == 1 else
+                   {"run_id": ctx.run_id, "threads": runs})
     else:
         prefect_env(workdir)
         load_config(args.config)  # a bad config fails here, with its message, before Prefect starts

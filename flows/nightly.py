@@ -25,33 +25,46 @@ def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: st
     and trains on the labels pooled over its nights (tilecast.store); with a store, a night
     of `budget_minutes` (default: the config's night.budget_minutes) measures what its plan
     chooses rather than the config's lists (tilecast.store.plan)."""
+    counts = pipeline.thread_counts(config)
     ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
                                      budget_minutes=budget_minutes)
     if ctx.store:
         Store(ctx.store).create()   # unreachable or unwritable: fail before anything is built
     device = device or default_device()
     orchestration.ensure_device_limit(device)
-    args = (str(ctx.config.path), str(ctx.workdir), str(ctx.registry), ctx.run_id)
-    families = list(ctx.config.families)
+    # every task makes its context from these; a config measuring with several thread counts
+    # runs the DAG once per count, one after the other (a hardware class each, its own
+    # workdir W/threads-<count>), so that nothing computes while another count measures
+    base = ctx.workdir if len(counts) == 1 else ctx.workdir.parent   # W, not W/threads-<n>
+    args = (str(ctx.config.path), str(base), str(ctx.registry), ctx.run_id)
+    runs = {t: _night(args, list(ctx.config.families), device, ctx.store, budget_minutes,
+                      None if len(counts) == 1 else t)
+            for t in counts}
+    if len(counts) == 1:
+        return {"run_id": ctx.run_id, "device": device, **runs[counts[0]]}
+    return {"run_id": ctx.run_id, "device": device, "threads": runs}
 
-    builds = {f: stages.build_kernels.submit(*args, f, store=ctx.store) for f in families}
+
+def _night(args: tuple, families: list[str], device: str, store: str | None,
+           budget_minutes: float | None, threads: int | None) -> dict:
+    """The DAG of every family at one thread count (None: the config's only one)."""
+    more = {"store": store, "threads": threads}
+    builds = {f: stages.build_kernels.submit(*args, f, **more) for f in families}
     bench_task = orchestration.on_device(stages.benchmark_candidates, device)
     benches, previous = {}, list(builds.values())
     for f in families:
-        benches[f] = bench_task.submit(*args, f, builds[f], device, store=ctx.store,
+        benches[f] = bench_task.submit(*args, f, builds[f], device, **more,
                                      budget_minutes=budget_minutes, wait_for=previous)
         previous = [benches[f]]
     for future in benches.values():  # nothing else in flight while the device measures
         future.wait()
-    converts = {f: stages.convert_to_parquet.submit(*args, f, benches[f], store=ctx.store)
+    converts = {f: stages.convert_to_parquet.submit(*args, f, benches[f], **more)
                 for f in families}
-    trains = {f: stages.train_model.submit(*args, f, converts[f], store=ctx.store)
-              for f in families}
-    evaluations = {f: stages.evaluate_holdout.submit(*args, f, trains[f], store=ctx.store)
+    trains = {f: stages.train_model.submit(*args, f, converts[f], **more) for f in families}
+    evaluations = {f: stages.evaluate_holdout.submit(*args, f, trains[f], **more)
                    for f in families}
-    report = stages.write_report.submit(*args, {f: evaluations[f] for f in families},
-                                        store=ctx.store)
-    publishes = {f: stages.publish_registry.submit(*args, f, evaluations[f], store=ctx.store,
+    report = stages.write_report.submit(*args, {f: evaluations[f] for f in families}, **more)
+    publishes = {f: stages.publish_registry.submit(*args, f, evaluations[f], **more,
                                                    wait_for=[report])
                  for f in families}
 
@@ -61,8 +74,7 @@ def nightly(config: str = "nightly", workdir: str = "work/nightly", registry: st
     published = {f: publishes[f].result() for f in families}
     report = report.result()
     try:
-        orchestration.publish_artifacts(ctx.run_id, report["report_dir"], published)
+        orchestration.publish_artifacts(args[3], report["report_dir"], published)
     except Exception as err:  # the run's results are on disk and published; say what is missing
         print(f"WARNING: could not create the run's Prefect artifacts: {err!r}")
-    return {"run_id": ctx.run_id, "device": device, "stages": summaries, "report": report,
-            "published": published}
+    return {"stages": summaries, "report": report, "published": published}

@@ -45,69 +45,80 @@ def _compute(fn, *args):
 
 
 def _ctx(config: str, workdir: str, registry: str, run_id: str, store: str | None = None,
-         budget_minutes: float | None = None) -> pipeline.RunContext:
+         budget_minutes: float | None = None, threads: int | None = None) -> pipeline.RunContext:
     return pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
-                                      budget_minutes=budget_minutes)
+                                      budget_minutes=budget_minutes, threads=threads)
 
 
 @task(name="build-kernels", cache_policy=CACHE, tags=["build"], retries=0)
 def build_kernels(config: str, workdir: str, registry: str, run_id: str, family: str,
-                  store: str | None = None) -> dict:
+                  store: str | None = None, threads: int | None = None) -> dict:
     """Compile the family's candidates into the content-hash cache."""
     with StageProgress("build", family) as progress:
-        return pipeline.build_stage(_ctx(config, workdir, registry, run_id, store), family,
-                                    progress)
+        return pipeline.build_stage(_ctx(config, workdir, registry, run_id, store,
+                                         threads=threads), family, progress)
 
 
 @task(name="benchmark-candidates", cache_policy=CACHE, tags=["bench"],
       retries=2, retry_delay_seconds=[5, 30])
 def benchmark_candidates(config: str, workdir: str, registry: str, run_id: str, family: str,
                          build: dict, device: str | None = None,
-                         store: str | None = None, budget_minutes: float | None = None) -> dict:
+                         store: str | None = None, budget_minutes: float | None = None,
+                         threads: int | None = None) -> dict:
     """Measure every built candidate on the problem sets, or on a budgeted night's plan
     (resumes from the raw file), holding the device (its tag's concurrency limit here, the
     host's device lock in the stage)."""
     with StageProgress("bench", family) as progress:
         return _compute(pipeline.bench_stage,
-                        _ctx(config, workdir, registry, run_id, store, budget_minutes),
+                        _ctx(config, workdir, registry, run_id, store, budget_minutes, threads),
                         family, device, progress)
 
 
 @task(name="convert-to-parquet", cache_policy=CACHE, tags=["convert"])
 def convert_to_parquet(config: str, workdir: str, registry: str, run_id: str, family: str,
-                       bench: dict, store: str | None = None) -> dict:
+                       bench: dict, store: str | None = None,
+                       threads: int | None = None) -> dict:
     """Raw records -> the parquet dataset."""
-    return pipeline.convert_stage(_ctx(config, workdir, registry, run_id, store), family)
+    return pipeline.convert_stage(_ctx(config, workdir, registry, run_id, store,
+                                       threads=threads), family)
 
 
 @task(name="train-model", cache_policy=CACHE, tags=["train"])
 def train_model(config: str, workdir: str, registry: str, run_id: str, family: str,
-                convert: dict, store: str | None = None) -> dict:
+                convert: dict, store: str | None = None,
+                threads: int | None = None) -> dict:
     """LightGBM on the training problems, GroupKFold on dims_key."""
-    return _compute(pipeline.train_stage, _ctx(config, workdir, registry, run_id, store),
+    return _compute(pipeline.train_stage,
+                    _ctx(config, workdir, registry, run_id, store, threads=threads),
                     family)
 
 
 @task(name="evaluate-holdout", cache_policy=CACHE, tags=["evaluate"])
 def evaluate_holdout(config: str, workdir: str, registry: str, run_id: str, family: str,
-                     train: dict, store: str | None = None) -> dict:
+                     train: dict, store: str | None = None,
+                     threads: int | None = None) -> dict:
     """Model vs the measured oracle and the static best on held-out problems."""
-    return _compute(pipeline.evaluate_stage, _ctx(config, workdir, registry, run_id, store),
+    return _compute(pipeline.evaluate_stage,
+                    _ctx(config, workdir, registry, run_id, store, threads=threads),
                     family)
 
 
 @task(name="write-report", cache_policy=CACHE, tags=["report"])
 def write_report(config: str, workdir: str, registry: str, run_id: str,
-                 evaluations: dict, store: str | None = None) -> dict:
+                 evaluations: dict, store: str | None = None,
+                 threads: int | None = None) -> dict:
     """evaluation.json, report.md and plots for every family."""
-    return _compute(pipeline.report_stage, _ctx(config, workdir, registry, run_id, store))
+    return _compute(pipeline.report_stage,
+                    _ctx(config, workdir, registry, run_id, store, threads=threads))
 
 
 @task(name="publish-registry", cache_policy=CACHE, tags=["publish"])
 def publish_registry(config: str, workdir: str, registry: str, run_id: str, family: str,
-                     evaluation: dict, store: str | None = None) -> dict:
+                     evaluation: dict, store: str | None = None,
+                     threads: int | None = None) -> dict:
     """A new registry version; the production alias moves only if the gate passes."""
-    return _compute(pipeline.publish_stage, _ctx(config, workdir, registry, run_id, store),
+    return _compute(pipeline.publish_stage,
+                    _ctx(config, workdir, registry, run_id, store, threads=threads),
                     family)
 
 

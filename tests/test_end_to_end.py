@@ -254,3 +254,29 @@ def test_a_budgeted_night_measures_its_plan_and_a_replay_compares_policies(tmp_p
     assert len(points) == 6 and {p["policy"] for p in points} == {"active", "random"}
     starts = [p for p in points if p["step"] == 0]
     assert starts[0]["mean_efficiency"] == starts[1]["mean_efficiency"]   # the same start
+
+
+@pytest.mark.slow
+def test_a_list_of_thread_counts_measures_and_publishes_each_as_its_own_class(tmp_path):
+    """protocol.threads: [1, 2]: one night, run once per count in W/threads-<count>, each a
+    hardware class of its own in the store and the registry."""
+    from tilecast.store.nights import summary
+    from tilecast.store.store import Store
+
+    config = tmp_path / "threads.yaml"
+    config.write_text(TINY.read_text().replace("threads: 2,", "threads: [1, 2],"))
+    work, registry, store = tmp_path / "work", tmp_path / "registry", tmp_path / "store"
+    run = json.loads(_run("run", "--plain", "--config", str(config), "--workdir", str(work),
+                          "--registry", str(registry), "--store", str(store)).stdout)
+    assert set(run["threads"]) == {"1", "2"}
+    models = {run["threads"][t]["published"]["gemm"]["model"] for t in ("1", "2")}
+    assert len(models) == 2 and all(m.startswith("gemm@") for m in models)
+    assert any("-1t-" in m for m in models) and any("-2t-" in m for m in models)
+    for t in (1, 2):
+        raw = [json.loads(line) for line in
+               (work / f"threads-{t}" / "bench" / "gemm.jsonl").read_text().splitlines()]
+        assert {r["threads"] for r in raw if r["role"] == "candidate"} == {t}
+    classes = {row["hardware_class"] for row in summary(Store(store))}
+    assert classes == {m.split("@", 1)[1] for m in models}
+    listed = _run("registry", "list", "--registry", str(registry)).stdout
+    assert all(m.split("@", 1)[1] in listed for m in models)

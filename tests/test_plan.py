@@ -206,3 +206,31 @@ def test_the_config_s_night_section_and_workload_file_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="workload file .*problems\\[0\\]"):
         load_config(base)
     assert dataclasses.replace(config.night, policy="random").policy == "random"
+
+
+def test_protocol_threads_may_list_the_counts_a_night_measures_with(tmp_path):
+    from tilecast.core.config import load_config
+    from tilecast.core.hardware import cpu_count
+
+    text = (Path(__file__).parent / "configs" / "tiny.yaml").read_text()
+    config = tmp_path / "c.yaml"
+    config.write_text(text.replace("threads: 2,", "threads: [1, 2],"))
+    loaded = load_config(config)
+    assert loaded.thread_counts == (1, 2) and loaded.protocol.threads == 1
+    config.write_text(text.replace("threads: 2,", "threads: [2, 2],"))
+    with pytest.raises(ConfigError, match="protocol.threads.*without repeats"):
+        load_config(config)
+    config.write_text(text.replace("threads: 2,", "threads: [],"))
+    with pytest.raises(ConfigError, match="protocol.threads"):
+        load_config(config)
+    config.write_text(text.replace("threads: 2,", f"threads: [auto, {cpu_count()}],"))
+    with pytest.raises(ConfigError, match="names one thread count twice"):
+        load_config(config)
+    from tilecast.workflows import pipeline
+
+    config.write_text(text.replace("threads: 2,", "threads: [1, 2],"))
+    ctx = pipeline.RunContext.create(config, tmp_path / "w", tmp_path / "r", threads=2)
+    assert ctx.workdir == (tmp_path / "w" / "threads-2").resolve()
+    assert ctx.config.protocol.threads == 2 and ctx.hardware["threads"] == 2
+    with pytest.raises(ConfigError, match="not 3"):
+        pipeline.RunContext.create(config, tmp_path / "w", tmp_path / "r", threads=3)

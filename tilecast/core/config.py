@@ -19,7 +19,8 @@ import numpy as np
 import yaml
 
 from tilecast.core import resources
-from tilecast.core.measure import Protocol, ProtocolError
+from tilecast.core.hardware import cpu_count
+from tilecast.core.measure import AUTO_THREADS, Protocol, ProtocolError
 from tilecast.families import FAMILIES
 
 #: the shipped configs, in a checkout or an installed package (tilecast.core.resources)
@@ -95,6 +96,9 @@ class RunConfig:
     race_keep_pct: float = 5.0  # after a race round, contenders this close to its best go on
     race_fresh_process: bool = True   # each race round in a new worker, operands placed anew
     night: NightSettings = NightSettings()
+    # protocol.threads as a list: every count a night measures with (the protocol holds the
+    # first); a single count otherwise
+    thread_counts: tuple[int, ...] = ()
 
 
 def _raise_if(errors: list[str]) -> None:
@@ -327,10 +331,17 @@ def load_config(path: str | Path) -> RunConfig:
         families[name], family_errors = _family_config(where, name, body or {}, memory)
         errors += family_errors
     _raise_if(errors)
+    given = dict(raw.get("protocol") or {})
+    counts = given.get("threads", AUTO_THREADS)
+    counts = counts if isinstance(counts, list) else [counts]
     try:
-        protocol = Protocol.from_mapping(raw.get("protocol") or {})
+        protocol = Protocol.from_mapping({**given, "threads": counts[0]})
+        thread_counts = tuple(Protocol(threads=c).threads for c in counts)
     except ProtocolError as err:
         raise ConfigError(f"{where}: protocol: {err}") from None
+    if len(set(thread_counts)) != len(thread_counts):
+        raise ConfigError(f"{where}: protocol.threads: {counts} names one thread count twice "
+                          f"on this machine ({cpu_count()} cores)")
     tune, bench = document.tune, document.bench
     return RunConfig(name=document.name, path=path, protocol=protocol,
                      tie_threshold_pct=float(tune.tie_threshold_pct), finalists=tune.finalists,
@@ -342,6 +353,7 @@ def load_config(path: str | Path) -> RunConfig:
                      race_keep_pct=float(bench.race_keep_pct),
                      race_fresh_process=bench.race_fresh_process,
                      night=NightSettings(**document.night.model_dump()),
+                     thread_counts=thread_counts,
                      families=families)
 
 

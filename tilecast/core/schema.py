@@ -361,9 +361,18 @@ MODEL_RULES = {
     "early_stopping_rounds": whole(1), "seed": whole(0), "target": choice(TARGET_TRANSFORMS),
     "top_weight": NON_NEGATIVE, "shortlist": whole(0, 64)}
 
-# protocol.threads: a count, or "auto" (this machine's cores)
-THREADS = _rule(int | Literal["auto"], "a whole number >= 1 or 'auto' (this machine's cores)",
-                lambda v: v == "auto" or (_is_whole(v) and v >= 1))
+# protocol.threads: a count, or "auto" (this machine's cores), or a list of them: a night
+# measures, trains and publishes once per count (a hardware class each)
+def _thread_count(value: Any) -> bool:
+    return value == "auto" or (_is_whole(value) and value >= 1)
+
+
+THREADS = _rule(int | Literal["auto"] | list[int | Literal["auto"]],
+                "a whole number >= 1, 'auto' (this machine's cores), or a non-empty list of "
+                "them without repeats",
+                lambda v: _thread_count(v) or (isinstance(v, list) and len(v) > 0
+                                               and all(map(_thread_count, v))
+                                               and len(set(map(str, v))) == len(v)))
 
 # one per field of tilecast.core.measure.Protocol, whose defaults the section takes
 PROTOCOL_RULES = {

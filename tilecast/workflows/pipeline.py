@@ -51,6 +51,18 @@ def expand_workdir(workdir: str | Path, now: datetime | None = None) -> str:
     return str(workdir).replace("{date}", now.strftime("%Y-%m-%d"))
 
 
+def thread_workdir(workdir: str | Path, counts: Sequence[int], threads: int) -> str:
+    """A run's workdir for one of its thread counts: itself for a single count, else
+    W/threads-<count>."""
+    return str(workdir) if len(counts) <= 1 else str(Path(workdir) / f"threads-{threads}")
+
+
+def thread_counts(config: str | Path) -> tuple[int, ...]:
+    """The thread counts a config measures with, in its order."""
+    cfg = load_config(config)
+    return cfg.thread_counts or (cfg.protocol.threads,)
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Everything a stage needs: the config, where to read and write, who is running."""
@@ -65,17 +77,26 @@ class RunContext:
     @classmethod
     def create(cls, config: str | Path, workdir: str | Path, registry: str | Path,
                run_id: str | None = None, store: str | Path | None = None,
-               budget_minutes: float | None = None) -> "RunContext":
+               budget_minutes: float | None = None, threads: int | None = None
+               ) -> "RunContext":
         """`budget_minutes` overrides the config's night.budget_minutes (a budgeted night
-        with a store: tilecast.store.plan)."""
+        with a store: tilecast.store.plan). `threads`: one of the config's thread counts
+        (default its first); a config with several measures each in its own workdir,
+        W/threads-<count> (`thread_workdir`), as its own hardware class."""
         cfg = load_config(config)
+        counts = cfg.thread_counts or (cfg.protocol.threads,)
+        threads = counts[0] if threads is None else int(threads)
+        if threads not in counts:
+            raise ConfigError(f"{cfg.path}: measures with {', '.join(map(str, counts))} "
+                              f"thread(s), not {threads}")
+        cfg = replace(cfg, protocol=replace(cfg.protocol, threads=threads))
         if budget_minutes is not None:
             if not (budget_minutes > 0):
                 raise ConfigError(f"budget_minutes must be > 0, got {budget_minutes!r}")
             cfg = replace(cfg, night=replace(cfg.night, budget_minutes=float(budget_minutes)))
         now = datetime.now(timezone.utc)
         run_id = run_id or now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
-        workdir = expand_workdir(workdir, now)
+        workdir = thread_workdir(expand_workdir(workdir, now), counts, threads)
         return cls(config=cfg, workdir=Path(workdir).resolve(), registry=normalize_root(registry),
                    run_id=run_id, hardware=hardware.profile(cfg.protocol.threads),
                    git_sha=git_sha(), store=None if store in (None, "") else str(store))
