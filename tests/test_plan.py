@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tilecast.core import dataset
 from tilecast.core.config import ConfigError, FamilyConfig, NightSettings
 from tilecast.core.measure import Protocol
 from tilecast.families import get_family
@@ -150,9 +151,18 @@ def test_a_night_settles_labels_then_watches_sentinels_then_takes_new_shapes_in_
     train = [c for c in chosen.chosen if c.problem_set == "train"]
     assert key(200) not in {c.dims_key for c in train}       # a held-out workload shape
     assert any("held out" in note for note in chosen.notes)
-    # the workload's fresh shapes: 512 and its neighbour 520 (one of them), 1024; 200 is held
-    # out. Both fit in its half of the 9 problems' time left
-    assert sum(r == "workload" for r in rest) == 2
+    # the workload's fresh shapes (512 and its neighbour 520, 1024; 200 is held out) take at
+    # most half of the time left; a new shape costs its work at the kernels' typical speed
+    settled = sum(c.seconds for c in chosen.chosen[:5])
+    workload = [c for c in chosen.chosen if c.reason == "workload"]
+    assert 1 <= len(workload) <= 2
+    assert sum(c.seconds for c in workload) <= 0.5 * (chosen.budget_s - settled) + 1e-9
+    final = labels.pooled_final(_stored())
+    speed = dataset.valid(final).groupby("kernel")["tflops"].median()
+    cost = plan.CostModel.of(PROTOCOL).calibrated(_stored())
+    work = GEMM.flops(GEMM.problem(workload[0].values))
+    assert workload[0].seconds == pytest.approx(
+        cost.seconds(np.array([work / speed[k] / 1e12 for k in ("a", "b")])), rel=1e-3)
     # never a shape the store holds as a new one, never two neighbours
     new = [c for c in chosen.chosen if c.reason in ("workload", "explore")]
     assert not {c.dims_key for c in new} & {key(m) for m in (8, 16, 24, 32, 100)}

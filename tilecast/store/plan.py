@@ -20,8 +20,8 @@ Held-out shapes never enter as training shapes, from the workload file or from e
 
 **Cost.** A problem's seconds = calibration x (samples x the sum over kernels of
 max(min_sample, t_k) + kernels x warmup), t_k a kernel's time: its pooled label for a shape
-already measured, the members' median prediction for a new one (the floor min_sample before
-any model). The calibration is the median, over the store's last three nights of the class,
+already measured, the members' median prediction for a new one (without members, its work
+over each kernel's median TFLOP/s in the store). The calibration is the median, over the store's last three nights of the class,
 of a night's measuring span (first to last record) over that formula summed over its problems
 with their measured times: races, validation, process starts and batching are in it.
 
@@ -326,6 +326,7 @@ def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd
     members = None
     if settings.policy == "active":
         members = _members(family, engine, final, holdout, spec, settings, seed, threads, plan)
+    speed = _typical_tflops(final, kernels)
     pools = [("workload", rank_new_shapes(family, fresh, members, settings.policy, rng)),
              ("explore", rank_new_shapes(family, explored, members, settings.policy, rng))]
     left = budget - spent
@@ -335,12 +336,22 @@ def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd
         for values, score, seconds in ranked:
             if spread.near(values):
                 continue
-            kernel_seconds = floor if seconds is None or not len(seconds) else seconds
+            kernel_seconds = (family.flops(family.problem(values)) / speed / 1e12
+                              if seconds is None or not len(seconds) else seconds)
             take(family.dims_key(family.problem(values)), "train", reason,
                  cost.seconds(kernel_seconds), values, score, limit=min(limit, budget))
             if spent >= budget:
                 break
     return plan
+
+
+def _typical_tflops(final: pd.DataFrame, kernels: Sequence[str]) -> np.ndarray:
+    """Each kernel's median TFLOP/s over the shapes it was measured on: what a new shape
+    costs when no model predicts it (the random policy, a store without training shapes)."""
+    valid = dataset.valid(final)
+    typical = valid.groupby("kernel")["tflops"].median()
+    overall = float(valid["tflops"].median()) if len(valid) else 1e-3
+    return np.array([float(typical.get(k, overall)) for k in kernels])
 
 
 def _values_by_key(family, final: pd.DataFrame) -> dict[str, dict]:
