@@ -3,8 +3,9 @@
 Night i measures the nightly config's GEMM kernels and protocol on `--count` training shapes
 drawn from the config's own random entries with their seeds moved by 1000 * i (so every night
 adds shapes no other night drew; the fixed grids only on night 0), plus, on the first
-`--holdout-nights` nights, the config's held-out shapes (its sentinel shapes on the others). Each night is build + benchmark +
-convert in a fresh workdir under DIR, appended to the store. The store this makes is what
+`--holdout-nights` nights, the config's held-out shapes (its sentinel shapes on the others).
+Each night is build + benchmark + convert in a fresh workdir under DIR (a night already there
+resumes), appended to the store. The store this makes is what
 `tilecast replay` compares its policies over (a pool of measured shapes) and what a budgeted
 night starts from.
 
@@ -21,13 +22,16 @@ from pathlib import Path
 import yaml
 
 from tilecast.core.config import resolve_path
+from tilecast.store.store import Store
 from tilecast.workflows import pipeline
 
 
 def night_config(base: dict, family: str, night: int, count: int, with_holdout: bool) -> dict:
     """`base` with its family's training entries redrawn for night `night`."""
     cfg = copy.deepcopy(base)
+    cfg.pop("night", None)          # a night of fixed lists, not a planned one
     fc = cfg["families"][family]
+    fc.pop("workload", None)
     cfg["families"] = {family: fc}
     draws = [e for e in fc["problems"]["train"] if "random" in e]
     total = sum(e["random"]["count"] for e in draws)
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = Path(args.dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    Store(root / "store").create()
     base = yaml.safe_load(resolve_path(args.config).read_text())
     for night in range(args.first, args.first + args.nights):
         path = root / f"night{night}.yaml"

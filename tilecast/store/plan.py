@@ -309,6 +309,9 @@ def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd
     seconds_of = dict(zip(status["dims_key"], status["seconds"]))
     sentinels = [family.problem(v) for v in fc.sentinel[:settings.sentinels]]
     plan.considered["sentinel"] = len(sentinels)
+    covered = sum(family.dims_key(p) in taken for p in sentinels)
+    if covered:
+        plan.notes.append(f"{covered} sentinel(s) measured tonight as labels to settle")
     for problem in sentinels:
         key = family.dims_key(problem)
         take(key, "holdout" if key in holdout else "train", "sentinel",
