@@ -298,9 +298,15 @@ def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd
     plan.considered["held-out"] = len(unmeasured_holdout) + int((settle["reason"] == "held-out").sum())
     plan.considered["contested"] = int((settle["reason"] == "contested").sum())
     limit = budget * settings.remeasure_share
-    floor = np.full(len(kernels), cost.min_sample_s)
+    speed = _typical_tflops(final, kernels)
+
+    def unmeasured(values: Mapping) -> np.ndarray:
+        """Kernel seconds of a shape no model predicts: its work at the typical speeds."""
+        return family.flops(family.problem(values)) / speed / 1e12
+
     for key in unmeasured_holdout:
-        take(key, "holdout", "held-out", cost.seconds(floor), holdout[key], limit=limit)
+        take(key, "holdout", "held-out", cost.seconds(unmeasured(holdout[key])), holdout[key],
+             limit=limit)
     for row in settle.itertuples():
         take(row.dims_key, "holdout" if row.dims_key in holdout else "train", row.reason,
              cost.seconds(row.seconds), values_of[row.dims_key], limit=limit)
@@ -314,8 +320,9 @@ def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd
         plan.notes.append(f"{covered} sentinel(s) measured tonight as labels to settle")
     for problem in sentinels:
         key = family.dims_key(problem)
+        values = family.problem_dict(problem)
         take(key, "holdout" if key in holdout else "train", "sentinel",
-             cost.seconds(seconds_of.get(key, floor)), family.problem_dict(problem))
+             cost.seconds(seconds_of[key] if key in seconds_of else unmeasured(values)), values)
 
     # 3. new shapes: the workload's, then exploration's, ranked
     rng = np.random.default_rng(seed)
@@ -329,7 +336,6 @@ def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd
     members = None
     if settings.policy == "active":
         members = _members(family, engine, final, holdout, spec, settings, seed, threads, plan)
-    speed = _typical_tflops(final, kernels)
     pools = [("workload", rank_new_shapes(family, fresh, members, settings.policy, rng)),
              ("explore", rank_new_shapes(family, explored, members, settings.policy, rng))]
     left = budget - spent
@@ -339,8 +345,7 @@ def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd
         for values, score, seconds in ranked:
             if spread.near(values):
                 continue
-            kernel_seconds = (family.flops(family.problem(values)) / speed / 1e12
-                              if seconds is None or not len(seconds) else seconds)
+            kernel_seconds = unmeasured(values) if seconds is None or not len(seconds) else seconds
             take(family.dims_key(family.problem(values)), "train", reason,
                  cost.seconds(kernel_seconds), values, score, limit=min(limit, budget))
             if spent >= budget:
