@@ -248,3 +248,31 @@ def test_protocol_threads_may_list_the_counts_a_night_measures_with(tmp_path):
     assert ctx.config.protocol.threads == 2 and ctx.hardware["threads"] == 2
     with pytest.raises(ConfigError, match="not 3"):
         pipeline.RunContext.create(config, tmp_path / "w", tmp_path / "r", threads=3)
+
+
+def test_replay_picks_spread_shapes_and_finds_where_a_policy_reaches_the_other():
+    from tilecast.workflows import replay
+
+    ranked = [shape(100), shape(110), shape(300), shape(120), shape(900)]
+    # 110 and 120 are neighbours of 100: passed over while others are left, then taken
+    assert replay.pick(GEMM, ranked, 3) == [key(100), key(300), key(900)]
+    assert replay.pick(GEMM, ranked, 4) == [key(100), key(300), key(900), key(110)]
+    table = pd.DataFrame([
+        {"policy": "random", "step": 0, "problems": 10, "measurements": 100,
+         "mean_efficiency": 0.90},
+        {"policy": "random", "step": 1, "problems": 20, "measurements": 200,
+         "mean_efficiency": 0.93},
+        {"policy": "random", "step": 2, "problems": 30, "measurements": 300,
+         "mean_efficiency": 0.95},
+        {"policy": "active", "step": 0, "problems": 10, "measurements": 100,
+         "mean_efficiency": 0.90},
+        {"policy": "active", "step": 1, "problems": 20, "measurements": 200,
+         "mean_efficiency": 0.951},
+        {"policy": "active", "step": 2, "problems": 30, "measurements": 300,
+         "mean_efficiency": 0.96}])
+    hit = replay.reached(table)
+    assert hit == {"target": 0.95, "problems": 20, "measurements": 200,
+                   "share": pytest.approx(2 / 3)}
+    never = replay.reached(table.assign(mean_efficiency=np.where(
+        table["policy"] == "active", 0.5, table["mean_efficiency"])))
+    assert never["share"] is None
