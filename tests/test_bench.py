@@ -131,3 +131,19 @@ def test_samples_are_spread_over_rounds_and_a_bad_round_is_final():
     _merge(merged, "k", JobOutcome("wrong_result", "error 0.5"), 0.5)
     _merge(merged, "k", JobOutcome("ok", "", 8, [4.0]), 1e-7)
     assert merged["k"][0].status == "wrong_result" and merged["k"][1] == 0.5
+
+
+def test_a_night_past_its_deadline_screens_no_more_batches(tmp_path, builts):
+    from dataclasses import replace
+
+    raw = tmp_path / "gemm.jsonl"
+    problems = _problems((16, 32, 64), (5, 7, 9), (100, 3, 40), (33, 33, 33))
+    settings = replace(SETTINGS, deadline_s=0.0)   # spent once the first batch is measured
+    summary = benchmark(GEMM, builts, problems, raw, tmp_path / "scratch", RUN, settings)
+    records = read_records(raw)
+    first = {GEMM.dims_key(p) for _, p in problems[:2]}
+    assert {r["dims_key"] for r in records} == first
+    assert summary.past_deadline == 2
+    screened = {(r["dims_key"], r["kernel"]) for r in records
+                if r["phase"] == "screen" and r["role"] == "candidate"}
+    assert screened == {(key, b.kernel) for key in first for b in builts}

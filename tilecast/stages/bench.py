@@ -66,6 +66,10 @@ class BenchSettings:
     # in `race_rounds` rounds spread over the rest of the run (`_race`)
     race_cycles: int = 16
     race_rounds: int = 3
+    # a budgeted night's (tilecast.store.plan): no batch starts screening once this many
+    # seconds have passed; the problems left are not measured tonight, the screened ones
+    # are still raced. None: every batch
+    deadline_s: float | None = None
     race_margin_pct: float = 25.0
     # after each race round but the last, a contender slower than the round's best by more
     # than this leaves the race (interleave.survivors): the wide margin finds the leaders, the
@@ -114,6 +118,7 @@ class BenchSummary:
     set_aside: dict = field(default_factory=dict)
     usage_errors: int = 0
     first_usage_error: str = ""
+    past_deadline: int = 0     # problems left unmeasured at BenchSettings.deadline_s
 
 
 def _now() -> str:
@@ -281,6 +286,13 @@ def benchmark(family, builts: Sequence, problems: Sequence[tuple[str, object]], 
     with RawWriter(raw_path) as writer, interleave.Worker(settings.protocol, scratch_dir) as worker:
         rec = _Recorder(family, writer, run_info, settings.protocol, summary)
         for index, batch in enumerate(batches, 1):
+            if settings.deadline_s is not None and time.perf_counter() - started > settings.deadline_s:
+                left = sum(map(len, batches[index - 1:]))
+                summary.past_deadline = left
+                log.warning("bench %s: the night's %.0f s are spent; %d problem(s) of %d batch(es) "
+                            "left unmeasured tonight (the screened ones are still raced)",
+                            family.name, settings.deadline_s, left, len(batches) - index + 1)
+                break
             _run_batch(family, builts, batch, done, rec, scratch_dir / f"batch{index}", settings,
                        summary, worker)
             elapsed = time.perf_counter() - started

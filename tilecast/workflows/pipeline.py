@@ -248,6 +248,8 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None,
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
                 "hardware": ctx.hardware["fingerprint"]}
     pairs = night_problems(ctx, name, builts)
+    if ctx.layout.plan(name).is_file():   # a budgeted night stops screening at its budget
+        settings = replace(settings, deadline_s=ctx.config.night.budget_minutes * 60)
     write_hardware(ctx.workdir, ctx.hardware)
     log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
     with exclusive(device or default_device()):
@@ -255,7 +257,7 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None,
                             ctx.layout.scratch(name), run_info, settings, progress)
     return {"family": name, "new_records": summary.measured,
             "already_measured": summary.skipped_existing, "statuses": dict(summary.statuses),
-            "seconds": round(summary.seconds, 1)}
+            "seconds": round(summary.seconds, 1), "past_deadline": summary.past_deadline}
 
 
 def convert_stage(ctx: RunContext, name: str) -> dict:
