@@ -133,12 +133,32 @@ def test_samples_are_spread_over_rounds_and_a_bad_round_is_final():
     assert merged["k"][0].status == "wrong_result" and merged["k"][1] == 0.5
 
 
-def test_a_night_past_its_deadline_screens_no_more_batches(tmp_path, builts):
+def test_a_night_past_its_deadline_screens_no_more_batches(tmp_path, builts, monkeypatch):
+    import time as real_time
     from dataclasses import replace
 
+    from tilecast.stages import bench
+
+    class Clock:   # the bench's clock, 1000 s later after each batch
+        offset = 0.0
+
+        def __getattr__(self, name):
+            return getattr(real_time, name)
+
+        def perf_counter(self):
+            return real_time.perf_counter() + self.offset
+
+    clock, run_batch = Clock(), bench._run_batch
+
+    def batch_then_late(*args, **kwargs):
+        run_batch(*args, **kwargs)
+        clock.offset += 1000.0
+
+    monkeypatch.setattr(bench, "time", clock)
+    monkeypatch.setattr(bench, "_run_batch", batch_then_late)
     raw = tmp_path / "gemm.jsonl"
     problems = _problems((16, 32, 64), (5, 7, 9), (100, 3, 40), (33, 33, 33))
-    settings = replace(SETTINGS, deadline_s=0.0)   # spent once the first batch is measured
+    settings = replace(SETTINGS, deadline_s=600.0)   # spent once the first batch is measured
     summary = benchmark(GEMM, builts, problems, raw, tmp_path / "scratch", RUN, settings)
     records = read_records(raw)
     first = {GEMM.dims_key(p) for _, p in problems[:2]}
