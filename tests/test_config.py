@@ -329,6 +329,6 @@ def test_threads_auto_measures_with_this_machines_cores_and_is_the_default(tmp_p
     document["protocol"] = {"threads": "auto"}
     assert load_config(write(tmp_path, document)).protocol.threads == cpu_count()
     document["protocol"] = {"threads": "many"}
-    with pytest.raises(ConfigError, match=r"protocol.threads: expected a whole number >= 1 or "
-                                          r"'auto'.*got 'many'"):
+    with pytest.raises(ConfigError, match=r"protocol.threads: expected a whole number >= 1, "
+                                          r"'auto'.*a non-empty list.*got 'many'"):
         load_config(write(tmp_path, document))

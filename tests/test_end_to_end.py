@@ -232,7 +232,7 @@ def test_a_budgeted_night_measures_its_plan_and_a_replay_compares_policies(tmp_p
             "m=33,n=33,k=33,dtype=fp32,layout_a=row,layout_b=row"}
     assert set(measured.loc[measured["problem_set"] == "holdout", "dims_key"]) >= held
     assert not held & set(measured.loc[measured["problem_set"] == "train", "dims_key"])
-    assert "plan gemm: gemm: active night, 0.4 min budget" in second.stderr
+    assert "plan gemm: active night, 0.4 min budget" in second.stderr
     gemm = json.loads((tmp_path / "n2" / "report" / "evaluation.json").read_text())["models"]["gemm"]
     assert gemm["night_plan"]["counts"] == counts and gemm["night_plan"]["measured_s"] > 0
     assert [row["version"] for row in gemm["nights"]] == [1]
