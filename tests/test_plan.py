@@ -257,6 +257,11 @@ def test_replay_picks_spread_shapes_and_finds_where_a_policy_reaches_the_other()
     # 110 and 120 are neighbours of 100: passed over while others are left, then taken
     assert replay.pick(GEMM, ranked, 3) == [key(100), key(300), key(900)]
     assert replay.pick(GEMM, ranked, 4) == [key(100), key(300), key(900), key(110)]
+    # a step's second part (exploration after the workload's) keeps away from the first's
+    spread = plan.Spread()
+    spread.add(shape(300))
+    assert replay.pick(GEMM, ranked, 2, spread) == [key(100), key(900)]
+    assert replay.pick(GEMM, ranked, 0, plan.Spread()) == []
     table = pd.DataFrame([
         {"policy": "random", "step": 0, "problems": 10, "measurements": 100,
          "mean_efficiency": 0.90},

@@ -778,8 +778,11 @@ def build_parser() -> argparse.ArgumentParser:
     replays.add_argument("store", metavar="STORE")
     replays.add_argument("--config", default="nightly")
     replays.add_argument("--family", default="gemm")
-    replays.add_argument("--policies", nargs="+", default=["active", "random"],
-                         choices=["active", "random"])
+    replays.add_argument("--policies", nargs="+", default=["active", "regret", "random"],
+                         choices=["active", "regret", "random"],
+                         help="active: as a budgeted night (the workload file's share, then "
+                              "the members' regret); regret: the members' regret alone; "
+                              "random: random shapes (default: all three)")
     replays.add_argument("--hardware-class", default=None,
                          help="default: this host's class, else the one class the store holds")
     replays.add_argument("--start", type=int, default=40)

@@ -4,11 +4,17 @@ A replay treats the training shapes a store holds for one hardware class as the 
 night could measure, and their labels pooled over the store's nights as what measuring them
 would give (Kernel Tuner's simulation mode does this for search strategies). Every policy
 starts from the same `start` shapes drawn at random; then, `steps` times, it picks `step`
-more shapes from those it has not "measured" (tilecast.store.plan.rank_new_shapes, the
-ranking a budgeted night uses: the members' regret for `active`, a random order for
-`random`, neighbours of a shape picked in the same step passed over), and a model is trained
-on what it has and scored on the store's held-out shapes (the config's held-out set, pooled
-labels). Each policy runs with several seeds; the figures are the medians over seeds.
+more shapes from those it has not "measured", and a model is trained on what it has and
+scored on the store's held-out shapes (the config's held-out set, pooled labels). Each
+policy runs with several seeds; the figures are the medians over seeds. The policies:
+
+- `active`, what a budgeted night does (tilecast.store.plan): `workload_share` of each step
+  from the stored shapes that are in the family's workload file, the rest from the others,
+  each part ranked by the members' regret (tilecast.store.plan.rank_new_shapes);
+- `regret`, the members' regret over every stored shape, the workload file ignored;
+- `random`, a random order over every stored shape: a night of random shapes.
+
+Neighbours of a shape picked in the same step are passed over (tilecast.store.plan.Spread).
 
 The model a replay trains is the config's model spec fitted at a fixed `rounds` (no
 cross-validation, to keep a replay to minutes); the same for every policy.
@@ -32,7 +38,7 @@ from tilecast.store.plan import Spread, rank_new_shapes
 
 log = logging.getLogger("tilecast.workflows.replay")
 
-POLICIES = ("active", "random")
+POLICIES = ("active", "regret", "random")
 FIGURES = ("mean_efficiency", "p10_efficiency", "top1", "top5")
 
 
@@ -76,12 +82,14 @@ def shape_values(family, final: pd.DataFrame) -> dict[str, dict]:
 
 def replay(family, engine, stored: pd.DataFrame, holdout: set[str], spec: ModelSpec, *,
            tie_threshold_pct: float, kernels: Sequence[str] | None = None,
+           workload: set[str] = frozenset(), workload_share: float = 0.5,
            policies: Sequence[str] = POLICIES, start: int = 40, step: int = 20, steps: int = 8,
            seeds: Sequence[int] = (0, 1, 2), members: int = 5, rounds: int = 500,
            threads: int = 2, progress=None) -> list[Point]:
     """Every policy's points over `seeds` (see the module docstring). `stored`: one class's
     records of the family (tilecast.store.nights.read_frame); `holdout`: the dims_keys it
-    is judged on; `kernels`: the candidates (default: every kernel the store measured)."""
+    is judged on; `kernels`: the candidates (default: every kernel the store measured);
+    `workload`: the dims_keys of the family's workload file."""
     unknown = sorted(set(policies) - set(POLICIES))
     if unknown:
         raise ValueError(f"unknown replay policy {unknown[0]!r}; valid: {', '.join(POLICIES)}")
@@ -119,19 +127,36 @@ def replay(family, engine, stored: pd.DataFrame, holdout: set[str], spec: ModelS
                     progress(point)
                 if number == steps:
                     break
-                left = [values[k] for k in pool if k not in set(chosen)]
+                taken = set(chosen)
                 model = (Members.fit(family, engine, train, spec, members, seed + number,
-                                     threads) if policy == "active" else None)
-                ranked = rank_new_shapes(family, left, model, policy, policy_rng)
-                chosen += pick(family, [shape for shape, _, _ in ranked], step)
+                                     threads) if policy != "random" else None)
+                order = "random" if policy == "random" else "active"
+
+                def ranked(keys: Sequence[str]) -> list[dict]:
+                    return [shape for shape, _, _ in
+                            rank_new_shapes(family, [values[k] for k in keys], model, order,
+                                            policy_rng)]
+
+                left = [k for k in pool if k not in taken]
+                if policy == "active":
+                    mine = [k for k in left if k in workload]
+                    spread, count = Spread(), min(len(mine), round(step * workload_share))
+                    chosen += pick(family, ranked(mine), count, spread)
+                    taken = set(chosen)
+                    chosen += pick(family, ranked([k for k in left if k not in taken]),
+                                   step - count, spread)
+                else:
+                    chosen += pick(family, ranked(left), step)
     return points
 
 
-def pick(family, ranked: Sequence[dict], count: int) -> list[str]:
+def pick(family, ranked: Sequence[dict], count: int, spread: Spread | None = None) -> list[str]:
     """The dims_keys of the first `count` shapes of `ranked` that are no neighbour of one
-    picked before them (tilecast.store.plan.Spread), then, when those run out, of the next
-    best-ranked."""
-    keys, spread = [], Spread()
+    picked before them (tilecast.store.plan.Spread; `spread`: the shapes picked before this
+    call), then, when those run out, of the next best-ranked."""
+    keys, spread = [], Spread() if spread is None else spread
+    if count <= 0:
+        return keys
     for shape in ranked:
         if len(keys) == count:
             return keys
@@ -229,8 +254,10 @@ def store_replay(location: str, config: str, family_name: str, *, policies: Sequ
                  point.policy, point.seed, point.problems, point.mean_efficiency,
                  point.p10_efficiency, point.top1, point.top5)
 
+    workload = {family.dims_key(family.problem(v)) for v in fc.workload}
     points = replay(family, engine, stored, holdout, spec,
-                    tie_threshold_pct=cfg.tie_threshold_pct, policies=policies, start=start,
+                    tie_threshold_pct=cfg.tie_threshold_pct, workload=workload,
+                    workload_share=cfg.night.workload_share, policies=policies, start=start,
                     step=step, steps=steps, seeds=seeds, members=cfg.night.members,
                     rounds=rounds, threads=int(profile.get("threads") or 2), progress=progress)
     table = curves(points)
