@@ -161,6 +161,36 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _cmd_fleet(args) -> int:
+    """`tilecast fleet`: the fleet_night flow run here, against the Prefect server that the
+    pool's workers reach (PREFECT_API_URL)."""
+    from tilecast.workflows import pipeline
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise cli.CliError("a fleet night needs the Prefect server its workers reach: set "
+                           "PREFECT_API_URL (docs/guide/fleet.md)")
+    cli.config_arg(args.config)
+    workdir = cli.user_dir(pipeline.expand_workdir(args.workdir), "workdir", writable=True)
+    cli.registry_root(args.registry, must_exist=False)
+    prefect_env(workdir)
+    from tilecast.flows.fleet import fleet_night
+
+    _quiet_user_error_tracebacks()
+    try:
+        summary = fleet_night(config=args.config, workdir=args.workdir, registry=args.registry,
+                              store=args.store, shards=args.shards,
+                              budget_minutes=args.budget_minutes,
+                              hardware_class=args.hardware_class, run_id=args.run_id,
+                              deployment=args.deployment, shard_workdir=args.shard_workdir,
+                              lease_s=args.lease_s, retries=args.retries, grace_s=args.grace_s,
+                              poll_s=args.poll_s)
+    except cli.user_errors():
+        _drain_prefect_workers()
+        raise
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
 def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
     """Send the failed run's last events and logs now, so that the error line `main` prints
     is the last line on the console (drained at exit instead, they print progress after it)."""
@@ -212,6 +242,35 @@ def main(argv: list[str] | None = None) -> int:
                      help="the benchmark device's name; its tag `device:NAME` allows one "
                           "benchmark at a time (default: cpu@<this host>)")
     run.set_defaults(func=_cmd_run)
+
+    from tilecast import fleet
+    fleets = sub.add_parser(
+        "fleet", help="one night over the machines of a Prefect work pool (docs/guide/fleet.md)",
+        description="Cut tonight's problems into shards, run each as a flow run of the shard "
+                    "deployment on its pool's workers, wait (a failed or silent shard goes to "
+                    "another worker), then train, evaluate, report and publish once. Needs "
+                    "PREFECT_API_URL: the server the workers reach.")
+    fleets.add_argument("--config", default="nightly")
+    fleets.add_argument("--workdir", default="work/fleet-{date}")
+    fleets.add_argument("--registry", default="registry")
+    fleets.add_argument("--store", required=True,
+                        help="the store every machine appends to (a shared path or s3://)")
+    fleets.add_argument("--shards", type=int, default=2, help="shards per family (default 2)")
+    fleets.add_argument("--budget-minutes", type=_positive_minutes, default=None,
+                        help="the night's wall time; it plans shards x this of measuring")
+    fleets.add_argument("--hardware-class", default=None,
+                        help="the pool's class, when this machine is not of it")
+    fleets.add_argument("--run-id", default=None, help="resume this night")
+    fleets.add_argument("--deployment", default=fleet.SHARD_DEPLOYMENT)
+    fleets.add_argument("--shard-workdir", default="work/shards",
+                        help="each machine's workdirs: <this>/<night>/<shard>")
+    fleets.add_argument("--lease-s", type=float, default=fleet.LEASE_S,
+                        help="a running shard silent this long is given to another worker")
+    fleets.add_argument("--retries", type=int, default=fleet.RETRIES)
+    fleets.add_argument("--grace-s", type=float, default=fleet.GRACE_S,
+                        help="how long shards may run past the night's deadline")
+    fleets.add_argument("--poll-s", type=float, default=fleet.POLL_S)
+    fleets.set_defaults(func=_cmd_fleet)
     return cli.main(argv, parser)
 
 

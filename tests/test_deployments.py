@@ -84,6 +84,7 @@ def _prefect(env, *args, timeout=300):
 def worker(server, tmp_path_factory):
     """The README's steps: pool, deploy, then two workers of the pool taking one run each."""
     _prefect(server, "work-pool", "create", "tilecast", "--type", "process")
+    _prefect(server, "work-pool", "create", "tilecast-shards", "--type", "process")
     _prefect(server, "--no-prompt", "deploy", "--all")
     logs, procs = tmp_path_factory.mktemp("workers"), []
     for name in ("w1", "w2"):
@@ -115,7 +116,8 @@ def test_deployments_run_on_workers_share_the_device_and_publish(worker, tmp_pat
         monkeypatch.setenv(key, value)
     with _api() as client:
         deployments = {d.name: d for d in client.read_deployments()}
-    assert set(deployments) == {"nightly", "rebenchmark"}
+    assert set(deployments) == {"nightly", "rebenchmark", "fleet-night", "shard"}
+    assert deployments["shard"].work_pool_name == "tilecast-shards"
     assert deployments["nightly"].schedules[0].schedule.cron == "0 1 * * *"
 
     commands = [["tilecast-nightly/nightly", "-p", f"workdir={tmp_path / name / 'work'}",

@@ -76,6 +76,10 @@ def test_the_cost_model_is_calibrated_on_a_nights_span():
     calibrated = cost.calibrated(pd.concat([records, later], ignore_index=True))
     assert calibrated.calibration == pytest.approx(30.0 / (2 * cost.raw(np.array([1e-3, 10e-3]))))
     assert cost.calibrated(records.iloc[0:0]).calibration == 1.0   # no night: as it was
+    # a night over three machines: its 30 s span was 90 s of measuring
+    fleet = cost.calibrated(pd.concat([records, later], ignore_index=True),
+                            machines=lambda night: {"n1": 3}.get(night, 0))
+    assert fleet.calibration == pytest.approx(3 * calibrated.calibration)
 
 
 def test_exploration_draws_new_shapes_each_night_within_the_configs_ranges():

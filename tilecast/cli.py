@@ -44,6 +44,7 @@ USER_ERRORS = (
     ("tilecast.table.transfer", "TransferError"),       # cross-hardware evaluation options
     ("tilecast.table.dataset", "TableDataError"),       # imported datasets, device tables
     ("tilecast.store.store", "StoreError"),             # measurement stores
+    ("tilecast.workflows.fleet", "FleetError"),         # fleet nights: pools, shards, classes
 )
 
 

@@ -171,6 +171,19 @@ def _night_section(metrics: Mapping) -> list[str]:
         lines += _table(["why", "problems", "could have"],
                         [[why, n, considered.get(why)] for why, n in counts.items()])
         lines += [f"- {note}" for note in plan.get("notes", [])] + ([""] if plan.get("notes") else [])
+    fleet = metrics.get("fleet")
+    if fleet:
+        shards = fleet["shards"]
+        lines += ["### The fleet tonight", "",
+                  f"{len(shards)} shard(s) on the work pool of class "
+                  f"{metrics.get('pooled_labels', {}).get('hardware_class')} "
+                  "(tilecast.workflows.fleet).", ""]
+        lines += _table(["shard", "state", "host", "records", "attempts", "problems"],
+                        [[s["shard"], s["state"], s.get("host") or "-", s.get("records", 0),
+                          s.get("attempt", 0), len(s.get("problems", []))] for s in shards])
+        missing = fleet.get("missing", [])
+        if missing:
+            lines += ["Unmeasured tonight:", ""] + [f"- {line}" for line in missing] + [""]
     history = metrics.get("nights")
     if history is not None:
         now = {"version": "tonight", **{k: metrics.get(k) for k in

@@ -111,9 +111,11 @@ def add_workdir(store: Store, workdir: str | Path,
     return added
 
 
-def read_frame(store: Store, hardware_class: str, family: str) -> pd.DataFrame:
-    """One class's records of one family as a dataset frame (tilecast.store.records.to_frame)."""
-    return store_records.to_frame(store.read(hardware_class, family))
+def read_frame(store: Store, hardware_class: str, family: str, night: str | None = None
+               ) -> pd.DataFrame:
+    """One class's records of one family (of one night where given) as a dataset frame
+    (tilecast.store.records.to_frame)."""
+    return store_records.to_frame(store.read(hardware_class, family, night=night))
 
 
 def summary(store: Store) -> list[dict]:

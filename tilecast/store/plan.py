@@ -35,7 +35,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -132,9 +132,12 @@ class CostModel:
     def seconds(self, kernel_seconds: np.ndarray) -> float:
         return self.calibration * self.raw(kernel_seconds)
 
-    def calibrated(self, stored: pd.DataFrame) -> "CostModel":
+    def calibrated(self, stored: pd.DataFrame,
+                   machines: Callable[[str], int] | None = None) -> "CostModel":
         """This model with its calibration read from the store's last nights (unchanged when
-        the store has none)."""
+        the store has none). `machines(night)`: the machines a night measured on at once
+        (a fleet night, tilecast.workflows.fleet; 0 or 1 for one), whose span is that many
+        machines' time."""
         rows = stored[(stored["role"] == "candidate") & (stored["phase"] == "screen")]
         rows = rows[rows["median_s"].notna()]
         if rows.empty:
@@ -147,7 +150,7 @@ class CostModel:
             screened = rows[rows["run_id"] == night]
             raw = sum(self.raw(g["median_s"].to_numpy()) for _, g in screened.groupby("dims_key"))
             if span > 0 and raw > 0:
-                ratios.append(span / raw)
+                ratios.append(span * max(1, machines(night) if machines else 1) / raw)
         if not ratios:
             return self
         return CostModel(self.samples, self.min_sample_s, self.warmup_s, float(np.median(ratios)))
@@ -256,16 +259,17 @@ def rank_new_shapes(family, shapes: Sequence[dict], members: Members | None, pol
 
 def plan_night(family, engine, fc, settings: NightSettings, protocol, stored: pd.DataFrame,
                kernels: Sequence[str], spec, seed: int, threads: int = 2,
-               budget_minutes: float | None = None) -> NightPlan:
+               budget_minutes: float | None = None,
+               machines: Callable[[str], int] | None = None) -> NightPlan:
     """Tonight's problems for family config `fc` from the class's stored records `stored`
     (tilecast.store.nights.read_frame), tonight's candidate `kernels`, the family's feature
-    `engine` and model `spec`."""
+    `engine` and model `spec`; `machines(night)`: see CostModel.calibrated."""
     budget_minutes = budget_minutes or settings.budget_minutes
     if not budget_minutes:
         raise ConfigError("a budgeted night needs night.budget_minutes (or --budget-minutes)")
     budget = float(budget_minutes) * 60
     kernels = list(kernels)
-    cost = CostModel.of(protocol).calibrated(stored)
+    cost = CostModel.of(protocol).calibrated(stored, machines)
     holdout = {family.dims_key(family.problem(v)): v for v in fc.problems["holdout"]}
     final = labels.pooled_final(stored[stored["kernel"].isin(kernels)])
     plan = NightPlan(family=family.name, policy=settings.policy, budget_s=budget,

@@ -4,6 +4,8 @@ A store is a directory or an fsspec URL (`s3://bucket/prefix`), laid out as
 
     STORE.json                                     {"format": "tilecast-store", "version": N}
     records/class=<C>/family=<F>/night=<R>/<D>.parquet
+    classes/<C>.json                               the class's hardware profile
+    fleet/<R>/...                                  a night over a fleet: its shards' leases
 
 one immutable parquet file per append, where C is the hardware class
 (tilecast.core.hardware.hardware_class), F the family, R the night's run id and D a digest of
@@ -50,6 +52,7 @@ log = logging.getLogger("tilecast.store")
 MARKER_FILE = "STORE.json"
 FORMAT = "tilecast-store"
 RECORDS_DIR = "records"
+CLASSES_DIR = "classes"        # classes/<class>.json: the class's hardware profile
 METADATA_KEY = b"tilecast.store_version"
 # each file's footer also says what it holds (records, problems, candidate kernels, last
 # time), so that `store summary` reads footers, not 10 M rows
@@ -204,6 +207,63 @@ class Store:
             written.append(path)
         return written
 
+    # -- small documents beside the records ------------------------------------------------
+    # A class's hardware profile (classes/<class>.json) and a fleet night's leases
+    # (fleet/<night>/...): JSON written whole or not at all, never under records/.
+
+    def put_json(self, relative: str, document: dict) -> None:
+        """Write `document` at `relative` (a '/'-separated path under the store) whole."""
+        path = self._path(*_relative(relative))
+        try:
+            self._write(path, json.dumps(document, indent=1, sort_keys=True).encode() + b"\n")
+        except storage_errors() as err:
+            raise StoreError(f"store {self.location}: cannot write {relative}: "
+                             f"{_reason(err)}") from None
+
+    def get_json(self, relative: str) -> dict | None:
+        """The document at `relative`; None when there is none. One that is not a JSON
+        object is an error naming it."""
+        path = self._path(*_relative(relative))
+        try:
+            if not self.fs.exists(path):
+                return None
+            document = json.loads(self.fs.cat_file(path))
+        except (*storage_errors(), ValueError) as err:
+            raise StoreError(f"store {self.location}: cannot read {relative}: "
+                             f"{_reason(err)}") from None
+        if not isinstance(document, dict):
+            raise StoreError(f"store {self.location}: {relative} is not a JSON object")
+        return document
+
+    def list_names(self, relative: str) -> list[str]:
+        """Names directly under the folder `relative` (documents and folders; temporaries
+        left out); [] when there is no such folder."""
+        path = self._path(*_relative(relative))
+        try:
+            if not self.fs.exists(path):
+                return []
+            entries = self.fs.ls(path, detail=False)
+        except storage_errors() as err:
+            raise StoreError(f"store {self.location}: cannot list {relative}: "
+                             f"{_reason(err)}") from None
+        names = (str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        return sorted(n for n in names if not n.startswith("."))
+
+    def list_json(self, relative: str) -> list[str]:
+        """Names of the documents (*.json) directly under the folder `relative`."""
+        return [n for n in self.list_names(relative) if n.endswith(".json")]
+
+    def put_profile(self, profile: dict) -> None:
+        """Keep a class's hardware profile (what a model of the class computes its hardware
+        features from, on any machine); the first writer's stays."""
+        relative = f"{CLASSES_DIR}/{profile['hardware_class']}.json"
+        if self.get_json(relative) is None:
+            self.put_json(relative, profile)
+
+    def profile(self, hardware_class: str) -> dict | None:
+        """The hardware profile kept for `hardware_class`, or None."""
+        return self.get_json(f"{CLASSES_DIR}/{hardware_class}.json")
+
     # -- listing and reading --------------------------------------------------------------
 
     def _listing(self) -> tuple[list[Part], list[Damage]]:
@@ -229,11 +289,13 @@ class Store:
             parts.append(Part(path, *(v[2] for v in values)))
         return parts, others
 
-    def parts(self, hardware_class: str | None = None, family: str | None = None) -> list[Part]:
-        """The record files, of one class and family where given."""
+    def parts(self, hardware_class: str | None = None, family: str | None = None,
+              night: str | None = None) -> list[Part]:
+        """The record files, of one class, family and night where given."""
         parts, _ = self._listing()
         return [p for p in parts if (hardware_class is None or p.hardware_class == hardware_class)
-                and (family is None or p.family == family)]
+                and (family is None or p.family == family)
+                and (night is None or p.night == night)]
 
     def _check_version(self, part: Part, version: bytes | None) -> None:
         if version is None:
@@ -250,14 +312,14 @@ class Store:
         return table
 
     def read(self, hardware_class: str | None = None, family: str | None = None,
-             columns: Iterable[str] | None = None) -> pa.Table:
+             columns: Iterable[str] | None = None, night: str | None = None) -> pa.Table:
         """The store's records (of one class and family where given), each once: a damaged or
         foreign file is skipped with a warning naming it. All files are read as one arrow
         dataset (threaded); only when that fails are they read one by one, to find and skip
         the ones that cannot be read."""
         self.require()
         wanted = list(dict.fromkeys([*(columns or store_records.COLUMNS), "record_id"]))
-        parts = self.parts(hardware_class, family)
+        parts = self.parts(hardware_class, family, night)
         if not parts:
             return store_records.SCHEMA.empty_table().select(wanted)
         try:
@@ -350,6 +412,16 @@ class Store:
                                                     f"partition of {expected!r}"))
                     break
         return sorted(damage, key=lambda d: d.path)
+
+
+def _relative(relative: str) -> list[str]:
+    """The segments of a path under the store: names of letters, digits, '.', '_', '-' (no
+    '..', nothing under records/)."""
+    parts = [p for p in str(relative).split("/") if p]
+    if (not parts or parts[0] in (RECORDS_DIR, MARKER_FILE)
+            or any(p in (".", "..") or not PARTITION_RE.match(p) for p in parts)):
+        raise StoreError(f"store: {relative!r} cannot name a document beside the records")
+    return parts
 
 
 def _unique_records(table: pa.Table, parts: list[Part]) -> pa.Table:

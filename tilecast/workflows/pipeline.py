@@ -170,6 +170,15 @@ def load_builds(ctx: RunContext, name: str) -> list[build.Built]:
     return builts
 
 
+def night_kernels(ctx: RunContext, name: str) -> list[str]:
+    """The candidates tonight's model chooses among: those this workdir built, or, where the
+    night was measured on other machines (tilecast.workflows.fleet), those its records hold."""
+    if ctx.layout.build_events(name).is_file():
+        return [b.kernel for b in load_builds(ctx, name) if b.binary is not None]
+    records = dataset.load(ctx.layout.dataset(name))
+    return sorted(set(records.loc[records["role"] == "candidate", "kernel"]))
+
+
 def problems(ctx: RunContext, name: str) -> list[tuple[str, object]]:
     """(problem_set, problem) pairs; a shape in both sets is a config error."""
     family, fc = _family(ctx, name)
@@ -228,17 +237,25 @@ def make_plan(ctx: RunContext, name: str, kernels: Sequence[str]) -> night_plan.
     if stored.empty:
         return None
     spec = ModelSpec.from_mapping({"seed": fc.seed, **fc.model})
+    from tilecast.fleet.lease import machines   # a fleet night's span is its machines' time
+
+    store = Store(ctx.store)
     return night_plan.plan_night(family, family.feature_engine(ctx.hardware), fc,
                                  ctx.config.night, ctx.config.protocol, stored, kernels, spec,
                                  seed=zlib.crc32(ctx.run_id.encode()),
-                                 threads=int(ctx.hardware.get("threads") or 2))
+                                 threads=int(ctx.hardware.get("threads") or 2),
+                                 machines=lambda night: machines(store, night))
 
 
 def bench_stage(ctx: RunContext, name: str, device: str | None = None,
-                progress: Callable[[int, int, str], None] | None = None) -> dict:
+                progress: Callable[[int, int, str], None] | None = None,
+                pairs: Sequence[tuple[str, object]] | None = None,
+                deadline_s: float | None = None) -> dict:
     """Measure every built candidate on every problem; appends to W/bench/<family>.jsonl.
     Holds `device` (default: this host's CPU) exclusively while it measures.
-    `progress(done, total, message)` follows its batches and race rounds (bench.benchmark)."""
+    `progress(done, total, message)` follows its batches and race rounds (bench.benchmark).
+    `pairs`: what to measure (default: tonight's, `night_problems`); `deadline_s`: no batch
+    starts this many seconds after the stage starts (default: a budgeted night's budget)."""
     family, fc = _family(ctx, name)
     builts = load_builds(ctx, name)
     cfg = ctx.config
@@ -247,9 +264,12 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None,
     settings = BenchSettings.from_config(cfg, seed=fc.seed, libraries=libraries)
     run_info = {"run_id": ctx.run_id, "git_sha": ctx.git_sha,
                 "hardware": ctx.hardware["fingerprint"]}
-    pairs = night_problems(ctx, name, builts)
-    if ctx.layout.plan(name).is_file():   # a budgeted night stops screening at its budget
-        settings = replace(settings, deadline_s=ctx.config.night.budget_minutes * 60)
+    if pairs is None:
+        pairs = night_problems(ctx, name, builts)
+        if ctx.layout.plan(name).is_file():   # a budgeted night stops screening at its budget
+            deadline_s = ctx.config.night.budget_minutes * 60 if deadline_s is None else deadline_s
+    if deadline_s is not None:
+        settings = replace(settings, deadline_s=max(0.0, float(deadline_s)))
     write_hardware(ctx.workdir, ctx.hardware)
     log.info("bench %s: %d candidates x %d problems", name, len(builts), len(pairs))
     with exclusive(device or default_device()):
@@ -269,8 +289,9 @@ def convert_stage(ctx: RunContext, name: str) -> dict:
     if ctx.store:
         family, _ = _family(ctx, name)
         frame = dataset.load(ctx.layout.dataset(name))
-        appended = store_nights.append_frame(Store(ctx.store).require(), frame, family,
-                                             ctx.hardware["hardware_class"])
+        store = Store(ctx.store).require()
+        appended = store_nights.append_frame(store, frame, family, ctx.hardware["hardware_class"])
+        store.put_profile(ctx.hardware)
         log.info("convert %s: %s", name, appended.line())
         outcome["stored"] = {"store": ctx.store, "records": appended.records,
                              "new_files": appended.files,
@@ -343,7 +364,7 @@ def train_stage(ctx: RunContext, name: str) -> dict:
     out = ctx.layout.model_dir(name)
     result = train_model(family, engine, dataset.valid(by_set["train"]), spec, out, ctx.hardware,
                          lineage=lineage, init_model=init)
-    kernels = [b.kernel for b in load_builds(ctx, name) if b.binary is not None]
+    kernels = night_kernels(ctx, name)
     static_kernel, static_mean = static_best(by_set["train"], kernels)
     atomic_write_json(out / layout.CANDIDATES_FILE, {"family": name, "kernels": kernels,
                                                       "static_best": static_kernel})
@@ -425,6 +446,9 @@ def evaluate_stage(ctx: RunContext, name: str) -> dict:
             evaluation.metrics["night_plan"] = night_summary(
                 night_plan.read(ctx.layout.plan(name)), records)
         evaluation.metrics["nights"] = model_history(ctx, name)
+        fleet_states = ctx.workdir / "fleet" / f"{name}.states.json"
+        if fleet_states.is_file():
+            evaluation.metrics["fleet"] = json.loads(fleet_states.read_text())
     out = ctx.layout.eval_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     evaluation.per_problem.to_parquet(out / layout.PER_PROBLEM_FILE, index=False)
@@ -470,13 +494,15 @@ def model_history(ctx: RunContext, name: str) -> list[dict]:
         return []
 
 
-def report_stage(ctx: RunContext) -> dict:
+def report_stage(ctx: RunContext, ceilings: dict | None = None) -> dict:
     """evaluation.json, report.md and plots for every family of the config, with each
     family's roofline under the CPU's ceilings, measured once, now, holding the CPU (as a
-    benchmark does) so that no measurement runs beside the probe."""
-    with exclusive(default_device()):
-        ceilings = roofline.measure_ceilings(ctx.config.protocol.threads,
-                                             int(ctx.hardware.get("l3_bytes") or 0))
+    benchmark does) so that no measurement runs beside the probe; `ceilings`: those measured
+    on the machines of a fleet night instead."""
+    if ceilings is None:
+        with exclusive(default_device()):
+            ceilings = roofline.measure_ceilings(ctx.config.protocol.threads,
+                                                 int(ctx.hardware.get("l3_bytes") or 0))
     log.info("report: ceilings %.1f GFLOP/s FMA peak, %.1f GB/s read (%d threads, %d MiB)",
              ceilings["fma_peak_gflops"], ceilings["read_bandwidth_gbps"], ceilings["threads"],
              ceilings["buffer_mib"])

@@ -1,0 +1,452 @@
+"""One night over many machines of one hardware class: shards on a work pool.
+
+The parent (`night`) makes tonight's problems as a one-machine night would (the store's plan
+on a budgeted night, the config's lists otherwise), cuts them into shards
+(tilecast.fleet.shards) and hands each to a `Submitter` (on Prefect: a run of the shard
+deployment on the class's work pool). Each machine (`run_shard`) refuses a shard of another
+class before measuring, builds (from its cache where it can), measures every candidate on its
+problems in one window, and appends to the shared store; its lease (tilecast.fleet.lease)
+says it is alive. The parent gives a shard whose machine failed or went silent to another
+attempt, and at the night's deadline closes what is left. Then, once for the class, it trains,
+evaluates, reports (naming any shard and problem that went unmeasured) and publishes, from
+the night's records in the store and the labels pooled over the class's nights.
+
+The parent's state is the store's fleet/<night>/ documents and W/fleet/<family>.json: a
+parent killed and started again with the same run id resumes the same night (the same shards,
+the same attempts; Prefect's idempotency keys return the flow runs it had created).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable, Mapping, Protocol, Sequence
+
+from tilecast.core.atomic import atomic_write_json
+from tilecast.core.config import ConfigError
+from tilecast.core.device import default_device, exclusive
+from tilecast.families import get_family
+from tilecast.fleet import GRACE_S, LEASE_S, POLL_S, RETRIES, SHARD_DEPLOYMENT  # noqa: F401
+from tilecast.fleet import lease as leases
+from tilecast.fleet.shards import Shard, cut, list_items, plan_items
+from tilecast.stages import roofline
+from tilecast.stages.convert import write_parquet
+from tilecast.store import nights as store_nights
+from tilecast.store.store import Store
+from tilecast.workflows import pipeline
+
+log = logging.getLogger("tilecast.workflows.fleet")
+
+
+
+class FleetError(RuntimeError):
+    """A shard or a fleet night that cannot go on, in one line."""
+
+
+# -- the machine's side ---------------------------------------------------------------------
+
+def run_shard(config: str, store: str, registry: str, workdir: str, night: str,
+              shard: Mapping, hardware_class: str, attempt: int = 1,
+              deadline: str | None = None, device: str | None = None) -> dict:
+    """Measure one shard on this machine and append its records to `store` (see the module
+    docstring). `deadline`: an ISO time after which no batch starts."""
+    piece = Shard.from_json(shard)
+    shared = Store(store).require()
+    ctx = pipeline.RunContext.create(config, workdir, registry, run_id=night, store=store)
+    lease = leases.Lease(shared, night, piece.name, int(attempt))
+    mine = ctx.hardware["hardware_class"]
+    if mine != hardware_class:
+        message = (f"shard {piece.name} is for class {hardware_class}; this machine "
+                   f"({socket.gethostname()}) is {mine}: refused before measuring")
+        lease.write("refused", message=message, hardware_class=mine)
+        raise FleetError(message)
+    why = lease.superseded()
+    if why:
+        raise FleetError(f"shard {piece.name} attempt {attempt}: {why}")
+    family = get_family(piece.family)
+    try:
+        with lease.beating(hardware_class=mine):
+            pipeline.build_stage(ctx, piece.family)
+            have = set(store_nights.read_frame(shared, mine, piece.family, night)["dims_key"])
+            pairs = [(ps, p) for ps, p in piece.pairs(family) if family.dims_key(p) not in have]
+            left = (None if deadline is None else
+                    (datetime.fromisoformat(deadline) - leases.now()).total_seconds())
+            log.info("shard %s attempt %d on %s: %d problems, %d already in the store",
+                     piece.name, attempt, socket.gethostname(), len(pairs),
+                     len(piece.items) - len(pairs))
+            bench = (pipeline.bench_stage(ctx, piece.family, device, pairs=pairs, deadline_s=left)
+                     if pairs else {"new_records": 0, "past_deadline": 0})
+            why = lease.superseded()
+            if why:
+                raise FleetError(f"shard {piece.name} attempt {attempt} appends nothing: {why}")
+            measured_any = ctx.layout.raw_log(piece.family).is_file() and \
+                ctx.layout.raw_log(piece.family).stat().st_size > 0
+            # past the deadline before its first batch: nothing to append, and not a failure
+            converted = (pipeline.convert_stage(ctx, piece.family) if pairs and measured_any
+                         else {"rows": 0, "problems": 0})
+            with exclusive(device or default_device()):
+                ceilings = roofline.measure_ceilings(ctx.config.protocol.threads,
+                                                     int(ctx.hardware.get("l3_bytes") or 0))
+    except Exception as err:
+        lease.write("failed", message=f"{type(err).__name__}: {err}"[:2000])
+        raise
+    outcome = {"records": int(converted["rows"]), "problems": int(converted["problems"]),
+               "measured": len(pairs) - int(bench.get("past_deadline", 0)),
+               "already_stored": len(piece.items) - len(pairs),
+               "past_deadline": int(bench.get("past_deadline", 0)),
+               "profile": ctx.hardware, "ceilings": ceilings}
+    lease.write("done", **outcome)
+    return {"shard": piece.name, "attempt": int(attempt), "host": socket.gethostname(),
+            **{k: v for k, v in outcome.items() if k != "profile"}}
+
+
+# -- the parent's side ----------------------------------------------------------------------
+
+class Submitter(Protocol):
+    """Where shards run: Prefect's work pool (PrefectSubmitter), or anything that can start
+    one and say how it is."""
+
+    def submit(self, name: str, key: str, parameters: dict) -> str:
+        """Start a run of a shard (`key`: the same key, the same run); its handle."""
+
+    def state(self, handle: str) -> tuple[str, str]:
+        """(pending | running | completed | failed, a message)."""
+
+    def cancel(self, handle: str) -> None:
+        """Stop the run if it can be stopped."""
+
+
+@dataclass
+class ShardState:
+    """The parent's view of one shard."""
+    shard: str
+    problems: list[str]
+    attempt: int = 0
+    handle: str | None = None
+    state: str = "waiting"      # waiting, running, done, missing
+    message: str = ""
+    host: str | None = None
+    records: int = 0
+    past_deadline: int = 0      # problems a done shard left unmeasured at the deadline
+    attempts: list[dict] = field(default_factory=list)
+    since: str | None = None    # when the current attempt was submitted (ISO)
+
+
+@dataclass(frozen=True)
+class Timing:
+    deadline: datetime
+    lease_s: float = LEASE_S
+    grace_s: float = GRACE_S
+    poll_s: float = POLL_S
+    retries: int = RETRIES
+
+
+def supervise(store: Store, night: str, shards: Sequence[Shard], submitter: Submitter,
+              parameters: Callable[[Shard, int], dict], timing: Timing,
+              clock: Callable[[], datetime] = leases.now,
+              sleep: Callable[[float], None] = time.sleep,
+              progress: Callable[[str], None] | None = None) -> list[ShardState]:
+    """Run every shard to done or missing (see the module docstring); the shards' states."""
+    states = {s.name: _resume(store, night, s, clock()) for s in shards}
+    by_name = {s.name: s for s in shards}
+
+    def start(state: ShardState, why: str) -> None:
+        if state.handle is not None:
+            submitter.cancel(state.handle)
+        if state.attempt > timing.retries:
+            state.state, state.message = "missing", f"{why}; no attempts left"
+            leases.set_current(store, night, state.shard, state.attempt, state.handle,
+                               closed=True)
+            return
+        state.attempt += 1
+        state.since = clock().isoformat()
+        key = f"{night}/{state.shard}/{state.attempt}"
+        state.handle = submitter.submit(state.shard, key,
+                                        parameters(by_name[state.shard], state.attempt))
+        leases.set_current(store, night, state.shard, state.attempt, state.handle)
+        state.state, state.message = "running", why
+        state.attempts.append({"attempt": state.attempt, "handle": state.handle, "why": why})
+        _say(progress, f"fleet {night}: {state.shard} attempt {state.attempt} submitted ({why})")
+
+    for state in states.values():
+        if state.state == "waiting":
+            start(state, "first attempt")
+    end = timing.deadline + timedelta(seconds=timing.grace_s)
+    while True:
+        open_ = [s for s in states.values() if s.state == "running"]
+        if not open_:
+            break
+        at = clock()
+        for state in open_:
+            _check(store, night, state, submitter, timing, at, start, progress)
+        if at >= end and any(s.state == "running" for s in states.values()):
+            for state in states.values():
+                if state.state == "running":
+                    submitter.cancel(state.handle)
+                    leases.set_current(store, night, state.shard, state.attempt, state.handle,
+                                       closed=True)
+                    state.state = "missing"
+                    state.message = (f"still running {timing.grace_s:g} s after the night's "
+                                     f"deadline ({timing.deadline.isoformat()}); closed")
+                    _say(progress, f"fleet {night}: {state.shard} missing: {state.message}")
+            break
+        if any(s.state == "running" for s in states.values()):
+            sleep(timing.poll_s)
+    return list(states.values())
+
+
+def _check(store, night, state: ShardState, submitter, timing: Timing, at: datetime, start,
+           progress) -> None:
+    """One look at a running shard: done, still going, or to be given to another attempt.
+    The run's state is read before the machine's document: a machine writes "done" before
+    its run completes, so a completed run's document is never read stale."""
+    run_state, run_message = submitter.state(state.handle)
+    document = leases.attempt_doc(store, night, state.shard, state.attempt)
+    if document and document.get("state") == "done":
+        state.state, state.host = "done", document.get("host")
+        state.records = int(document.get("records", 0))
+        state.past_deadline = int(document.get("past_deadline", 0))
+        state.message = f"{state.records} records from {state.host}" + (
+            f", {state.past_deadline} problems left at the deadline" if state.past_deadline
+            else "")
+        _say(progress, f"fleet {night}: {state.shard} done ({state.message})")
+        return
+    if document and document.get("state") in ("refused", "failed"):
+        start(state, f"attempt {state.attempt} {document['state']} on {document.get('host')}: "
+                     f"{document.get('message', '')}")
+    elif run_state in ("failed", "completed"):
+        start(state, f"attempt {state.attempt}'s run {run_state} without finishing the shard"
+                     + (f": {run_message}" if run_message else ""))
+    elif run_state == "running" and _silent_s(state, document, at) > timing.lease_s:
+        start(state, f"attempt {state.attempt} silent for more than {timing.lease_s:g} s "
+                     + (f"(host {document.get('host')})" if document else
+                        "(it never wrote its lease)"))
+    elif run_state == "pending" and at >= timing.deadline:
+        state.state = "missing"
+        state.message = "no worker took it before the night's deadline"
+        submitter.cancel(state.handle)
+        leases.set_current(store, night, state.shard, state.attempt, state.handle, closed=True)
+        _say(progress, f"fleet {night}: {state.shard} missing: {state.message}")
+
+
+def _silent_s(state: ShardState, document: dict | None, at: datetime) -> float:
+    """How long a running attempt has said nothing: since its last heartbeat, or, before its
+    machine wrote one (a process starting), since it was submitted."""
+    if document is not None:
+        return leases.age_s(document, at)
+    return (at - datetime.fromisoformat(state.since)).total_seconds() if state.since else 0.0
+
+
+def _resume(store: Store, night: str, shard: Shard, at: datetime) -> ShardState:
+    """A shard's state from the store's documents (a restarted parent), or a fresh one."""
+    state = ShardState(shard.name, [_key(shard.family, i.values) for i in shard.items],
+                       since=at.isoformat())
+    word = leases.current(store, night, shard.name)
+    if word is None:
+        return state
+    state.attempt, state.handle = int(word["attempt"]), word.get("flow_run")
+    document = leases.attempt_doc(store, night, shard.name, state.attempt)
+    if document and document.get("state") == "done":
+        state.state, state.host = "done", document.get("host")
+        state.records = int(document.get("records", 0))
+    elif word.get("closed"):
+        state.state, state.message = "missing", "closed by an earlier parent"
+    else:
+        state.state = "running"
+    return state
+
+
+def _key(family_name: str, values: Mapping) -> str:
+    family = get_family(family_name)
+    return family.dims_key(family.problem(values))
+
+
+def _say(progress, line: str) -> None:
+    log.info("%s", line)
+    if progress:
+        progress(line)
+
+
+# -- the night -------------------------------------------------------------------------------
+
+def class_context(ctx: pipeline.RunContext, hardware_class: str | None,
+                  required: bool = True) -> pipeline.RunContext:
+    """`ctx` for the fleet's class: this host's profile when it is of that class, else the
+    class's profile from the store (its nights write it). Without one, an error when
+    `required` (planning and training compute the class's hardware features), else `ctx` with
+    only the class named (a night of lists: its shards write the profile)."""
+    wanted = hardware_class or ctx.hardware["hardware_class"]
+    if wanted == ctx.hardware["hardware_class"]:
+        return ctx
+    profile = Store(ctx.store).require().profile(wanted)
+    if profile is None:
+        if not required:
+            return replace(ctx, hardware={**ctx.hardware, "hardware_class": wanted})
+        raise ConfigError(f"the store {ctx.store} has no profile of class {wanted} (this host "
+                          f"is {ctx.hardware['hardware_class']}): run the parent on a machine "
+                          "of the class, or one night of the class with this tilecast first")
+    return replace(ctx, hardware=profile)
+
+
+def cut_night(ctx: pipeline.RunContext, name: str, count: int) -> list[Shard]:
+    """Tonight's problems of one family in `count` shards, kept in W/fleet/<family>.json so
+    that a resumed parent cuts nothing again."""
+    path = ctx.workdir / "fleet" / f"{name}.json"
+    if path.is_file():
+        return [Shard.from_json(s) for s in json.loads(path.read_text())["shards"]]
+    family, fc = get_family(name), ctx.config.families[name]
+    if pipeline.budgeted_night(ctx):
+        kernels = [family.kernel_name(c) for c in pipeline.select_candidates(ctx, name)]
+        plan = pipeline.make_plan(ctx, name, kernels)
+    else:
+        plan = None
+    if plan is not None:
+        pipeline.night_plan.write(plan, ctx.layout.plan(name))
+        items = plan_items(plan)
+    else:
+        items = list_items(family, pipeline.problems(ctx, name), ctx.config.protocol,
+                           min(fc.budget, len(pipeline.select_candidates(ctx, name))))
+    shards = cut(name, items, count)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"family": name, "shards": [s.to_json() for s in shards]})
+    return shards
+
+
+def gather(ctx: pipeline.RunContext, name: str) -> int:
+    """The night's records of the family, from every shard, as W/data/<family>.parquet."""
+    frame = store_nights.read_frame(Store(ctx.store).require(), ctx.hardware["hardware_class"],
+                                    name, ctx.run_id)
+    if frame.empty:
+        raise FleetError(f"fleet night {ctx.run_id}: no shard of {name} appended any record; "
+                         "nothing to train on")
+    out = ctx.layout.dataset(name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(frame.drop(columns=["hardware_class", "record_id"], errors="ignore"), out)
+    return len(frame)
+
+
+def missing_lines(states: Mapping[str, Sequence[ShardState]]) -> list[str]:
+    """What went unmeasured, for report.md."""
+    lines = []
+    for name, shard_states in states.items():
+        for s in shard_states:
+            if s.state == "done" and s.past_deadline:
+                lines.append(f"{s.shard}: {s.past_deadline} of its {len(s.problems)} problems "
+                             "were not started before the night's deadline (the last of its "
+                             "order)")
+            elif s.state != "done":
+                shown = ", ".join(s.problems[:8]) + (" ..." if len(s.problems) > 8 else "")
+                lines.append(f"{s.shard}: {s.message}; {len(s.problems)} problems unmeasured "
+                             f"tonight ({shown})")
+    return lines
+
+
+def states_json(states: Mapping[str, Sequence[ShardState]]) -> dict:
+    return {name: [asdict(s) for s in shard_states] for name, shard_states in states.items()}
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """How a parent runs a fleet night."""
+    shards: int = 2                       # shards per family: the machines the pool has
+    hardware_class: str | None = None     # the pool's class (default: this host's)
+    shard_workdir: str = "work/shards"    # on each machine: <this>/<night>/<shard>
+    deadline_minutes: float = 720.0       # a night of the config's lists ends after this
+    # what a shard takes before it measures (a flow run's process, imports, a cached build):
+    # added to a budgeted night's deadline, so that the budget is measuring time
+    startup_s: float = 60.0
+    lease_s: float = LEASE_S
+    grace_s: float = GRACE_S
+    poll_s: float = POLL_S
+    retries: int = RETRIES
+
+    def __post_init__(self) -> None:
+        if int(self.shards) < 1:
+            raise ConfigError(f"shards must be at least 1, got {self.shards}")
+        if not self.deadline_minutes > 0 or not self.lease_s > 0 or int(self.retries) < 0:
+            raise ConfigError("deadline_minutes and lease_s must be > 0 and retries >= 0")
+
+
+def night(config: str, workdir: str, registry: str, store: str, submitter: Submitter,
+          settings: FleetSettings = FleetSettings(), budget_minutes: float | None = None,
+          run_id: str | None = None, progress: Callable[[str], None] | None = None,
+          clock: Callable[[], datetime] = leases.now,
+          sleep: Callable[[float], None] = time.sleep) -> dict:
+    """One night of every family of `config` over a fleet (see the module docstring); the
+    summary. A budgeted night (a store with night.budget_minutes, or `budget_minutes`) plans
+    `shards` machines' worth of its budget and ends at the budget's wall time."""
+    ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
+                                     budget_minutes=budget_minutes)
+    Store(store).create()     # unreachable or unwritable: one line, before anything is submitted
+    host = ctx
+    ctx = class_context(ctx, settings.hardware_class, required=pipeline.budgeted_night(ctx))
+    hardware_class = ctx.hardware["hardware_class"]
+    state_path = ctx.workdir / "fleet" / "night.json"
+    if state_path.is_file():    # a restarted parent: the same night, the same deadline
+        deadline = datetime.fromisoformat(json.loads(state_path.read_text())["deadline"])
+    else:
+        deadline = clock() + (
+            timedelta(minutes=ctx.config.night.budget_minutes, seconds=settings.startup_s)
+            if pipeline.budgeted_night(ctx) else timedelta(minutes=settings.deadline_minutes))
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(state_path, {"run_id": ctx.run_id, "hardware_class": hardware_class,
+                                       "deadline": deadline.isoformat(),
+                                       "shards": settings.shards})
+    machine_ctx = ctx
+    if pipeline.budgeted_night(ctx):   # plan every machine's share of the budget
+        machine_ctx = replace(ctx, config=replace(ctx.config, night=replace(
+            ctx.config.night, budget_minutes=ctx.config.night.budget_minutes * settings.shards)))
+    shards = {name: cut_night(machine_ctx, name, settings.shards) for name in ctx.config.families}
+    every = [s for name in shards for s in shards[name]]
+    _say(progress, f"fleet {ctx.run_id}: class {hardware_class}, {len(every)} shard(s) of "
+                   f"{sum(len(s.items) for s in every)} problems, deadline {deadline.isoformat()}")
+
+    def parameters(shard: Shard, attempt: int) -> dict:
+        return {"config": config, "store": store, "registry": str(registry),
+                "workdir": f"{settings.shard_workdir}/{ctx.run_id}/{shard.name}",
+                "night": ctx.run_id, "shard": shard.to_json(), "hardware_class": hardware_class,
+                "attempt": attempt, "deadline": deadline.isoformat()}
+
+    timing = Timing(deadline, settings.lease_s, settings.grace_s, settings.poll_s,
+                    settings.retries)
+    states = supervise(Store(store), ctx.run_id, every, submitter, parameters, timing,
+                       clock=clock, sleep=sleep, progress=progress)
+    by_family = {name: [s for s in states if s.shard.startswith(f"{name}-")] for name in shards}
+    for name, shard_states in by_family.items():
+        atomic_write_json(ctx.workdir / "fleet" / f"{name}.states.json",
+                          {"shards": [asdict(s) for s in shard_states],
+                           "missing": missing_lines({name: shard_states})})
+    ceilings = _ceilings(Store(store), ctx.run_id, states)
+    ctx = class_context(host, hardware_class)     # the profile the shards kept, for features
+    summaries, published = {}, {}
+    for name in ctx.config.families:
+        records = gather(ctx, name)
+        summaries[name] = {"shards": [{k: getattr(s, k) for k in
+                                       ("shard", "state", "attempt", "host", "records", "message")}
+                                      for s in by_family[name]],
+                           "records": records,
+                           "train": pipeline.train_stage(ctx, name),
+                           "evaluate": pipeline.evaluate_stage(ctx, name)}
+    report = pipeline.report_stage(ctx, ceilings=ceilings)
+    for name in ctx.config.families:
+        published[name] = pipeline.publish_stage(ctx, name)
+    missing = missing_lines(by_family)
+    for line in missing:
+        _say(progress, f"fleet {ctx.run_id}: unmeasured: {line}")
+    return {"run_id": ctx.run_id, "hardware_class": hardware_class,
+            "deadline": deadline.isoformat(), "families": summaries, "report": report,
+            "published": published, "missing": missing}
+
+
+def _ceilings(store: Store, night: str, states: Sequence[ShardState]) -> dict | None:
+    """The ceilings a finished shard measured on its machine (None: no shard finished)."""
+    for state in states:
+        if state.state == "done":
+            document = leases.attempt_doc(store, night, state.shard, state.attempt)
+            if document and document.get("ceilings"):
+                return document["ceilings"]
+    return None
