@@ -111,6 +111,10 @@ def _cmd_run(args) -> int:
     from tilecast.core.config import load_config
     from tilecast.workflows import pipeline
 
+    if args.dask_address:
+        raise cli.CliError("--dask-address is retired: a remote Dask cluster's workers would "
+                           "measure their own hardware under this machine's paths. One night "
+                           "over many machines is `tilecast fleet` (docs/guide/fleet.md)")
     cli.config_arg(args.config)
     workdir = cli.user_dir(pipeline.expand_workdir(args.workdir), "workdir", writable=True)
     cli.registry_root(args.registry, must_exist=False)
@@ -145,8 +149,7 @@ def _cmd_run(args) -> int:
         from tilecast.tasks import orchestration
 
         _quiet_user_error_tracebacks()
-        runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers,
-                                           address=args.dask_address)
+        runner = orchestration.task_runner(args.task_runner, workers=args.dask_workers)
         if server is not None:
             server.wait_ready()
         try:
@@ -236,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="where the flow's tasks run: a thread pool (default) or Dask")
     run.add_argument("--dask-workers", type=int, default=None,
                      help="worker processes of the local Dask cluster (default 2)")
-    run.add_argument("--dask-address", default=None,
-                     help="an existing Dask scheduler (tcp://host:port) instead of a local cluster")
+    run.add_argument("--dask-address", default=None, help=argparse.SUPPRESS)   # retired
     run.add_argument("--device", default=None,
                      help="the benchmark device's name; its tag `device:NAME` allows one "
                           "benchmark at a time (default: cpu@<this host>)")

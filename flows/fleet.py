@@ -34,7 +34,23 @@ class PrefectSubmitter:
 
         try:
             with get_client(sync_client=True) as client:
-                client.read_deployment_by_name(self.deployment)
+                deployment = client.read_deployment_by_name(self.deployment)
+                pool = deployment.work_pool_name
+                if pool:
+                    try:
+                        client.read_work_pool(pool)
+                    except ObjectNotFound:
+                        raise fleet.FleetError(
+                            f"work pool {pool} of deployment {self.deployment} does not exist: "
+                            f"`prefect work-pool create {pool} --type process`, then a worker "
+                            "on each machine") from None
+                    online = [w for w in client.read_workers_for_work_pool(pool)
+                              if str(getattr(w.status, "value", w.status)).upper() == "ONLINE"]
+                    if not online:
+                        print(f"WARNING: no worker of pool {pool} is online now; the shards "
+                              "wait for one until the night's deadline")
+        except fleet.FleetError:
+            raise
         except ObjectNotFound:
             raise fleet.FleetError(
                 f"deployment {self.deployment} is not on the Prefect server at "
@@ -83,11 +99,11 @@ class PrefectSubmitter:
 @flow(name="tilecast-shard", log_prints=True)
 def shard_night(config: str, store: str, registry: str, workdir: str, night: str, shard: dict,
                 hardware_class: str, attempt: int = 1, deadline: str | None = None,
-                device: str | None = None) -> dict:
+                device: str | None = None, code: dict | None = None) -> dict:
     """Measure one shard of a fleet night on this worker's machine and append it to the
     store (tilecast.workflows.fleet.run_shard)."""
     return fleet.run_shard(config, store, registry, workdir, night, shard, hardware_class,
-                           attempt, deadline, device)
+                           attempt, deadline, device, code)
 
 
 @flow(name="tilecast-fleet-night", log_prints=True)

@@ -60,17 +60,17 @@ def ensure_device_limit(device: str, limit: int = 1) -> None:
     log.info("concurrency limit %s = %s (kept)", tag, existing.concurrency_limit)
 
 
-def task_runner(name: str, *, workers: int | None = None, address: str | None = None):
+def task_runner(name: str, *, workers: int | None = None):
     """`threads` (Prefect's default pool) or `dask`: a Dask LocalCluster of `workers`
-    processes, or the existing Dask scheduler at `address`."""
+    processes on this machine. (A remote Dask scheduler is not offered: its workers would read
+    their own hardware and take their own device locks while writing this machine's paths; a
+    night over many machines is tilecast.workflows.fleet.)"""
     if name == "threads":
         return ThreadPoolTaskRunner()
     if name == "dask":
         # imports dask.distributed: only a dask run needs it
         from prefect_dask import DaskTaskRunner
 
-        if address:
-            return DaskTaskRunner(address=address)
         return DaskTaskRunner(cluster_class="distributed.LocalCluster",
                               cluster_kwargs={"n_workers": workers or 2, "threads_per_worker": 2,
                                               "processes": True, "dashboard_address": None})

@@ -272,3 +272,25 @@ def test_a_shard_of_another_class_is_refused_before_anything_is_built(tmp_path):
         fleet.run_shard(str(tiny), str(tmp_path / "s"), str(tmp_path / "r"), str(tmp_path / "w"),
                         "n1", shard.to_json(), profile(2)["hardware_class"], attempt=1)
     assert not (tmp_path / "w" / "build").exists()
+
+
+def test_a_shard_cut_by_other_code_is_refused(tmp_path):
+    from pathlib import Path
+
+    store = Store(tmp_path / "s").create()
+    tiny = Path(__file__).parent / "configs" / "tiny.yaml"
+    shard = cut("gemm", [item(8, 1.0)], 1)[0]
+    from tilecast.core.hardware import profile
+    mine = fleet.code_identity()
+    with pytest.raises(fleet.FleetError, match="was cut by other code: tilecast"):
+        fleet.run_shard(str(tiny), str(tmp_path / "s"), str(tmp_path / "r"), str(tmp_path / "w"),
+                        "n1", shard.to_json(), profile(2)["hardware_class"],
+                        code={**mine, "version": "0.0.1"})
+    assert leases.attempt_doc(store, "n1", shard.name, 1)["state"] == "refused"
+    if mine["git_sha"] != "unknown":
+        with pytest.raises(fleet.FleetError, match="commit"):
+            fleet.run_shard(str(tiny), str(tmp_path / "s"), str(tmp_path / "r"),
+                            str(tmp_path / "w"), "n1", shard.to_json(),
+                            profile(2)["hardware_class"], code={**mine, "git_sha": "f" * 40})
+    assert fleet._code_differs(mine) is None and fleet._code_differs(None) is None
+    assert not (tmp_path / "w" / "build").exists()

@@ -49,19 +49,45 @@ class FleetError(RuntimeError):
 
 # -- the machine's side ---------------------------------------------------------------------
 
+def code_identity() -> dict:
+    """What code this machine runs: tilecast's version and, in a checkout, its commit."""
+    from tilecast import __version__
+    from tilecast.stages.train import git_sha
+
+    return {"version": __version__, "git_sha": git_sha()}
+
+
+def _code_differs(parent: Mapping | None) -> str | None:
+    """Why this machine's code is not the parent's (None when it is, or cannot be told)."""
+    if not parent:
+        return None
+    mine = code_identity()
+    if parent.get("version") != mine["version"]:
+        return f"tilecast {mine['version']} here, {parent.get('version')} in the parent"
+    if "unknown" not in (parent.get("git_sha"), mine["git_sha"]) \
+            and parent.get("git_sha") != mine["git_sha"]:
+        return f"commit {mine['git_sha'][:12]} here, {str(parent.get('git_sha'))[:12]} in the parent"
+    return None
+
+
 def run_shard(config: str, store: str, registry: str, workdir: str, night: str,
               shard: Mapping, hardware_class: str, attempt: int = 1,
-              deadline: str | None = None, device: str | None = None) -> dict:
+              deadline: str | None = None, device: str | None = None,
+              code: Mapping | None = None) -> dict:
     """Measure one shard on this machine and append its records to `store` (see the module
-    docstring). `deadline`: an ISO time after which no batch starts."""
+    docstring). `deadline`: an ISO time after which no batch starts; `code`: the parent's
+    code_identity(), which this machine's must match."""
     piece = Shard.from_json(shard)
     shared = Store(store).require()
     ctx = pipeline.RunContext.create(config, workdir, registry, run_id=night, store=store)
     lease = leases.Lease(shared, night, piece.name, int(attempt))
     mine = ctx.hardware["hardware_class"]
-    if mine != hardware_class:
-        message = (f"shard {piece.name} is for class {hardware_class}; this machine "
-                   f"({socket.gethostname()}) is {mine}: refused before measuring")
+    differs = _code_differs(code)
+    if mine != hardware_class or differs:
+        why = (f"is for class {hardware_class}; this machine ({socket.gethostname()}) is {mine}"
+               if mine != hardware_class else
+               f"was cut by other code: {differs} ({socket.gethostname()})")
+        message = f"shard {piece.name} {why}: refused before measuring"
         lease.write("refused", message=message, hardware_class=mine)
         raise FleetError(message)
     why = lease.superseded()
@@ -409,7 +435,9 @@ def night(config: str, workdir: str, registry: str, store: str, submitter: Submi
         return {"config": config, "store": store, "registry": str(registry),
                 "workdir": f"{settings.shard_workdir}/{ctx.run_id}/{shard.name}",
                 "night": ctx.run_id, "shard": shard.to_json(), "hardware_class": hardware_class,
-                "attempt": attempt, "deadline": deadline.isoformat()}
+                "attempt": attempt, "deadline": deadline.isoformat(), "code": code}
+
+    code = code_identity()
 
     timing = Timing(deadline, settings.lease_s, settings.grace_s, settings.poll_s,
                     settings.retries)
