@@ -3,7 +3,8 @@
 Everything on this machine and loopback: moto's S3 server (in this process) holds the stores
 and registries, a Prefect server on 127.0.0.1, the pools and deployments of prefect.yaml, and
 workers of the tilecast-shards pool each pinned to one core (`taskset -c N`, their own device
-name and build cache) as machines of one class. Three nights of one config, one after another:
+name and build cache) as machines of one class. A throwaway night on both workers warms their
+build caches; then three nights of one config, one after another:
 
   one   one worker, `tilecast fleet --shards 1`
   two   two workers, `--shards 2`
@@ -72,12 +73,13 @@ def start_s3(env: dict) -> str:
     return endpoint
 
 
-def start_prefect(out: Path, env: dict) -> subprocess.Popen:
+def start_prefect(out: Path, env: dict, query_s: float) -> subprocess.Popen:
     port = free_port()
     env.update(PREFECT_HOME=str(out / "prefect"), DO_NOT_TRACK="1",
                PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-               PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_WORKER_PREFETCH_SECONDS="1")
+               PREFECT_WORKER_QUERY_SECONDS=str(query_s),
+               PREFECT_WORKER_PREFETCH_SECONDS=str(query_s))
     proc = subprocess.Popen([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port",
                              str(port)], stdout=open(out / "server.log", "w"),
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -110,15 +112,31 @@ def worker(out: Path, env: dict, core: int, night: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, env=own, cwd=out, start_new_session=True)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its children so far, from /proc."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(proc.name) == pid or _descends(int(proc.name), pid):
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def run_night(out: Path, env: dict, config: str, night: str, cores: list[int],
-              kill: bool = False) -> dict:
+              kill: bool = False, poll_s: float = 5.0, control: int | None = None) -> dict:
     """One night; its summary, wall time and what was killed."""
     workers = {c: worker(out, env, c, night) for c in cores}
     store, registry = f"s3://fleet-bench/{night}/store", f"s3://fleet-bench/{night}/registry"
     command = ["taskset", "-c", "0", *TILECAST, "fleet", "--config", config, "--store", store,
                "--registry", registry, "--workdir", str(out / night), "--shards",
                str(len(cores)), "--shard-workdir", str(out / "shards"), "--lease-s", "30",
-               "--poll-s", "1"]
+               "--poll-s", str(poll_s)]
+    control_before = (cpu_s(control) if control else 0.0) + _self_cpu()
     started = time.monotonic()
     parent = subprocess.Popen(command, stdout=subprocess.PIPE,
                               stderr=open(out / f"{night}-parent.log", "w"), text=True,
@@ -133,10 +151,18 @@ def run_night(out: Path, env: dict, config: str, night: str, cores: list[int],
         for w in workers.values():
             stop(w)
     wall = time.monotonic() - started
+    control_s = (cpu_s(control) if control else 0.0) + _self_cpu() - control_before
     if parent.returncode != 0:
         raise SystemExit(f"night {night} failed; see {out / (night + '-parent.log')}")
     summary = json.loads(stdout)
-    return {"summary": summary, "wall_s": wall, "killed": killed, "store": store}
+    return {"summary": summary, "wall_s": wall, "killed": killed, "store": store,
+            "control_cpu_s": control_s}
+
+
+def _self_cpu() -> float:
+    """This process's CPU seconds (moto's S3 server runs in it)."""
+    times = os.times()
+    return times.user + times.system
 
 
 def kill_first_running(store: str, workers: dict, parent: subprocess.Popen) -> str | None:
@@ -186,6 +212,15 @@ def shard_span(out: Path, night: str) -> float | None:
     return (max(stamps) - min(stamps)).total_seconds() if len(stamps) >= 2 else None
 
 
+def _stage_seconds(store: str, summary: dict, shard: dict) -> str:
+    """'build / benchmark' seconds of a shard's finishing attempt, from its lease."""
+    from tilecast.fleet.lease import attempt_doc
+    from tilecast.store.store import Store
+
+    doc = attempt_doc(Store(store), summary["run_id"], shard["shard"], shard["attempt"]) or {}
+    return f"{doc.get('build_s', '?')} / {doc.get('bench_s', '?')}"
+
+
 def records(store: str, summary: dict):
     from tilecast.store.nights import read_frame
     from tilecast.store.store import Store
@@ -197,6 +232,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--config", default=str(REPO / "benchmarks" / "configs" / "fleet.yaml"))
+    parser.add_argument("--poll-s", type=float, default=5.0,
+                        help="the parent's poll (tilecast fleet --poll-s; default 5, its own)")
+    parser.add_argument("--worker-query-s", type=float, default=10.0,
+                        help="PREFECT_WORKER_QUERY_SECONDS of the workers (default 10, "
+                             "Prefect's)")
     args = parser.parse_args()
     if shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs taskset and two cores")
@@ -204,21 +244,27 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))}
     start_s3(env)
-    server = start_prefect(out, env)
+    server = start_prefect(out, env, args.worker_query_s)
     try:
         for pool in ("tilecast", "tilecast-shards"):
             subprocess.run([*PREFECT, "work-pool", "create", pool, "--type", "process"],
                            env=env, cwd=REPO, check=True, capture_output=True)
         subprocess.run([*PREFECT, "--no-prompt", "deploy", "--all"], env=env, cwd=REPO,
                        check=True, capture_output=True)
-        nights = {"one": run_night(out, env, args.config, "one", [0]),
-                  "two": run_night(out, env, args.config, "two", [0, 1]),
-                  "kill": run_night(out, env, args.config, "kill", [0, 1], kill=True)}
+        # every worker's build cache warm first (a night that compiled on one worker and
+        # not the other would time the compiler): a throwaway night on both
+        common = {"poll_s": args.poll_s, "control": server.pid}
+        run_night(out, env, args.config, "warm", [0, 1], **common)
+        nights = {"one": run_night(out, env, args.config, "one", [0], **common),
+                  "two": run_night(out, env, args.config, "two", [0, 1], **common),
+                  "kill": run_night(out, env, args.config, "kill", [0, 1], kill=True,
+                                    **common)}
     finally:
         stop(server)
-    print(f"config {args.config}; class {nights['one']['summary']['hardware_class']}")
+    print(f"config {args.config}; class {nights['one']['summary']['hardware_class']}; parent "
+          f"poll {args.poll_s:g} s, workers query {args.worker_query_s:g} s")
     print("night | workers | wall s (parent) | shards submitted..done s | records | problems | "
-          "attempts")
+          "attempts | each shard's build / benchmark s | Prefect server + S3 CPU s")
     frames = {}
     for name, night in nights.items():
         frame = records(night["store"], night["summary"])
@@ -226,7 +272,9 @@ def main() -> int:
         shards = night["summary"]["families"]["gemm"]["shards"]
         print(f"{name} | {len(shards)} | {night['wall_s']:.1f} | {shard_span(out, name)} | "
               f"{len(frame)} | {frame['dims_key'].nunique()} | "
-              f"{', '.join(str(s['attempt']) for s in shards)}")
+              f"{', '.join(str(s['attempt']) for s in shards)} | "
+              f"{', '.join(_stage_seconds(night['store'], night['summary'], s) for s in shards)}"
+              f" | {night['control_cpu_s']:.1f}")
     one, two = (shard_span(out, n) for n in ("one", "two"))
     if one and two:
         print(f"two workers / one: {two / one:.2f} of the shard span, "
@@ -237,12 +285,14 @@ def main() -> int:
                 frame[frame["role"] == "candidate"].drop_duplicates(
                     ["dims_key", "kernel", "status"]).itertuples()}
     print(f"one and two hold the same (problem, kernel, status): {content(frames['one']) == content(frames['two'])}")
-    screens = frames["kill"]
-    screens = screens[(screens["role"] == "candidate") & (screens["phase"] == "screen")]
-    expected = {(k, kern) for k, kern in zip(frames["one"]["dims_key"], frames["one"]["kernel"])}
-    got = set(zip(screens["dims_key"], screens["kernel"]))
+    def screens(frame):
+        return frame[(frame["role"] == "candidate") & (frame["phase"] == "screen")]
+
+    expected = set(zip(screens(frames["one"])["dims_key"], screens(frames["one"])["kernel"]))
+    killed = screens(frames["kill"])
+    got = set(zip(killed["dims_key"], killed["kernel"]))
     print(f"kill: {nights['kill']['killed']} killed; screens lost {len(expected - got)}, "
-          f"duplicated {int(screens.duplicated(['dims_key', 'kernel']).sum())}; missing shards "
+          f"duplicated {int(killed.duplicated(['dims_key', 'kernel']).sum())}; missing shards "
           f"{nights['kill']['summary']['missing']}")
     rep = subprocess.run([*TILECAST, "repeatability", nights["one"]["store"],
                           nights["two"]["store"]], capture_output=True, text=True, env=env)

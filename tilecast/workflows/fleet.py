@@ -96,7 +96,9 @@ def run_shard(config: str, store: str, registry: str, workdir: str, night: str,
     family = get_family(piece.family)
     try:
         with lease.beating(hardware_class=mine):
+            started = time.monotonic()
             pipeline.build_stage(ctx, piece.family)
+            build_s = time.monotonic() - started
             have = set(store_nights.read_frame(shared, mine, piece.family, night)["dims_key"])
             pairs = [(ps, p) for ps, p in piece.pairs(family) if family.dims_key(p) not in have]
             left = (None if deadline is None else
@@ -104,8 +106,10 @@ def run_shard(config: str, store: str, registry: str, workdir: str, night: str,
             log.info("shard %s attempt %d on %s: %d problems, %d already in the store",
                      piece.name, attempt, socket.gethostname(), len(pairs),
                      len(piece.items) - len(pairs))
+            started = time.monotonic()
             bench = (pipeline.bench_stage(ctx, piece.family, device, pairs=pairs, deadline_s=left)
                      if pairs else {"new_records": 0, "past_deadline": 0})
+            bench_s = time.monotonic() - started
             why = lease.superseded()
             if why:
                 raise FleetError(f"shard {piece.name} attempt {attempt} appends nothing: {why}")
@@ -124,6 +128,7 @@ def run_shard(config: str, store: str, registry: str, workdir: str, night: str,
                "measured": len(pairs) - int(bench.get("past_deadline", 0)),
                "already_stored": len(piece.items) - len(pairs),
                "past_deadline": int(bench.get("past_deadline", 0)),
+               "build_s": round(build_s, 1), "bench_s": round(bench_s, 1),
                "profile": ctx.hardware, "ceilings": ceilings}
     lease.write("done", **outcome)
     return {"shard": piece.name, "attempt": int(attempt), "host": socket.gethostname(),
