@@ -376,9 +376,6 @@ def missing_lines(states: Mapping[str, Sequence[ShardState]]) -> list[str]:
     return lines
 
 
-def states_json(states: Mapping[str, Sequence[ShardState]]) -> dict:
-    return {name: [asdict(s) for s in shard_states] for name, shard_states in states.items()}
-
 
 @dataclass(frozen=True)
 class FleetSettings:
@@ -412,7 +409,7 @@ def night(config: str, workdir: str, registry: str, store: str, submitter: Submi
     `shards` machines' worth of its budget and ends at the budget's wall time."""
     ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
                                      budget_minutes=budget_minutes)
-    Store(store).create()     # unreachable or unwritable: one line, before anything is submitted
+    shared = Store(store).create()   # unreachable or unwritable: one line, before any submit
     host = ctx
     ctx = class_context(ctx, settings.hardware_class, required=pipeline.budgeted_night(ctx))
     hardware_class = ctx.hardware["hardware_class"]
@@ -446,14 +443,14 @@ def night(config: str, workdir: str, registry: str, store: str, submitter: Submi
 
     timing = Timing(deadline, settings.lease_s, settings.grace_s, settings.poll_s,
                     settings.retries)
-    states = supervise(Store(store), ctx.run_id, every, submitter, parameters, timing,
+    states = supervise(shared, ctx.run_id, every, submitter, parameters, timing,
                        clock=clock, sleep=sleep, progress=progress)
     by_family = {name: [s for s in states if s.shard.startswith(f"{name}-")] for name in shards}
     for name, shard_states in by_family.items():
         atomic_write_json(ctx.workdir / "fleet" / f"{name}.states.json",
                           {"shards": [asdict(s) for s in shard_states],
                            "missing": missing_lines({name: shard_states})})
-    ceilings = _ceilings(Store(store), ctx.run_id, states)
+    ceilings = _ceilings(shared, ctx.run_id, states)
     ctx = class_context(host, hardware_class)     # the profile the shards kept, for features
     summaries, published = {}, {}
     for name in ctx.config.families:
