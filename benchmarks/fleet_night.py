@@ -214,10 +214,12 @@ def shard_span(out: Path, night: str) -> float | None:
 
 def _stage_seconds(store: str, summary: dict, shard: dict) -> str:
     """'build / benchmark' seconds of a shard's finishing attempt, from its lease."""
-    from tilecast.fleet.lease import attempt_doc
+    from tilecast.fleet.lease import attempt_doc, night_key
     from tilecast.store.store import Store
 
-    doc = attempt_doc(Store(store), summary["run_id"], shard["shard"], shard["attempt"]) or {}
+    [cls] = summary["classes"]
+    doc = attempt_doc(Store(store), night_key(cls, summary["run_id"]), shard["shard"],
+                      shard["attempt"]) or {}
     return f"{doc.get('build_s', '?')} / {doc.get('bench_s', '?')}"
 
 
@@ -225,7 +227,8 @@ def records(store: str, summary: dict):
     from tilecast.store.nights import read_frame
     from tilecast.store.store import Store
 
-    return read_frame(Store(store), summary["hardware_class"], "gemm", summary["run_id"])
+    [cls] = summary["classes"]
+    return read_frame(Store(store), cls, "gemm", summary["run_id"])
 
 
 def main() -> int:
@@ -269,7 +272,8 @@ def main() -> int:
     for name, night in nights.items():
         frame = records(night["store"], night["summary"])
         frames[name] = frame
-        shards = night["summary"]["families"]["gemm"]["shards"]
+        [tonight] = night["summary"]["classes"].values()
+        shards = tonight["families"]["gemm"]["shards"]
         print(f"{name} | {len(shards)} | {night['wall_s']:.1f} | {shard_span(out, name)} | "
               f"{len(frame)} | {frame['dims_key'].nunique()} | "
               f"{', '.join(str(s['attempt']) for s in shards)} | "

@@ -167,6 +167,7 @@ def _cmd_run(args) -> int:
 def _cmd_fleet(args) -> int:
     """`tilecast fleet`: the fleet_night flow run here, against the Prefect server that the
     pool's workers reach (PREFECT_API_URL)."""
+    from tilecast import fleet
     from tilecast.workflows import pipeline
 
     if not os.environ.get("PREFECT_API_URL"):
@@ -175,6 +176,15 @@ def _cmd_fleet(args) -> int:
     cli.config_arg(args.config)
     workdir = cli.user_dir(pipeline.expand_workdir(args.workdir), "workdir", writable=True)
     cli.registry_root(args.registry, must_exist=False)
+    from dataclasses import asdict
+
+    from tilecast.workflows.fleet import Pool
+
+    if args.pool and (args.hardware_class or args.shards != 2
+                      or args.deployment != fleet.SHARD_DEPLOYMENT):
+        raise cli.CliError("--pool names each class's deployment and machines: give it "
+                           "instead of --shards, --hardware-class and --deployment")
+    pools = [asdict(Pool.parse(text)) for text in args.pool] or None
     prefect_env(workdir)
     from tilecast.flows.fleet import fleet_night
 
@@ -184,7 +194,8 @@ def _cmd_fleet(args) -> int:
                               store=args.store, shards=args.shards,
                               budget_minutes=args.budget_minutes,
                               hardware_class=args.hardware_class, run_id=args.run_id,
-                              deployment=args.deployment, shard_workdir=args.shard_workdir,
+                              deployment=args.deployment, pools=pools,
+                              shard_workdir=args.shard_workdir,
                               lease_s=args.lease_s, retries=args.retries, grace_s=args.grace_s,
                               poll_s=args.poll_s)
     except cli.user_errors():
@@ -264,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the pool's class, when this machine is not of it")
     fleets.add_argument("--run-id", default=None, help="resume this night")
     fleets.add_argument("--deployment", default=fleet.SHARD_DEPLOYMENT)
+    fleets.add_argument("--pool", action="append", default=[], metavar="CLASS=DEPLOYMENT[:N]",
+                        help="a mixed fleet: one per hardware class, its shard deployment and "
+                             "N machines (default 2); replaces --shards, --hardware-class "
+                             "and --deployment")
     fleets.add_argument("--shard-workdir", default="work/shards",
                         help="each machine's workdirs: <this>/<night>/<shard>")
     fleets.add_argument("--lease-s", type=float, default=fleet.LEASE_S,

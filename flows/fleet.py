@@ -111,16 +111,19 @@ def fleet_night(config: str = "nightly", workdir: str = "work/fleet-{date}",
                 registry: str = "registry", store: str = "store", shards: int = 2,
                 budget_minutes: float | None = None, hardware_class: str | None = None,
                 run_id: str | None = None, deployment: str = fleet.SHARD_DEPLOYMENT,
-                shard_workdir: str = "work/shards", lease_s: float = fleet.LEASE_S,
-                retries: int = fleet.RETRIES, grace_s: float = fleet.GRACE_S,
-                poll_s: float = fleet.POLL_S) -> dict:
-    """One night of `config` over `shards` machines of one class (see the module docstring).
-    `run_id` resumes a night; `hardware_class` names the pool's class when this machine is
-    not of it (its profile must be in the store)."""
-    submitter = PrefectSubmitter(deployment)
-    submitter.check()
-    settings = fleet.FleetSettings(shards=shards, hardware_class=hardware_class,
-                                   shard_workdir=shard_workdir, lease_s=lease_s,
+                pools: list[dict] | None = None, shard_workdir: str = "work/shards",
+                lease_s: float = fleet.LEASE_S, retries: int = fleet.RETRIES,
+                grace_s: float = fleet.GRACE_S, poll_s: float = fleet.POLL_S) -> dict:
+    """One night of `config` over a fleet (see the module docstring): `shards` machines of one
+    class on `deployment`'s pool, or `pools`, one per class ({"hardware_class", "deployment",
+    "shards"}), for a mixed fleet. `run_id` resumes a night; a class that is not this
+    machine's needs its profile in the store on a budgeted night (one night of it first)."""
+    chosen = ([fleet.Pool(**p) for p in pools] if pools else
+              [fleet.Pool(hardware_class, deployment, shards)])
+    submitters = {p.deployment: PrefectSubmitter(p.deployment) for p in chosen}
+    for submitter in submitters.values():   # every pool checked before anything is submitted
+        submitter.check()
+    settings = fleet.FleetSettings(shard_workdir=shard_workdir, lease_s=lease_s,
                                    grace_s=grace_s, poll_s=poll_s, retries=retries)
-    return fleet.night(config, workdir, registry, store, submitter, settings,
-                       budget_minutes=budget_minutes, run_id=run_id, progress=print)
+    return fleet.night(config, workdir, registry, store, chosen, submitters.__getitem__,
+                       settings, budget_minutes=budget_minutes, run_id=run_id, progress=print)

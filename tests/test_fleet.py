@@ -258,16 +258,18 @@ def test_a_shard_of_another_class_is_refused_before_anything_is_built(tmp_path):
     store = Store(tmp_path / "s").create()
     tiny = Path(__file__).parent / "configs" / "tiny.yaml"
     shard = cut("gemm", [item(8, 1.0)], 1)[0]
-    leases.set_current(store, "n1", shard.name, 1, "run")
+    other = leases.night_key("other-class-1c-1t-0", "n1")
+    leases.set_current(store, other, shard.name, 1, "run")
     with pytest.raises(fleet.FleetError, match="is for class other-class-1c-1t-0; this machine"):
         fleet.run_shard(str(tiny), str(tmp_path / "s"), str(tmp_path / "r"), str(tmp_path / "w"),
                         "n1", shard.to_json(), "other-class-1c-1t-0", attempt=1)
-    refused = leases.attempt_doc(store, "n1", shard.name, 1)
+    refused = leases.attempt_doc(store, other, shard.name, 1)
     assert refused["state"] == "refused" and "refused before measuring" in refused["message"]
     assert not (tmp_path / "w" / "build").exists()
     # an attempt the parent replaced starts nothing either
-    leases.set_current(store, "n1", shard.name, 2, "run-2")
     from tilecast.core.hardware import profile
+    leases.set_current(store, leases.night_key(profile(2)["hardware_class"], "n1"), shard.name, 2,
+                       "run-2")
     with pytest.raises(fleet.FleetError, match="replaced this attempt"):
         fleet.run_shard(str(tiny), str(tmp_path / "s"), str(tmp_path / "r"), str(tmp_path / "w"),
                         "n1", shard.to_json(), profile(2)["hardware_class"], attempt=1)
@@ -286,7 +288,8 @@ def test_a_shard_cut_by_other_code_is_refused(tmp_path):
         fleet.run_shard(str(tiny), str(tmp_path / "s"), str(tmp_path / "r"), str(tmp_path / "w"),
                         "n1", shard.to_json(), profile(2)["hardware_class"],
                         code={**mine, "version": "0.0.1"})
-    assert leases.attempt_doc(store, "n1", shard.name, 1)["state"] == "refused"
+    mine_key = leases.night_key(profile(2)["hardware_class"], "n1")
+    assert leases.attempt_doc(store, mine_key, shard.name, 1)["state"] == "refused"
     if mine["git_sha"] != "unknown":
         with pytest.raises(fleet.FleetError, match="commit"):
             fleet.run_shard(str(tiny), str(tmp_path / "s"), str(tmp_path / "r"),
@@ -294,3 +297,90 @@ def test_a_shard_cut_by_other_code_is_refused(tmp_path):
                             profile(2)["hardware_class"], code={**mine, "git_sha": "f" * 40})
     assert fleet._code_differs(mine) is None and fleet._code_differs(None) is None
     assert not (tmp_path / "w" / "build").exists()
+
+
+def test_a_pool_is_read_as_class_deployment_and_machines():
+    assert fleet.Pool.parse("amd-x-2c-2t-ab=tilecast-shard/shard-x:4") == fleet.Pool(
+        "amd-x-2c-2t-ab", "tilecast-shard/shard-x", 4)
+    assert fleet.Pool.parse("c=d/e").shards == 2
+    for bad in ("c", "=d/e", "c=", "c=d/e:many"):
+        with pytest.raises(Exception, match="expected CLASS=DEPLOYMENT"):
+            fleet.Pool.parse(bad)
+    with pytest.raises(Exception, match="at least 1"):
+        fleet.Pool("c", "d/e", 0)
+
+
+class InProcess:
+    """A pool's machines as this process under a CPU affinity: one core and two are two
+    hardware classes of this CPU (tilecast.core.hardware.profile counts the cores it may use).
+    Each shard is measured, for real, when it is submitted."""
+
+    def __init__(self, cpus):
+        self.cpus, self.handles = set(cpus), {}
+
+    def submit(self, name, key, parameters):
+        import os
+
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, self.cpus)
+        try:
+            fleet.run_shard(**parameters)
+            outcome = ("completed", "")
+        except fleet.FleetError as err:
+            outcome = ("failed", str(err))
+        finally:
+            os.sched_setaffinity(0, before)
+        self.handles[key] = outcome
+        return key
+
+    def state(self, handle):
+        return self.handles[handle]
+
+    def cancel(self, handle):
+        pass
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_mixed_fleet_is_one_night_one_model_per_class(tmp_path):
+    import os
+    from pathlib import Path
+
+    import yaml
+
+    from tilecast.core.hardware import profile
+
+    tiny = yaml.safe_load((Path(__file__).parent / "configs" / "tiny.yaml").read_text())
+    tiny["families"]["gemm"]["problems"] = {
+        "train": [{"grid": {"m": [1, 24, 96], "n": [16], "k": [32, 160]}}],
+        "holdout": [{"list": [{"m": 7, "n": 50, "k": 100}, {"m": 33, "n": 33, "k": 33}]}]}
+    config = tmp_path / "mixed.yaml"
+    config.write_text(yaml.safe_dump(tiny))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        one_core = profile(2)["hardware_class"]
+    finally:
+        os.sched_setaffinity(0, before)
+    both = profile(2)["hardware_class"]
+    assert one_core != both
+    machines = {"shard/one": InProcess({min(before)}), "shard/both": InProcess(before)}
+    pools = [fleet.Pool(one_core, "shard/one", 1), fleet.Pool(None, "shard/both", 1)]
+    store, registry, work = tmp_path / "store", tmp_path / "registry", tmp_path / "night"
+    summary = fleet.night(str(config), str(work), str(registry), str(store), pools,
+                          machines.__getitem__,
+                          fleet.FleetSettings(shard_workdir=str(tmp_path / "shards")),
+                          sleep=lambda s: None)
+    assert summary["failed"] == {} and set(summary["classes"]) == {one_core, both}
+    for cls in (one_core, both):
+        tonight = summary["classes"][cls]
+        assert [s["state"] for s in tonight["families"]["gemm"]["shards"]] == ["done"]
+        records = nights.read_frame(Store(store), cls, "gemm", summary["run_id"])
+        assert records["dims_key"].nunique() == 8          # every problem, on its class
+        assert (registry / f"gemm@{cls}" / "versions" / "1").is_dir()
+        assert (work / cls / "report" / "report.md").is_file()
+        assert Store(store).profile(cls)["hardware_class"] == cls
+    # one pool per class
+    with pytest.raises(Exception, match="one pool per class"):
+        fleet.night(str(config), str(tmp_path / "again"), str(registry), str(store),
+                    [fleet.Pool(both, "a/b", 1), fleet.Pool(None, "c/d", 1)],
+                    machines.__getitem__)

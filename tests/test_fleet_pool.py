@@ -73,7 +73,7 @@ def test_a_night_over_two_workers_survives_one_killed_mid_shard(server, tmp_path
         killed = None
         deadline = time.monotonic() + 240
         while killed is None and time.monotonic() < deadline and parent.poll() is None:
-            for doc in (store / "fleet").glob("*/*/attempt-1.json"):
+            for doc in (store / "fleet").glob("*/*/*/attempt-1.json"):
                 lease = json.loads(doc.read_text())
                 if lease["state"] == "running":
                     ppid = int(Path(f"/proc/{lease['pid']}/stat").read_text().split()[3])
@@ -101,15 +101,15 @@ def test_a_night_over_two_workers_survives_one_killed_mid_shard(server, tmp_path
     log = (tmp_path / "parent.log").read_text()
     assert parent.returncode == 0, log[-4000:]
     summary = json.loads(out)
-    assert summary["missing"] == []
-    shards = {s["shard"]: s for s in summary["families"]["gemm"]["shards"]}
+    [(cls, tonight)] = summary["classes"].items()
+    assert summary["failed"] == {} and tonight["missing"] == []
+    shards = {s["shard"]: s for s in tonight["families"]["gemm"]["shards"]}
     assert set(shards) == {"gemm-1-of-2", "gemm-2-of-2"}
     assert shards[killed]["attempt"] == 2 and shards[killed]["state"] == "done"
     [other] = set(shards) - {killed}
     assert shards[other]["attempt"] == 1 and shards[other]["state"] == "done"
     assert f"{killed} attempt 2 submitted (attempt 1 silent for more than 15 s (host" in log
     # every problem of the night measured, each candidate's screen once: none lost, none twice
-    cls = summary["hardware_class"]
     records = read_frame(Store(str(store)), cls, "gemm", summary["run_id"])
     assert records["dims_key"].nunique() == 15          # 12 grid + 3 held out
     screens = records[(records["role"] == "candidate") & (records["phase"] == "screen")]
@@ -127,7 +127,7 @@ def test_a_night_over_two_workers_survives_one_killed_mid_shard(server, tmp_path
     assert plan["budget_s"] == pytest.approx(2 * 0.3 * 60)     # two machines' worth
     cut = json.loads((tmp_path / "fleet2" / "fleet" / "gemm.json").read_text())["shards"]
     assert len(cut) == 2 and sum(len(s["items"]) for s in cut) == len(plan["chosen"])
-    assert all(s["state"] == "done" for s in night2["families"]["gemm"]["shards"])
+    assert all(s["state"] == "done" for s in night2["classes"][cls]["families"]["gemm"]["shards"])
     measured = read_frame(Store(str(store)), cls, "gemm", night2["run_id"])
     assert set(measured["dims_key"]) == {c["dims_key"] for c in plan["chosen"]}
     assert (registry / f"gemm@{cls}" / "versions" / "2").is_dir()

@@ -1,9 +1,10 @@
 """What the machines of a fleet night say about their shards, kept in the shared store.
 
-For night R and shard N (tilecast.fleet.shards.Shard.name):
+For hardware class C, night R and shard N (tilecast.fleet.shards.Shard.name), under the
+night's key K = `night_key(C, R)` (a mixed fleet's classes share the night, not the shards):
 
-    fleet/R/N/current.json       written by the parent: which attempt is the shard's now
-    fleet/R/N/attempt-<a>.json   written by the machine running attempt a: its state
+    fleet/K/N/current.json       written by the parent: which attempt is the shard's now
+    fleet/K/N/attempt-<a>.json   written by the machine running attempt a: its state
                                  (running, done, refused, failed), host, last heartbeat
 
 A running attempt rewrites its document every HEARTBEAT_S seconds; the parent reads a
@@ -30,6 +31,11 @@ log = logging.getLogger("tilecast.fleet")
 FLEET_DIR = "fleet"
 HEARTBEAT_S = 10.0
 STATES = ("running", "done", "refused", "failed")
+
+
+def night_key(hardware_class: str, night: str) -> str:
+    """Where the leases of one class's shards of `night` live (the `night` argument below)."""
+    return f"{hardware_class}/{night}"
 
 
 def now() -> datetime:
@@ -118,7 +124,7 @@ class Lease:
 
 
 def machines(store: Store, night: str) -> int:
-    """How many shards of `night` finished on some machine (0: not a fleet night): a night's
+    """How many shards of `night` (a night_key) finished on some machine (0: not a fleet night): a night's
     span over its measuring, times this, is its machines' time (tilecast.store.plan's
     calibration)."""
     done = 0

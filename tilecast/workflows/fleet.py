@@ -26,7 +26,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
-from tilecast.core.atomic import atomic_write_json
+from tilecast.core.atomic import atomic_write_json, atomic_write_text
 from tilecast.core.config import ConfigError
 from tilecast.core.device import default_device, exclusive
 from tilecast.families import get_family
@@ -80,7 +80,8 @@ def run_shard(config: str, store: str, registry: str, workdir: str, night: str,
     piece = Shard.from_json(shard)
     shared = Store(store).require()
     ctx = pipeline.RunContext.create(config, workdir, registry, run_id=night, store=store)
-    lease = leases.Lease(shared, night, piece.name, int(attempt))
+    lease = leases.Lease(shared, leases.night_key(hardware_class, night), piece.name,
+                         int(attempt))
     mine = ctx.hardware["hardware_class"]
     differs = _code_differs(code)
     if mine != hardware_class or differs:
@@ -176,67 +177,88 @@ class Timing:
     retries: int = RETRIES
 
 
+@dataclass(frozen=True)
+class Group:
+    """The shards of one hardware class: where their leases live (leases.night_key), who runs
+    them (the class's shard deployment) and each attempt's parameters."""
+    night: str
+    shards: Sequence[Shard]
+    submitter: Submitter
+    parameters: Callable[[Shard, int], dict]
+
+
 def supervise(store: Store, night: str, shards: Sequence[Shard], submitter: Submitter,
               parameters: Callable[[Shard, int], dict], timing: Timing,
               clock: Callable[[], datetime] = leases.now,
               sleep: Callable[[float], None] = time.sleep,
               progress: Callable[[str], None] | None = None) -> list[ShardState]:
-    """Run every shard to done or missing (see the module docstring); the shards' states."""
-    states = {s.name: _resume(store, night, s, clock()) for s in shards}
-    by_name = {s.name: s for s in shards}
+    """Run every shard of one class to done or missing (see the module docstring)."""
+    return supervise_groups(store, [Group(night, shards, submitter, parameters)], timing,
+                            clock, sleep, progress)[0]
 
-    def start(state: ShardState, why: str) -> None:
+
+def supervise_groups(store: Store, groups: Sequence[Group], timing: Timing,
+                     clock: Callable[[], datetime] = leases.now,
+                     sleep: Callable[[float], None] = time.sleep,
+                     progress: Callable[[str], None] | None = None) -> list[list[ShardState]]:
+    """Run every shard of every group to done or missing, all at once under one deadline; the
+    shards' states, group by group."""
+    watched = [(g, _resume(store, g.night, s, clock()), s) for g in groups for s in g.shards]
+
+    def start(group: Group, state: ShardState, shard: Shard, why: str) -> None:
         if state.handle is not None:
-            submitter.cancel(state.handle)
+            group.submitter.cancel(state.handle)
         if state.attempt > timing.retries:
             state.state, state.message = "missing", f"{why}; no attempts left"
-            leases.set_current(store, night, state.shard, state.attempt, state.handle,
+            leases.set_current(store, group.night, state.shard, state.attempt, state.handle,
                                closed=True)
             return
         state.attempt += 1
         state.since = clock().isoformat()
-        key = f"{night}/{state.shard}/{state.attempt}"
-        state.handle = submitter.submit(state.shard, key,
-                                        parameters(by_name[state.shard], state.attempt))
-        leases.set_current(store, night, state.shard, state.attempt, state.handle)
+        key = f"{group.night}/{state.shard}/{state.attempt}"
+        state.handle = group.submitter.submit(state.shard, key,
+                                              group.parameters(shard, state.attempt))
+        leases.set_current(store, group.night, state.shard, state.attempt, state.handle)
         state.state, state.message = "running", why
         state.attempts.append({"attempt": state.attempt, "handle": state.handle, "why": why})
-        _say(progress, f"fleet {night}: {state.shard} attempt {state.attempt} submitted ({why})")
+        _say(progress, f"fleet {group.night}: {state.shard} attempt {state.attempt} submitted "
+                       f"({why})")
 
-    for state in states.values():
+    for group, state, shard in watched:
         if state.state == "waiting":
-            start(state, "first attempt")
+            start(group, state, shard, "first attempt")
     end = timing.deadline + timedelta(seconds=timing.grace_s)
     while True:
-        open_ = [s for s in states.values() if s.state == "running"]
+        open_ = [w for w in watched if w[1].state == "running"]
         if not open_:
             break
         at = clock()
-        for state in open_:
-            _check(store, night, state, submitter, timing, at, start, progress)
-        if at >= end and any(s.state == "running" for s in states.values()):
-            for state in states.values():
-                if state.state == "running":
-                    submitter.cancel(state.handle)
-                    leases.set_current(store, night, state.shard, state.attempt, state.handle,
-                                       closed=True)
-                    state.state = "missing"
-                    state.message = (f"still running {timing.grace_s:g} s after the night's "
-                                     f"deadline ({timing.deadline.isoformat()}); closed")
-                    _say(progress, f"fleet {night}: {state.shard} missing: {state.message}")
+        for group, state, shard in open_:
+            _check(store, group, state, timing, at,
+                   lambda why, g=group, st=state, sh=shard: start(g, st, sh, why), progress)
+        still = [w for w in watched if w[1].state == "running"]
+        if at >= end and still:
+            for group, state, _ in still:
+                group.submitter.cancel(state.handle)
+                leases.set_current(store, group.night, state.shard, state.attempt,
+                                   state.handle, closed=True)
+                state.state = "missing"
+                state.message = (f"still running {timing.grace_s:g} s after the night's "
+                                 f"deadline ({timing.deadline.isoformat()}); closed")
+                _say(progress, f"fleet {group.night}: {state.shard} missing: {state.message}")
             break
-        if any(s.state == "running" for s in states.values()):
+        if still:
             sleep(timing.poll_s)
-    return list(states.values())
+    return [[state for g, state, _ in watched if g is group] for group in groups]
 
 
-def _check(store, night, state: ShardState, submitter, timing: Timing, at: datetime, start,
-           progress) -> None:
+def _check(store: Store, group: Group, state: ShardState, timing: Timing, at: datetime,
+           start: Callable[[str], None], progress) -> None:
     """One look at a running shard: done, still going, or to be given to another attempt.
     The run's state is read before the machine's document: a machine writes "done" before
     its run completes, so a completed run's document is never read stale."""
-    run_state, run_message = submitter.state(state.handle)
-    document = leases.attempt_doc(store, night, state.shard, state.attempt)
+    run_state, run_message = group.submitter.state(state.handle)
+    document = leases.attempt_doc(store, group.night, state.shard, state.attempt)
     if document and document.get("state") == "done":
         state.state, state.host = "done", document.get("host")
         state.records = int(document.get("records", 0))
@@ -244,24 +266,24 @@ def _check(store, night, state: ShardState, submitter, timing: Timing, at: datet
         state.message = f"{state.records} records from {state.host}" + (
             f", {state.past_deadline} problems left at the deadline" if state.past_deadline
             else "")
-        _say(progress, f"fleet {night}: {state.shard} done ({state.message})")
+        _say(progress, f"fleet {group.night}: {state.shard} done ({state.message})")
         return
     if document and document.get("state") in ("refused", "failed"):
-        start(state, f"attempt {state.attempt} {document['state']} on {document.get('host')}: "
-                     f"{document.get('message', '')}")
+        start(f"attempt {state.attempt} {document['state']} on {document.get('host')}: "
+              f"{document.get('message', '')}")
     elif run_state in ("failed", "completed"):
-        start(state, f"attempt {state.attempt}'s run {run_state} without finishing the shard"
-                     + (f": {run_message}" if run_message else ""))
+        start(f"attempt {state.attempt}'s run {run_state} without finishing the shard"
+              + (f": {run_message}" if run_message else ""))
     elif run_state == "running" and _silent_s(state, document, at) > timing.lease_s:
-        start(state, f"attempt {state.attempt} silent for more than {timing.lease_s:g} s "
-                     + (f"(host {document.get('host')})" if document else
-                        "(it never wrote its lease)"))
+        start(f"attempt {state.attempt} silent for more than {timing.lease_s:g} s "
+              + (f"(host {document.get('host')})" if document else "(it never wrote its lease)"))
     elif run_state == "pending" and at >= timing.deadline:
         state.state = "missing"
         state.message = "no worker took it before the night's deadline"
-        submitter.cancel(state.handle)
-        leases.set_current(store, night, state.shard, state.attempt, state.handle, closed=True)
-        _say(progress, f"fleet {night}: {state.shard} missing: {state.message}")
+        group.submitter.cancel(state.handle)
+        leases.set_current(store, group.night, state.shard, state.attempt, state.handle,
+                           closed=True)
+        _say(progress, f"fleet {group.night}: {state.shard} missing: {state.message}")
 
 
 def _silent_s(state: ShardState, document: dict | None, at: datetime) -> float:
@@ -378,10 +400,31 @@ def missing_lines(states: Mapping[str, Sequence[ShardState]]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Pool:
+    """One hardware class of a fleet: its shard deployment (on the class's work pool) and its
+    machines, as many shards per family."""
+    hardware_class: str | None = None     # None: this host's class
+    deployment: str = SHARD_DEPLOYMENT
+    shards: int = 2
+
+    def __post_init__(self) -> None:
+        if int(self.shards) < 1:
+            raise ConfigError(f"shards must be at least 1, got {self.shards}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Pool":
+        """CLASS=DEPLOYMENT[:SHARDS], as `tilecast fleet --pool` reads it."""
+        hardware_class, sep, rest = text.partition("=")
+        deployment, _, shards = rest.rpartition(":") if ":" in rest else (rest, "", "")
+        if not sep or not hardware_class or not deployment or (shards and not shards.isdigit()):
+            raise ConfigError(f"pool {text!r}: expected CLASS=DEPLOYMENT[:SHARDS], e.g. "
+                              f"amd-epyc-avx2-16c-32t-ab12cd34=tilecast-shard/shard-epyc:4")
+        return cls(hardware_class, deployment, int(shards) if shards else 2)
+
+
+@dataclass(frozen=True)
 class FleetSettings:
     """How a parent runs a fleet night."""
-    shards: int = 2                       # shards per family: the machines the pool has
-    hardware_class: str | None = None     # the pool's class (default: this host's)
     shard_workdir: str = "work/shards"    # on each machine: <this>/<night>/<shard>
     deadline_minutes: float = 720.0       # a night of the config's lists ends after this
     # what a shard takes before it measures (a flow run's process, imports, a cached build):
@@ -393,82 +436,122 @@ class FleetSettings:
     retries: int = RETRIES
 
     def __post_init__(self) -> None:
-        if int(self.shards) < 1:
-            raise ConfigError(f"shards must be at least 1, got {self.shards}")
         if not self.deadline_minutes > 0 or not self.lease_s > 0 or int(self.retries) < 0:
             raise ConfigError("deadline_minutes and lease_s must be > 0 and retries >= 0")
 
 
-def night(config: str, workdir: str, registry: str, store: str, submitter: Submitter,
-          settings: FleetSettings = FleetSettings(), budget_minutes: float | None = None,
-          run_id: str | None = None, progress: Callable[[str], None] | None = None,
+def night(config: str, workdir: str, registry: str, store: str, pools: Sequence[Pool],
+          submitter: Callable[[str], Submitter], settings: FleetSettings = FleetSettings(),
+          budget_minutes: float | None = None, run_id: str | None = None,
+          progress: Callable[[str], None] | None = None,
           clock: Callable[[], datetime] = leases.now,
           sleep: Callable[[float], None] = time.sleep) -> dict:
-    """One night of every family of `config` over a fleet (see the module docstring); the
-    summary. A budgeted night (a store with night.budget_minutes, or `budget_minutes`) plans
-    `shards` machines' worth of its budget and ends at the budget's wall time."""
-    ctx = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
-                                     budget_minutes=budget_minutes)
+    """One night of every family of `config` over the fleet's pools, one per hardware class
+    (see the module docstring); `submitter(deployment)` runs a pool's shards. The summary, by
+    class. A budgeted night (a store with night.budget_minutes, or `budget_minutes`) plans
+    each pool's machines' worth of its budget and ends at the budget's wall time. A class
+    whose night cannot be trained (no shard measured anything) does not stop the others: the
+    others publish, then the night fails naming it."""
+    if not pools:
+        raise ConfigError("a fleet night needs at least one pool")
+    host = pipeline.RunContext.create(config, workdir, registry, run_id=run_id, store=store,
+                                      budget_minutes=budget_minutes)
     shared = Store(store).create()   # unreachable or unwritable: one line, before any submit
-    host = ctx
-    ctx = class_context(ctx, settings.hardware_class, required=pipeline.budgeted_night(ctx))
-    hardware_class = ctx.hardware["hardware_class"]
-    state_path = ctx.workdir / "fleet" / "night.json"
+    mine = host.hardware["hardware_class"]
+    classes = [p.hardware_class or mine for p in pools]
+    if len(set(classes)) < len(classes):
+        raise ConfigError(f"a fleet night has one pool per class; classes given: "
+                          f"{', '.join(classes)}")
+    budgeted = pipeline.budgeted_night(host)
+    # one class: the night's workdir; a mixed fleet: a folder of it per class
+    homes = {c: host if len(pools) == 1 else pipeline.RunContext.create(
+        config, str(host.workdir / c), registry, run_id=host.run_id, store=store,
+        budget_minutes=budget_minutes) for c in classes}
+    state_path = host.workdir / "fleet" / "night.json"
     if state_path.is_file():    # a restarted parent: the same night, the same deadline
         deadline = datetime.fromisoformat(json.loads(state_path.read_text())["deadline"])
     else:
         deadline = clock() + (
-            timedelta(minutes=ctx.config.night.budget_minutes, seconds=settings.startup_s)
-            if pipeline.budgeted_night(ctx) else timedelta(minutes=settings.deadline_minutes))
+            timedelta(minutes=host.config.night.budget_minutes, seconds=settings.startup_s)
+            if budgeted else timedelta(minutes=settings.deadline_minutes))
         state_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(state_path, {"run_id": ctx.run_id, "hardware_class": hardware_class,
-                                       "deadline": deadline.isoformat(),
-                                       "shards": settings.shards})
-    machine_ctx = ctx
-    if pipeline.budgeted_night(ctx):   # plan every machine's share of the budget
-        machine_ctx = replace(ctx, config=replace(ctx.config, night=replace(
-            ctx.config.night, budget_minutes=ctx.config.night.budget_minutes * settings.shards)))
-    shards = {name: cut_night(machine_ctx, name, settings.shards) for name in ctx.config.families}
-    every = [s for name in shards for s in shards[name]]
-    _say(progress, f"fleet {ctx.run_id}: class {hardware_class}, {len(every)} shard(s) of "
-                   f"{sum(len(s.items) for s in every)} problems, deadline {deadline.isoformat()}")
-
-    def parameters(shard: Shard, attempt: int) -> dict:
-        return {"config": config, "store": store, "registry": str(registry),
-                "workdir": f"{settings.shard_workdir}/{ctx.run_id}/{shard.name}",
-                "night": ctx.run_id, "shard": shard.to_json(), "hardware_class": hardware_class,
-                "attempt": attempt, "deadline": deadline.isoformat(), "code": code}
-
+        atomic_write_json(state_path, {"run_id": host.run_id, "deadline": deadline.isoformat(),
+                                       "pools": [{**asdict(p), "hardware_class": c}
+                                                 for p, c in zip(pools, classes)]})
     code = code_identity()
+    groups, cuts = [], {}
+    for pool, hardware_class in zip(pools, classes):
+        ctx = class_context(homes[hardware_class], hardware_class, required=budgeted)
+        if budgeted:   # plan every machine's share of the budget
+            ctx = replace(ctx, config=replace(ctx.config, night=replace(
+                ctx.config.night, budget_minutes=ctx.config.night.budget_minutes * pool.shards)))
+        cuts[hardware_class] = {name: cut_night(ctx, name, pool.shards)
+                                for name in ctx.config.families}
+        every = [s for name in cuts[hardware_class] for s in cuts[hardware_class][name]]
+        _say(progress, f"fleet {host.run_id}: class {hardware_class}, {len(every)} shard(s) of "
+                       f"{sum(len(s.items) for s in every)} problems on {pool.deployment}, "
+                       f"deadline {deadline.isoformat()}")
+
+        def parameters(shard: Shard, attempt: int, hardware_class=hardware_class) -> dict:
+            return {"config": config, "store": store, "registry": str(registry),
+                    "workdir": f"{settings.shard_workdir}/{host.run_id}/{shard.name}",
+                    "night": host.run_id, "shard": shard.to_json(),
+                    "hardware_class": hardware_class, "attempt": attempt,
+                    "deadline": deadline.isoformat(), "code": code}
+
+        groups.append(Group(leases.night_key(hardware_class, host.run_id), every,
+                            submitter(pool.deployment), parameters))
 
     timing = Timing(deadline, settings.lease_s, settings.grace_s, settings.poll_s,
                     settings.retries)
-    states = supervise(shared, ctx.run_id, every, submitter, parameters, timing,
-                       clock=clock, sleep=sleep, progress=progress)
-    by_family = {name: [s for s in states if s.shard.startswith(f"{name}-")] for name in shards}
+    watched = supervise_groups(shared, groups, timing, clock=clock, sleep=sleep,
+                               progress=progress)
+    summaries, failed = {}, {}
+    for hardware_class, states in zip(classes, watched):
+        try:
+            summaries[hardware_class] = _train_class(homes[hardware_class], hardware_class,
+                                                     cuts[hardware_class], states, shared,
+                                                     progress)
+        except (FleetError, ConfigError) as err:
+            failed[hardware_class] = str(err)
+            _say(progress, f"fleet {host.run_id}: class {hardware_class} not trained: {err}")
+    summary = {"run_id": host.run_id, "deadline": deadline.isoformat(), "classes": summaries,
+               "failed": failed}
+    atomic_write_text(host.workdir / "fleet" / "summary.json",
+                      json.dumps(summary, indent=2, default=str) + "\n")
+    if failed:
+        raise FleetError(f"fleet night {host.run_id}: " + "; ".join(
+            f"class {c}: {why}" for c, why in failed.items()))
+    return summary
+
+
+def _train_class(home: pipeline.RunContext, hardware_class: str,
+                 cuts: Mapping[str, Sequence[Shard]], states: Sequence[ShardState],
+                 shared: Store, progress) -> dict:
+    """After the shards: one class's records gathered, trained, evaluated, reported (with
+    what went unmeasured) and published, in the class's workdir."""
+    by_family = {name: [s for s in states if s.shard.startswith(f"{name}-")] for name in cuts}
     for name, shard_states in by_family.items():
-        atomic_write_json(ctx.workdir / "fleet" / f"{name}.states.json",
+        atomic_write_json(home.workdir / "fleet" / f"{name}.states.json",
                           {"shards": [asdict(s) for s in shard_states],
                            "missing": missing_lines({name: shard_states})})
-    ceilings = _ceilings(shared, ctx.run_id, states)
-    ctx = class_context(host, hardware_class)     # the profile the shards kept, for features
-    summaries, published = {}, {}
+    ceilings = _ceilings(shared, leases.night_key(hardware_class, home.run_id), states)
+    ctx = class_context(home, hardware_class)     # the profile the shards kept, for features
+    families = {}
     for name in ctx.config.families:
         records = gather(ctx, name)
-        summaries[name] = {"shards": [{k: getattr(s, k) for k in
-                                       ("shard", "state", "attempt", "host", "records", "message")}
-                                      for s in by_family[name]],
-                           "records": records,
-                           "train": pipeline.train_stage(ctx, name),
-                           "evaluate": pipeline.evaluate_stage(ctx, name)}
+        families[name] = {"shards": [{k: getattr(s, k) for k in
+                                      ("shard", "state", "attempt", "host", "records", "message")}
+                                     for s in by_family[name]],
+                          "records": records,
+                          "train": pipeline.train_stage(ctx, name),
+                          "evaluate": pipeline.evaluate_stage(ctx, name)}
     report = pipeline.report_stage(ctx, ceilings=ceilings)
-    for name in ctx.config.families:
-        published[name] = pipeline.publish_stage(ctx, name)
+    published = {name: pipeline.publish_stage(ctx, name) for name in ctx.config.families}
     missing = missing_lines(by_family)
     for line in missing:
-        _say(progress, f"fleet {ctx.run_id}: unmeasured: {line}")
-    return {"run_id": ctx.run_id, "hardware_class": hardware_class,
-            "deadline": deadline.isoformat(), "families": summaries, "report": report,
+        _say(progress, f"fleet {ctx.run_id}: {hardware_class} unmeasured: {line}")
+    return {"workdir": str(ctx.workdir), "families": families, "report": report,
             "published": published, "missing": missing}
 
 

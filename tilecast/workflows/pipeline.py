@@ -237,14 +237,15 @@ def make_plan(ctx: RunContext, name: str, kernels: Sequence[str]) -> night_plan.
     if stored.empty:
         return None
     spec = ModelSpec.from_mapping({"seed": fc.seed, **fc.model})
-    from tilecast.fleet.lease import machines   # a fleet night's span is its machines' time
+    from tilecast.fleet.lease import machines, night_key   # a fleet night: its machines' time
 
     store = Store(ctx.store)
     return night_plan.plan_night(family, family.feature_engine(ctx.hardware), fc,
                                  ctx.config.night, ctx.config.protocol, stored, kernels, spec,
                                  seed=zlib.crc32(ctx.run_id.encode()),
                                  threads=int(ctx.hardware.get("threads") or 2),
-                                 machines=lambda night: machines(store, night))
+                                 machines=lambda night: machines(
+                                     store, night_key(ctx.hardware["hardware_class"], night)))
 
 
 def bench_stage(ctx: RunContext, name: str, device: str | None = None,
