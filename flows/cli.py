@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -205,6 +206,34 @@ def _cmd_fleet(args) -> int:
     return 0
 
 
+def _cmd_worker(args) -> int:
+    """`tilecast worker`: this process becomes a Prefect worker of `--pool` taking one run at a
+    time; with --cpus, on the first free slot of this host's CPUs (tilecast.fleet.slots)."""
+    if not os.environ.get("PREFECT_API_URL"):
+        raise cli.CliError("a worker needs the Prefect server of its pool: set PREFECT_API_URL")
+    env = dict(os.environ)
+    host = args.host or os.environ.get("TILECAST_HOST") or socket.gethostname()
+    name = args.name or host
+    if args.cpus is not None:
+        from tilecast.core.device import lock_dir
+        from tilecast.fleet import slots
+
+        folder = Path(args.slots) if args.slots else lock_dir() / "slots"
+        try:
+            slot = slots.claim(folder, args.cpus)
+        except slots.SlotError as err:
+            raise cli.CliError(str(err)) from None
+        env.update(slots.enter(slot, host))
+        name = args.name or f"{host}-slot{slot.index}"
+        print(f"tilecast worker {name}: slot {slot.index} of {folder}, CPUs "
+              f"{','.join(map(str, slot.cpus))}, device {env['TILECAST_DEVICE']}", flush=True)
+    command = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool,
+               "--limit", "1", "--name", name,
+               *[a for a in args.prefect_args if a != "--"]]
+    os.execvpe(command[0], command, env)
+    return 0   # not reached: exec replaced this process
+
+
 def _drain_prefect_workers(timeout_s: float = 10.0) -> None:
     """Send the failed run's last events and logs now, so that the error line `main` prints
     is the last line on the console (drained at exit instead, they print progress after it)."""
@@ -288,6 +317,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long shards may run past the night's deadline")
     fleets.add_argument("--poll-s", type=float, default=fleet.POLL_S)
     fleets.set_defaults(func=_cmd_fleet)
+
+    workers = sub.add_parser(
+        "worker", help="a Prefect worker of a pool, one run at a time; --cpus: on a slot of "
+                       "this host's cores (docs/guide/fleet.md)",
+        description="Become `prefect worker start --pool POOL --limit 1`. With --cpus N, first "
+                    "claim the first free slot of N of this host's cores (held while the "
+                    "worker lives), pin to them and measure as device cpu@HOST:CPUS, so that "
+                    "several workers of one host measure at once without sharing a core.")
+    workers.add_argument("--pool", required=True)
+    workers.add_argument("--cpus", type=int, default=None,
+                         help="cores per worker (default: the whole machine, no slot)")
+    workers.add_argument("--slots", default=None,
+                         help="this host's slots directory, shared by its workers (default: "
+                              "slots/ beside the device locks, $TILECAST_LOCKS)")
+    workers.add_argument("--host", default=None,
+                         help="the machine's name in device names (default $TILECAST_HOST, "
+                              "else the hostname)")
+    workers.add_argument("--name", default=None, help="the worker's name (default from host)")
+    workers.add_argument("prefect_args", nargs=argparse.REMAINDER,
+                         help="after --: more arguments of `prefect worker start`")
+    workers.set_defaults(func=_cmd_worker)
     return cli.main(argv, parser)
 
 

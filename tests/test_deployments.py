@@ -52,6 +52,7 @@ def server(tmp_path_factory):
     env = {**os.environ, "PREFECT_HOME": str(home), "DO_NOT_TRACK": "1",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "TILECAST_HOME": str(home / "tilecast"),   # the workers' pull step runs flows there
            "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
     log = open(home / "server.log", "w")
     proc = subprocess.Popen([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -119,6 +120,8 @@ def test_deployments_run_on_workers_share_the_device_and_publish(worker, tmp_pat
     assert set(deployments) == {"nightly", "rebenchmark", "fleet-night", "shard"}
     assert deployments["shard"].work_pool_name == "tilecast-shards"
     assert deployments["nightly"].schedules[0].schedule.cron == "0 1 * * *"
+    assert all(d.pull_steps == [{"tilecast.flows.steps.enter_home": {}}]
+               for d in deployments.values())
 
     commands = [["tilecast-nightly/nightly", "-p", f"workdir={tmp_path / name / 'work'}",
                  "-p", f"registry={tmp_path / name / 'registry'}",
@@ -204,3 +207,18 @@ def test_rebenchmark_deployment_fails_on_a_real_regression(worker, tmp_path, mon
     assert len(artifacts) >= 2  # this test's two runs (and any of the module's earlier ones)
     latest = max(artifacts, key=lambda a: a.created)
     assert "## gemm: REGRESSION" in latest.data and "| kernel | problems |" in latest.data
+
+
+def test_the_pull_step_enters_the_machines_tilecast_home(tmp_path, monkeypatch):
+    from tilecast.flows.steps import enter_home
+
+    monkeypatch.setenv("TILECAST_HOME", str(tmp_path / "home" / "tilecast"))
+    assert enter_home() == {"directory": str((tmp_path / "home" / "tilecast").resolve())}
+    assert (tmp_path / "home" / "tilecast").is_dir()
+    monkeypatch.delenv("TILECAST_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert enter_home()["directory"] == str((tmp_path / "user" / "tilecast").resolve())
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TILECAST_HOME", str(tmp_path / "file" / "home"))
+    with pytest.raises(RuntimeError, match=r"cannot be made on this worker"):
+        enter_home()

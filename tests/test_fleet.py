@@ -384,3 +384,23 @@ def test_a_mixed_fleet_is_one_night_one_model_per_class(tmp_path):
         fleet.night(str(config), str(tmp_path / "again"), str(registry), str(store),
                     [fleet.Pool(both, "a/b", 1), fleet.Pool(None, "c/d", 1)],
                     machines.__getitem__)
+
+
+def test_workers_of_one_host_claim_disjoint_slots_of_its_cores(tmp_path):
+    import os
+
+    from tilecast.fleet import slots
+
+    assert slots.layout({0, 1, 2, 3, 4}, 2) == [(0, 1), (2, 3)]     # the remainder unused
+    assert slots.layout({5, 7}, 1) == [(5,), (7,)]
+    first = slots.claim(tmp_path, 2, allowed={0, 1, 2, 3})
+    second = slots.claim(tmp_path, 2, allowed={0, 1, 2, 3})
+    assert (first.index, first.cpus, second.index, second.cpus) == (0, (0, 1), 1, (2, 3))
+    assert second.device("node7") == "cpu@node7:2-3"
+    assert slots.Slot(0, (4,), -1).device("n") == "cpu@n:4"
+    with pytest.raises(slots.SlotError, match="all 2 slots of 2 CPUs"):
+        slots.claim(tmp_path, 2, allowed={0, 1, 2, 3})
+    os.close(first.fd)                          # a worker gone: its slot is free at once
+    assert slots.claim(tmp_path, 2, allowed={0, 1, 2, 3}).index == 0
+    with pytest.raises(slots.SlotError, match="may use 4"):
+        slots.layout({0, 1, 2, 3}, 5)

@@ -27,13 +27,15 @@ pytestmark = [pytest.mark.slow,
 
 
 def _worker(env, tmp_path, core: int) -> subprocess.Popen:
-    """A worker of the shards pool on one core, as its own machine: its own device name and
-    build cache."""
-    own = {**env, "TILECAST_DEVICE": f"cpu@fleet-test-{core}",
-           "TILECAST_BUILD_CACHE": str(tmp_path / f"cache-{core}")}
-    return subprocess.Popen(["taskset", "-c", str(core), *PREFECT, "worker", "start", "--pool",
-                             "tilecast-shards", "--limit", "1", "--name", f"core{core}"],
-                            stdout=open(tmp_path / f"worker{core}.log", "w"),
+    """A worker of the shards pool as its own machine: `tilecast worker --cpus 1` on a slot of
+    one core of this host (its own device, cpu@fleet-test:<core>), its own build cache and
+    tilecast home (the deployments' pull step runs its flows there)."""
+    own = {**env, "TILECAST_BUILD_CACHE": str(tmp_path / f"cache-{core}"),
+           "TILECAST_HOME": str(tmp_path / f"home-{core}")}
+    return subprocess.Popen([sys.executable, "-m", "tilecast.flows.cli", "worker", "--pool",
+                             "tilecast-shards", "--cpus", "1", "--slots", str(tmp_path / "slots"),
+                             "--host", "fleet-test"],
+                            stdout=open(tmp_path / f"worker{core}.log", "a"),
                             stderr=subprocess.STDOUT, env=own, cwd=tmp_path,
                             start_new_session=True)
 
@@ -63,8 +65,8 @@ def test_a_night_over_two_workers_survives_one_killed_mid_shard(server, tmp_path
     parent = subprocess.Popen(
         ["taskset", "-c", "0", sys.executable, "-m", "tilecast.flows.cli", "fleet",
          "--config", str(TINY), "--store", str(store), "--registry", str(registry),
-         "--workdir", str(work), "--shards", "2", "--shard-workdir", str(tmp_path / "shards"),
-         "--lease-s", "15", "--poll-s", "1", "--grace-s", "60"],
+         "--workdir", str(work), "--shards", "2", "--lease-s", "15", "--poll-s", "1",
+         "--grace-s", "60"],
         stdout=subprocess.PIPE, stderr=parent_log, text=True, env=server, cwd=REPO,
         start_new_session=True)
     second = None
@@ -109,6 +111,16 @@ def test_a_night_over_two_workers_survives_one_killed_mid_shard(server, tmp_path
     [other] = set(shards) - {killed}
     assert shards[other]["attempt"] == 1 and shards[other]["state"] == "done"
     assert f"{killed} attempt 2 submitted (attempt 1 silent for more than 15 s (host" in log
+    # each machine worked in its own tilecast home (the pull step), under the relative
+    # default shard workdir: the killed shard's second attempt on the machine that lived
+    night_id = summary["run_id"]
+    homes = {core: {p.name for p in (tmp_path / f"home-{core}" / "work" / "shards" / night_id)
+                    .iterdir()} for core in (0, 1)
+             if (tmp_path / f"home-{core}" / "work" / "shards" / night_id).is_dir()}
+    assert set().union(*homes.values()) == set(shards)
+    # each worker on a slot of its own core, measuring as its own device
+    claims = "".join((tmp_path / f"worker{c}.log").read_text() for c in (0, 1))
+    assert "device cpu@fleet-test:0" in claims and "device cpu@fleet-test:1" in claims
     # every problem of the night measured, each candidate's screen once: none lost, none twice
     records = read_frame(Store(str(store)), cls, "gemm", summary["run_id"])
     assert records["dims_key"].nunique() == 15          # 12 grid + 3 held out
