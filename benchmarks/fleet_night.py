@@ -2,8 +2,8 @@
 
 Everything on this machine and loopback: moto's S3 server (in this process) holds the stores
 and registries, a Prefect server on 127.0.0.1, the pools and deployments of prefect.yaml, and
-workers of the tilecast-shards pool each pinned to one core (`taskset -c N`, their own device
-name and build cache) as machines of one class. A throwaway night on both workers warms their
+workers of the tilecast-shards pool each on a slot of one core (`tilecast worker --cpus 1`:
+pinned, its own device name, build cache and home) as machines of one class. A throwaway night on both workers warms their
 build caches; then three nights of one config, one after another:
 
   one   one worker, `tilecast fleet --shards 1`
@@ -104,10 +104,13 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def worker(out: Path, env: dict, core: int, night: str) -> subprocess.Popen:
-    own = {**env, "TILECAST_DEVICE": f"cpu@fleet-bench-{core}",
-           "TILECAST_BUILD_CACHE": str(out / f"cache-{core}")}
-    return subprocess.Popen(["taskset", "-c", str(core), *PREFECT, "worker", "start", "--pool",
-                             "tilecast-shards", "--limit", "1", "--name", f"{night}-core{core}"],
+    """A machine: `tilecast worker --cpus 1` on a slot of one core (its own device, build
+    cache and tilecast home)."""
+    own = {**env, "TILECAST_BUILD_CACHE": str(out / f"cache-{core}"),
+           "TILECAST_HOME": str(out / f"home-{core}")}
+    return subprocess.Popen([*TILECAST, "worker", "--pool", "tilecast-shards", "--cpus", "1",
+                             "--slots", str(out / f"slots-{night}"), "--host", "fleet-bench",
+                             "--name", f"{night}-worker{core}"],
                             stdout=open(out / f"{night}-worker{core}.log", "w"),
                             stderr=subprocess.STDOUT, env=own, cwd=out, start_new_session=True)
 
@@ -172,7 +175,7 @@ def kill_first_running(store: str, workers: dict, parent: subprocess.Popen) -> s
     fs = fsspec.filesystem("s3", use_listings_cache=False)
     prefix = store.removeprefix("s3://") + "/fleet"
     while parent.poll() is None:
-        for path in fs.glob(prefix + "/*/*/attempt-1.json"):
+        for path in fs.glob(prefix + "/*/*/*/attempt-1.json"):
             lease = json.loads(fs.cat_file(path))
             if lease["state"] != "running":
                 continue
@@ -264,7 +267,7 @@ def main() -> int:
                                     **common)}
     finally:
         stop(server)
-    print(f"config {args.config}; class {nights['one']['summary']['hardware_class']}; parent "
+    print(f"config {args.config}; class {next(iter(nights['one']['summary']['classes']))}; parent "
           f"poll {args.poll_s:g} s, workers query {args.worker_query_s:g} s")
     print("night | workers | wall s (parent) | shards submitted..done s | records | problems | "
           "attempts | each shard's build / benchmark s | Prefect server + S3 CPU s")

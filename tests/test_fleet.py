@@ -247,7 +247,7 @@ def test_a_restarted_parent_resumes_the_same_attempts(tmp_path):
 
 def test_fleet_settings_refuse_nonsense():
     with pytest.raises(Exception, match="shards must be at least 1"):
-        fleet.FleetSettings(shards=0)
+        fleet.Pool("c", "d/e", shards=0)
     with pytest.raises(Exception, match="lease_s must be > 0"):
         fleet.FleetSettings(lease_s=0)
 

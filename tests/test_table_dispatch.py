@@ -253,6 +253,51 @@ def test_select_command_errors_are_one_line(setup, capsys, extra, message):
         __import__("re").search(message, err[0])
 
 
+def test_select_ranks_only_the_candidates_the_caller_offers(setup, tmp_path, capsys):
+    """An autotuner offers each problem its own choices: the answer, the shortlist and the
+    predictions are among them, whatever the model would rank above them."""
+    dispatcher, device, problem = setup["dispatcher"], "V100-SXM2", PROBLEMS[5]
+    everything = dispatcher.shortlist(problem, 10_000, device=device)
+    offered = everything[3:9]                          # the model's top three not offered
+    predicted = dispatcher.table_model.predict(problem, device)
+    answer = dispatcher.select(problem, device=device, candidates=offered)
+    assert answer in offered and answer not in everything[:3]
+    guard = dispatcher.table_model.incumbent in offered
+    assert guard or answer == max(offered, key=predicted.get)
+    assert sorted(dispatcher.shortlist(problem, 50, device=device, candidates=offered)) == \
+        sorted(offered)
+    assert set(dispatcher.predict(problem, device=device, candidates=offered)) == set(offered)
+    choice = dispatcher.choice(problem, device=device, candidates=offered)
+    assert choice.kernel == answer and set(choice.shortlist) <= set(offered)
+    # a mapping of the configuration columns names the same candidate
+    values = dict(part.split("=") for part in offered[0].split(","))
+    assert dispatcher.select(problem, device=device, candidates=[values]) == offered[0]
+    # the command: ';'-separated keys, or a file of them
+    base = ["select", "--registry", str(setup["registry"]), "--model", "mm", "--problem",
+            ",".join(f"{k}={v}" for k, v in problem.items()), "--device", device]
+    assert main([*base, "--candidates", ";".join(offered)]) == 0
+    assert capsys.readouterr().out.strip() == answer
+    (tmp_path / "offered.txt").write_text("\n".join(offered) + "\n")
+    assert main([*base, "--candidates", f"@{tmp_path / 'offered.txt'}"]) == 0
+    assert capsys.readouterr().out.strip() == answer
+
+
+def test_a_candidate_the_model_never_saw_is_one_line(setup, capsys):
+    dispatcher, device, problem = setup["dispatcher"], "V100-SXM2", PROBLEMS[5]
+    known = dispatcher.shortlist(problem, 2, device=device)
+    stranger = known[0].replace("=", "=9", 1)
+    with pytest.raises(ProblemError, match=r"candidate '.*' was never measured ok in the "
+                                           r"training data of mm: it cannot be ranked"):
+        dispatcher.select(problem, device=device, candidates=[known[1], stranger])
+    with pytest.raises(ProblemError, match="an empty list"):
+        dispatcher.select(problem, device=device, candidates=[])
+    base = ["select", "--registry", str(setup["registry"]), "--model", "mm", "--problem",
+            ",".join(f"{k}={v}" for k, v in problem.items()), "--device", device]
+    assert main([*base, "--candidates", stranger]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was never measured ok" in err[0]
+
+
 def test_device_on_a_built_in_family_model_is_an_error(setup, capsys):
     gemm = get_family("gemm")
     hardware = {"threads": 2, "simd_bits": 256, "l1d_bytes": 32 << 10, "l2_bytes": 1 << 20,

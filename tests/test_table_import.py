@@ -203,6 +203,71 @@ def test_autoheuristic_without_a_device_directory_needs_device(tmp_path):
     assert _row(dataset.frame, m=1023, choice="pad")["time_s"] == pytest.approx(0.1873e-3)
 
 
+def _ah_with_extra_column(tmp_path: Path) -> Path:
+    """The H100 fixture as another device's run whose heuristic logs one more feature
+    (AutoHeuristic's flex_attention files differ so: kv_seq_length on one device only)."""
+    lines = AH_H100.read_text().splitlines()
+    header = lines[1].split(",")
+    at = header.index("choice")
+    out = []
+    for number, line in enumerate(lines[2:]):
+        cells = line.split(",")
+        out.append(",".join(cells[:at] + [str(512 * (1 + number % 2))] + cells[at:]))
+    path = tmp_path / "autoheuristic" / "NVIDIA_A100-SXM4-80GB" / "mixed_mm.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join([lines[0], ",".join(header[:at] + ["kv_seq_length"] + header[at:]),
+                               *out]) + "\n")
+    return path
+
+
+def test_files_whose_columns_differ_combine_with_the_column_missing_where_lacked(tmp_path):
+    extra = _ah_with_extra_column(tmp_path)
+    out = tmp_path / "ds"
+    summary = import_files("autoheuristic", [AH_H100, extra], out)
+    assert "mixed_mm.txt has no column kv_seq_length: missing in its rows" in summary.line()
+    dataset = read_dataset(out)
+    column = {c.name: c for c in dataset.schema.problem}["kv_seq_length"]
+    assert column.kind == "numeric" and column.partial
+    assert not any(c.partial for c in dataset.schema.problem if c.name != "kv_seq_length")
+    frame = dataset.frame
+    h100 = frame[frame["device"] == "H100-SXM5-80GB"]
+    a100 = frame[frame["device"] == "A100-SXM4-80GB"]
+    assert h100["kv_seq_length"].isna().all() and a100["kv_seq_length"].isin([512, 1024]).all()
+    # one import after the other: the same union, said at the second
+    again = tmp_path / "ds2"
+    import_files("autoheuristic", [AH_H100], again)
+    second = import_files("autoheuristic", [extra], again)
+    assert "problem column kv_seq_length is missing in the dataset's rows" in second.line()
+    merged = read_dataset(again)
+    assert {c.name: c.partial for c in merged.schema.problem}["kv_seq_length"]
+    assert sorted(merged.frame["dims_key"]) == sorted(frame["dims_key"])
+    # a query may leave the partial column out
+    from tilecast.table.model import check_problem
+
+    values = check_problem(merged.schema, {"m": 16, "k": 64, "n": 64, "mat1_dtype": "a",
+                                           "mat2_dtype": "b", "using_tf32": "c"})
+    assert math.isnan(values["kv_seq_length"])
+    with pytest.raises(TableDataError, match=r"missing \['m'\]"):
+        check_problem(merged.schema, {"k": 64, "n": 64, "mat1_dtype": "a", "mat2_dtype": "b",
+                                      "using_tf32": "c"})
+
+
+def test_a_column_of_two_kinds_is_refused_in_one_line(tmp_path):
+    first = tmp_path / "a" / "autoheuristic" / "NVIDIA_H100_80GB_HBM3" / "mixed_mm.txt"
+    first.parent.mkdir(parents=True)
+    first.write_text(AH_H100.read_text())
+    out = tmp_path / "ds"
+    import_files("autoheuristic", [first], out)
+    second = tmp_path / "b" / "autoheuristic" / "NVIDIA_A100-SXM4-80GB" / "mixed_mm.txt"
+    second.parent.mkdir(parents=True)
+    lines = AH_H100.read_text().splitlines()
+    second.write_text("\n".join(lines[:2] + [",".join(["many"] + line.split(",")[1:])
+                                             for line in lines[2:]]) + "\n")
+    with pytest.raises(TableDataError, match=r"problem column 'm' is numeric in one source "
+                                             r"and categorical in the other"):
+        import_files("autoheuristic", [second], out)
+
+
 # -- CK tile engine --------------------------------------------------------------------------
 
 def test_ck_gemm_profiler_csv(tmp_path, mi300x_devices):
@@ -421,8 +486,7 @@ def test_second_import_adds_a_device_and_conflicts_are_refused(tmp_path):
     before = _snapshot(out)
     with pytest.raises(TableDataError, match="kt_a100.json was already imported into"):
         import_files("kernel-tuner", [KT_A100], out)
-    with pytest.raises(TableDataError,
-                       match=r"the dataset holds problem columns \['problem_size_0"):
+    with pytest.raises(TableDataError, match=r"configuration columns \['block_size_x.* differ"):
         import_files("table", [TABLE], out, mapping_path=TABLE_MAP)
     assert _snapshot(out) == before
     assert len(pd.read_parquet(out / ROWS_FILE)) == 48

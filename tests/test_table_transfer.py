@@ -502,3 +502,49 @@ def test_the_model_and_the_baselines_choose_among_what_the_held_out_device_ran(d
                        if column == "pick" or column.endswith("_pick")])
     assert len(held_out) == len(PROBLEMS) and not picks.str.contains("layout=col").any()
     assert held_out["pick_measured"].all()
+
+
+def test_a_choice_never_offered_for_a_problem_is_no_choice_there(devices):
+    """An autotuner offers each problem its own choices: a configuration far ahead wherever
+    it was offered, and offered for half the problems, is never picked, shortlisted or
+    scored where it was not; there every figure is among the offered ones."""
+    rows, magic = _rows(DEVICES[:3]), "block=1,unroll=1,layout=magic"
+    best = pd.DataFrame(rows).query("status == 'ok'").groupby(["device", "m", "n"])["time_s"].min()
+    offered_on = {p for i, p in enumerate(PROBLEMS) if i % 2 == 0}
+    rows += [{"device": d, "m": m, "n": n, "block": 1, "unroll": 1, "layout": "magic",
+              "status": "ok", "time_s": t / 3.0}
+             for (d, m, n), t in best.items() if (m, n) in offered_on]
+    result = run_transfer(_dataset(rows), devices, rounds=ROUNDS, threads=THREADS)
+    table = result.per_problem
+    has_magic = table["dims_key"].isin({f"m={m},n={n}" for m, n in offered_on})
+    assert has_magic.any() and (~has_magic).any()
+    absent = table[~has_magic]
+    for column in ("pick", "model_pick", "best_on_average_pick", "most_similar_device_pick",
+                   "plain_lightgbm_pick"):
+        assert (absent[column] != magic).all(), column
+    # every configuration is a candidate in every fold: offered = the problem's records there
+    records = _dataset(rows).frame.groupby(["device", "dims_key"]).size()
+    expected = [records[(d, k)] for d, k in zip(table["device"], table["dims_key"])]
+    assert list(table["offered"]) == expected
+    assert set(table.loc[has_magic, "offered"]) == {len(CONFIGS) + 1}
+    # where it was not offered the oracle is the offered best: the picks score as before
+    assert absent["pick_measured"].all() and (absent["efficiency"] > 0).all()
+    # where offered, the model learned it wins
+    assert (table.loc[has_magic, "model_pick"] == magic).mean() > 0.8
+
+
+def test_sources_split_holds_out_each_files_problems(devices):
+    """--split sources: a workload the model never saw (each file's problems in turn)."""
+    rows = _rows(DEVICES[:2])
+    for row in rows:
+        row["source"] = "hf.txt" if row["m"] <= 1024 else "timm.txt"
+    result = run_transfer(_dataset(rows), devices, split="sources", rounds=ROUNDS,
+                          threads=THREADS)
+    table = result.per_problem
+    assert sorted(table["fold"].unique()) == [1, 2]
+    small = table["dims_key"].str.contains(r"m=(?:256|1024),")
+    assert table.loc[small, "fold"].eq(1).all() and table.loc[~small, "fold"].eq(2).all()
+    assert result.report["overall"]["n_problems"] == 2 * len(PROBLEMS)
+    with pytest.raises(TransferError, match="needs 2 or more"):
+        run_transfer(_dataset(_rows(DEVICES[:2])), devices, split="sources", rounds=ROUNDS,
+                     threads=THREADS)

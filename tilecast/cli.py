@@ -186,12 +186,34 @@ def _cmd_select(args) -> int:
         raise CliError(f"--device {args.device}: model {args.model!r} is a "
                        f"{dispatcher.family.name} model, which chooses for the machine it was "
                        "trained on; --device is for table models (tilecast train --dataset)")
+    if args.candidates is not None and not table:
+        raise CliError(f"--candidates: model {args.model!r} is a {dispatcher.family.name} "
+                       "model, which ranks its own kernels; --candidates is for table models")
     options = {"device": args.device} if table else {}
+    if args.candidates is not None:
+        options["candidates"] = _candidates(args.candidates)
     if args.json:
         print(json.dumps(dispatcher.select_json(args.problem, **options)))
     else:
         print(dispatcher.select(args.problem, **options))
     return 0
+
+
+def _candidates(text: str) -> list[str]:
+    """--candidates: configuration keys separated by ';', or @FILE with one key a line."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as err:
+            raise CliError(f"--candidates {text}: cannot read {path}: "
+                           f"{err.strerror or err}") from None
+    else:
+        lines = text.split(";")
+    keys = [line.strip() for line in lines if line.strip()]
+    if not keys:
+        raise CliError(f"--candidates {text!r} names no configuration")
+    return keys
 
 
 def _shortlist_size(value: int | None) -> int | None:
@@ -609,6 +631,10 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--device", default=None,
                         help="table models: the device to choose for (a name or label of the "
                              "hardware table; default: the model's only training device)")
+    select.add_argument("--candidates", default=None, metavar="KEYS",
+                        help="table models: rank only these configurations, the ones offered "
+                             "for this problem: keys separated by ';' (a one-column "
+                             "configuration's bare values will do) or @FILE, one a line")
     select.set_defaults(func=_cmd_select)
 
     export = sub.add_parser(
@@ -712,7 +738,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--dataset", help="an imported dataset directory (tilecast import)")
     evaluate.add_argument("--split", help="leave-one-device-out (default): each device held "
                                           "out in turn; problems: problem folds held out on "
-                                          "every device")
+                                          "every device; sources: each imported file's "
+                                          "problems held out in turn (an unseen workload)")
     evaluate.add_argument("--devices", action="append", default=None, metavar="DEVICES.yaml",
                           help="a hardware table adding to or replacing the shipped devices "
                                "(repeatable)")

@@ -53,9 +53,11 @@ class TableDataError(ValueError):
 @dataclass(frozen=True)
 class Column:
     """One problem or configuration column: `numeric` (ints, floats, booleans as 0/1) or
-    `categorical` (strings)."""
+    `categorical` (strings). `partial`: a problem column some sources lack; their rows hold
+    it missing (NaN, or "" when categorical), and a query may leave it out."""
     name: str
     kind: str
+    partial: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -89,8 +91,35 @@ class TableSchema:
         return tuple(c.name for c in self.config)
 
     def to_json(self) -> dict:
-        return {"problem": [vars(c) for c in self.problem],
-                "config": [vars(c) for c in self.config]}
+        def column(c: Column) -> dict:
+            return {"name": c.name, "kind": c.kind, **({"partial": True} if c.partial else {})}
+
+        return {"problem": [column(c) for c in self.problem],
+                "config": [column(c) for c in self.config]}
+
+    def union(self, other: "TableSchema") -> tuple["TableSchema", list[str]]:
+        """The schema of both sets of rows: every problem column of either (this one's order
+        first), partial where one of them lacks it, and the configuration columns, which must
+        agree; the columns that became partial. TableDataError for a column of two kinds or
+        configurations that differ."""
+        if self.config_names != other.config_names:
+            raise TableDataError(f"configuration columns {list(self.config_names)} and "
+                                 f"{list(other.config_names)} differ: their choices are not "
+                                 "the same kind of thing; import them into separate datasets")
+        mine, theirs = {c.name: c for c in self.problem}, {c.name: c for c in other.problem}
+        columns, became = [], []
+        for name in list(mine) + [n for n in theirs if n not in mine]:
+            a, b = mine.get(name), theirs.get(name)
+            if a is not None and b is not None and a.kind != b.kind:
+                raise TableDataError(f"problem column {name!r} is {a.kind} in one source and "
+                                     f"{b.kind} in the other: make its values agree (numbers "
+                                     "in both, or words in both) before importing")
+            partial = a is None or b is None or a.partial or b.partial
+            if partial and not ((a is not None and a.partial) or (b is not None and b.partial)):
+                became.append(name)
+            columns.append(Column(name, (a or b).kind, partial))
+        config = tuple(Column(c.name, c.kind) for c in self.config)
+        return TableSchema(problem=tuple(columns), config=config), became
 
     @classmethod
     def from_json(cls, document: Mapping) -> "TableSchema":
@@ -187,11 +216,15 @@ def finish_frame(rows: Sequence[Mapping[str, Any]], schema: TableSchema) -> pd.D
     frame["device_label"] = frame["device_label"].fillna(frame["device"])
     for column in schema.problem + schema.config:
         if column.name not in frame.columns:
-            raise TableDataError(f"rows lack the column {column.name!r}")
+            if not column.partial:
+                raise TableDataError(f"rows lack the column {column.name!r}")
+            frame[column.name] = math.nan
         if column.kind == "numeric":
             frame[column.name] = pd.to_numeric(frame[column.name], errors="raise")
         else:
-            frame[column.name] = frame[column.name].astype(str)
+            values = frame[column.name]
+            frame[column.name] = values.where(values.notna(), "").astype(str) \
+                if column.partial else values.astype(str)
     records = frame[list(schema.problem_names + schema.config_names)].to_dict("records")
     frame["dims_key"] = [key_of(schema.problem_names, r) for r in records]
     frame["kernel"] = [key_of(schema.config_names, r) for r in records]
@@ -230,6 +263,9 @@ def check_frame(frame: pd.DataFrame, schema: TableSchema) -> None:
         values = frame[column.name]
         missing = values.isna() | (values.astype(str).str.strip() == "") \
             if column.kind == "categorical" else ~np.isfinite(values.astype(float))
+        if column.partial:   # missing where a source lacks it: only an infinity is wrong
+            missing = values.isna() & False if column.kind == "categorical" \
+                else np.isinf(values.astype(float))
         if missing.any():
             raise TableDataError(f"column {column.name}: missing or not a finite value at "
                                  f"{_where(frame, missing)}")
@@ -268,17 +304,18 @@ def read_dataset(path: str | Path) -> TableDataset:
     return TableDataset(frame=frame, schema=schema, manifest=manifest)
 
 
-def merge(old: TableDataset, frame: pd.DataFrame, schema: TableSchema) -> pd.DataFrame:
-    """`old`'s rows followed by `frame`'s, when the schemas agree; TableDataError otherwise
-    (and, through check_frame, when a new row repeats an old one)."""
-    if old.schema != schema:
-        raise TableDataError(f"the dataset holds problem columns {list(old.schema.problem_names)}"
-                             f" and configuration columns {list(old.schema.config_names)}; "
-                             f"this import has {list(schema.problem_names)} and "
-                             f"{list(schema.config_names)}: import it into another directory")
+def merge(old: TableDataset, frame: pd.DataFrame,
+          schema: TableSchema) -> tuple[pd.DataFrame, TableSchema, list[str]]:
+    """`old`'s rows followed by `frame`'s, under the union of their schemas (TableSchema.union:
+    a problem column one side lacks is missing there), and the columns that became partial;
+    TableDataError when the configuration columns differ, a column has two kinds, or
+    (through check_frame) a new row repeats an old one."""
+    union, became = old.schema.union(schema)
     both = pd.concat([old.frame, frame], ignore_index=True)
-    check_frame(both, schema)
-    return both
+    if union != old.schema or union != schema:
+        both = finish_frame(both.drop(columns=["dims_key", "kernel"]).to_dict("records"), union)
+    check_frame(both, union)
+    return both, union, became
 
 
 def write_dataset(path: str | Path, frame: pd.DataFrame, schema: TableSchema,

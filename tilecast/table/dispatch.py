@@ -180,22 +180,63 @@ class TableDispatcher:
 
     # -- queries --------------------------------------------------------------------------
 
-    def ranking(self, problem, device: str | None = None) -> TableRanking:
-        """The memoized ranking of the allowed candidates for `problem` on `device`."""
+    def offered(self, candidates) -> tuple[str, ...]:
+        """The canonical keys of the configurations a caller offers: keys ('name=value,...'),
+        mappings of the configuration columns, or, for a one-column configuration, its bare
+        values. ProblemError, in one line, for one the model never saw ok in its training
+        data: it cannot be ranked."""
+        from tilecast.table.dataset import key_of, parse_key
+
+        columns = self.table_model.schema.config
+        names = [c.name for c in columns]
+        known = set(self.kernels)
+        keys = []
+        for candidate in candidates:
+            try:
+                if isinstance(candidate, Mapping):
+                    key = key_of(names, _config_values(columns, candidate))
+                elif len(names) == 1 and "=" not in str(candidate):
+                    key = key_of(names, _config_values(columns, {names[0]: candidate}))
+                else:
+                    key = key_of(names, parse_key(str(candidate), columns))
+            except (ValueError, KeyError, TableDataError) as err:
+                raise ProblemError(f"candidate {candidate!r}: {err}; give "
+                                   f"{', '.join(names)} as 'name=value,...'") from None
+            if key not in known:
+                raise ProblemError(
+                    f"candidate {key!r} was never measured ok in the training data of "
+                    f"{self.model or 'this model'}: it cannot be ranked; import measurements "
+                    f"of it and train again, or leave it out (known: {len(known)}, e.g. "
+                    f"{sorted(known)[0]!r})")
+            keys.append(key)
+        if not keys:
+            raise ProblemError("candidates: an empty list; offer at least one configuration")
+        return tuple(sorted(set(keys)))
+
+    def ranking(self, problem, device: str | None = None,
+                candidates: Sequence | None = None) -> TableRanking:
+        """The memoized ranking of the allowed candidates for `problem` on `device`, or of
+        the allowed ones among `candidates`, the configurations the caller offers (an
+        autotuner offers each problem its own; see `offered`)."""
+        offered = None if candidates is None else self.offered(candidates)
         raw = _raw_key(problem)
-        key = (device, raw)
+        key = (device, raw, offered)
         found = self._cache.get(key) if raw is not None else None
         if found is not None:
             return found
         values = self.problem(problem)
         name, table = self.device(device)
-        checked = (name, tuple(values.items()))
+        checked = (name, tuple(values.items()), offered)
         found = self._cache.get(checked)
         if found is None:
             kernels = self.table_model.allowed(name)
+            if offered is not None:
+                kernels = [k for k in kernels if k in set(offered)]
             if not kernels:
-                raise ProblemError(f"every candidate of table model {self.model!r} failed on "
-                                   f"{name} in its training data: nothing to choose there")
+                raise ProblemError(
+                    f"every candidate {'offered ' if offered else ''}of table model "
+                    f"{self.model!r} failed on {name} in its training data: nothing to "
+                    "choose there")
             scores = self.table_model.scores(values, name, kernels, table)
             trained = name in self.table_model.training_devices
             calibration = self.calibrations.for_device(trained)
@@ -217,49 +258,64 @@ class TableDispatcher:
             self._cache.pop(next(iter(self._cache)))   # oldest entry first
         self._cache[key] = ranking
 
-    def select(self, problem, device: str | None = None) -> str:
-        """The configuration predicted fastest for `problem` on `device`."""
-        return self.ranking(problem, device).best
+    def select(self, problem, device: str | None = None, candidates: Sequence | None = None) -> str:
+        """The configuration predicted fastest for `problem` on `device` (among
+        `candidates`, when the caller offers them)."""
+        return self.ranking(problem, device, candidates).best
 
-    def rank(self, problem, k: int = 5, device: str | None = None) -> list[tuple[str, float]]:
+    def rank(self, problem, k: int = 5, device: str | None = None,
+             candidates: Sequence | None = None) -> list[tuple[str, float]]:
         """The k best (configuration, predicted efficiency) pairs in the ranking's order
         (best predicted first; the incumbent first when the guard answers it)."""
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
-        ranking = self.ranking(problem, device)
+        ranking = self.ranking(problem, device, candidates)
         return list(zip(ranking.kernels[:k], ranking.efficiencies[:k]))
 
-    def predict(self, problem, device: str | None = None) -> dict[str, float]:
+    def predict(self, problem, device: str | None = None,
+                candidates: Sequence | None = None) -> dict[str, float]:
         """Predicted efficiency of every allowed candidate, in the ranking's order."""
-        ranking = self.ranking(problem, device)
+        ranking = self.ranking(problem, device, candidates)
         return dict(zip(ranking.kernels, ranking.efficiencies))
 
-    def shortlist(self, problem, k: int, device: str | None = None) -> list[str]:
+    def shortlist(self, problem, k: int, device: str | None = None,
+                  candidates: Sequence | None = None) -> list[str]:
         """The k configurations worth measuring (fewer when fewer are allowed): the k highest
         predictions in the ranking's order (the incumbent first when the guard answers it),
         never one that failed on the device."""
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
-        return list(self.ranking(problem, device).kernels[:k])
+        return list(self.ranking(problem, device, candidates).kernels[:k])
 
-    def choice(self, problem, device: str | None = None) -> Choice:
+    def choice(self, problem, device: str | None = None,
+               candidates: Sequence | None = None) -> Choice:
         """The pick with its confidence; unsure (with the shortlist to measure) below the
         calibration's threshold, always when the model has no calibration for the case or the
         device lies further out than it measured (Choice.beyond)."""
-        ranking = self.ranking(problem, device)
+        ranking = self.ranking(problem, device, candidates)
         unsure = not ranking.confidence >= ranking.threshold or bool(ranking.beyond)
         return Choice(kernel=ranking.best, confidence=ranking.confidence, unsure=unsure,
                       shortlist=ranking.kernels[:self.shortlist_size] if unsure else (),
                       device=ranking.device, predicted_efficiency=ranking.efficiencies[0],
                       beyond=ranking.beyond, incumbent=ranking.guarded)
 
-    def select_json(self, problem, device: str | None = None) -> dict:
+    def select_json(self, problem, device: str | None = None,
+                    candidates: Sequence | None = None) -> dict:
         """{"kernel", "predicted_efficiency", "confidence", "unsure", "shortlist", "device",
         "beyond", "incumbent", "model", "version"} for `tilecast select --json`."""
-        choice = self.choice(problem, device)
+        choice = self.choice(problem, device, candidates)
         return {"kernel": choice.kernel, "predicted_efficiency": choice.predicted_efficiency,
                 "confidence": choice.confidence, "unsure": choice.unsure,
                 "shortlist": list(choice.shortlist), "device": choice.device,
                 "beyond": list(choice.beyond), "incumbent": choice.incumbent,
                 "model": self.model, "version": self.version}
 
+
+def _config_values(columns, values: Mapping) -> dict[str, Any]:
+    """A configuration's values by column kind (numbers for numeric columns); KeyError for a
+    missing column, ValueError for an unknown one or a numeric column given a word."""
+    unknown = sorted(set(values) - {c.name for c in columns})
+    if unknown:
+        raise ValueError(f"unknown configuration column(s) {unknown}")
+    return {c.name: float(values[c.name]) if c.kind == "numeric" else str(values[c.name])
+            for c in columns}

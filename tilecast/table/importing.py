@@ -37,15 +37,18 @@ class ImportSummary:
     total_rows: int
     merged: bool
     seconds: float
+    notes: tuple[str, ...] = ()
+
 
     def line(self) -> str:
         """The one-line summary the command prints."""
         devices = ", ".join(f"{device} {counts['ok']} ok / {counts['failed']} failed"
                             for device, counts in self.per_device.items())
         merged = f"; {self.out} now holds {self.total_rows} rows" if self.merged else ""
+        notes = "".join(f"; {note}" for note in self.notes)
         return (f"imported {self.rows} rows from {self.files} file(s) into {self.out} in "
                 f"{self.seconds:.2f} s: {devices}; {self.problems} problems, "
-                f"{self.configurations} configurations{merged}")
+                f"{self.configurations} configurations{merged}{notes}")
 
 
 def import_files(source: str, paths: Sequence[str | Path], out: str | Path, *,
@@ -63,14 +66,21 @@ def import_files(source: str, paths: Sequence[str | Path], out: str | Path, *,
     imported = module.read(paths, mapping=mapping, device=device)
     rows = _resolve_devices(imported.rows, devices_files)
     frame = finish_frame(rows, imported.schema)
-    added, sources, name = frame, imported.sources, None
+    added, sources, name, schema = frame, imported.sources, None, imported.schema
+    notes = list(imported.notes)
     old = read_dataset(out) if (out / MANIFEST_FILE).is_file() else None
     if old is not None:
         _refuse_reimport(old, sources, out)
-        frame = merge(old, frame, imported.schema)
+        frame, schema, became = merge(old, frame, imported.schema)
+        for column in became:
+            where = "the dataset's rows" if column not in old.schema.problem_names else \
+                "this import's rows"
+            notes.append(f"problem column {column} is missing in {where}")
         sources = list(old.manifest.get("sources", [])) + list(sources)
         name = old.manifest.get("name")
-    write_dataset(out, frame, imported.schema, sources, name=name)
+    for note in notes:
+        log.warning("import: %s", note)
+    write_dataset(out, frame, schema, sources, name=name)
     per_device = {}
     for device_name, statuses in added.groupby("device", sort=True)["status"]:
         counts = Counter(statuses)
@@ -78,7 +88,8 @@ def import_files(source: str, paths: Sequence[str | Path], out: str | Path, *,
     return ImportSummary(out=out, files=len(paths), rows=len(added), per_device=per_device,
                          problems=added["dims_key"].nunique(),
                          configurations=added["kernel"].nunique(), total_rows=len(frame),
-                         merged=old is not None, seconds=time.perf_counter() - started)
+                         merged=old is not None, seconds=time.perf_counter() - started,
+                         notes=tuple(notes))
 
 
 def _mapping(module, source: str, mapping_path: str | Path | None) -> Mapping | None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -504,12 +505,13 @@ class TableModel:
 
 def check_problem(schema: TableSchema, problem: Mapping[str, Any]) -> dict[str, Any]:
     """The problem's values in schema order: numbers for numeric columns (finite), strings for
-    categorical ones. TableDataError naming a missing, unknown or unreadable column."""
+    categorical ones; a partial column left out (or None) is missing (NaN, ""). TableDataError naming a missing, unknown or unreadable column."""
     if not isinstance(problem, Mapping):
         raise TableDataError(f"a problem is a mapping of {list(schema.problem_names)}, got "
                              f"{type(problem).__name__}")
     names = list(schema.problem_names)
-    missing = [n for n in names if n not in problem]
+    optional = {c.name for c in schema.problem if c.partial}   # some sources lack them
+    missing = [n for n in names if n not in problem and n not in optional]
     unknown = sorted(set(problem) - set(names))
     if missing or unknown:
         raise TableDataError(f"problem {dict(problem)!r}: " + "; ".join(
@@ -517,7 +519,10 @@ def check_problem(schema: TableSchema, problem: Mapping[str, Any]) -> dict[str, 
             if part) + f"; the model's problem columns are {names or '(none)'}")
     values = {}
     for column in schema.problem:
-        value = problem[column.name]
+        value = problem.get(column.name)
+        if column.partial and (value is None or (isinstance(value, float) and math.isnan(value))):
+            values[column.name] = "" if column.kind == "categorical" else math.nan
+            continue
         if column.kind == "categorical":
             values[column.name] = str(value)
             continue

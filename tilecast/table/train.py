@@ -87,9 +87,10 @@ class Picks:
 
 
 def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0) -> Picks:
-    """`model`'s top predictions on the (device, problem) pairs of `frame` (canonical device
-    names) with an ok measurement, at most MAX_SCORED_PROBLEMS problems per device (seeded
-    sample), unguarded (Picks.guarded applies a margin). `beyond`: the device lies beyond the
+    """`model`'s top predictions, among each problem's offered choices (those with a record),
+    on the (device, problem) pairs of `frame` (canonical device names) with an ok
+    measurement, at most MAX_SCORED_PROBLEMS problems per device (seeded sample), unguarded
+    (Picks.guarded applies a margin). `beyond`: the device lies beyond the
     model's other training devices (TableModel.beyond)."""
     from tilecast.table.confidence import incumbent_gain
 
@@ -97,9 +98,10 @@ def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0
     rows, scores = [], []
     ok = frame[frame["status"] == "ok"]
     efficiency = ok.assign(efficiency=efficiencies(ok))
+    offered_on = frame.groupby(["device", "dims_key"])["kernel"].agg(set)
     for device, measured in efficiency.groupby("device", sort=True):
-        kernels = model.allowed(device)
-        if not kernels:
+        allowed = model.allowed(device)
+        if not allowed:
             continue
         beyond = bool(model.beyond(device))
         problems = sorted(measured["dims_key"].unique())
@@ -109,6 +111,11 @@ def score_picks(model: TableModel, frame: pd.DataFrame, schema, *, seed: int = 0
             problems = [problems[i] for i in sorted(picked)]
         by_problem = measured[measured["dims_key"].isin(problems)].groupby("dims_key")
         for dims_key, group in by_problem:
+            # ranked among the choices the problem was offered there (transfer.offered_matrix)
+            offered = offered_on[(device, dims_key)]
+            kernels = [k for k in allowed if k in offered]
+            if not kernels:
+                continue
             values = group.iloc[0][list(schema.problem_names)].to_dict()
             predicted = model.scores(values, device, kernels)
             order = np.argsort(-predicted, kind="stable")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -53,7 +54,7 @@ from tilecast.table.transfer_summary import summarize
 
 log = logging.getLogger("tilecast.table.transfer")
 
-SPLITS = ("leave-one-device-out", "problems")
+SPLITS = ("leave-one-device-out", "problems", "sources")
 PROBLEM_FOLDS = 5
 DEFAULT_KS = (1, 5, 20, 50)
 #: Rows of (problem, candidate) predicted at once: bounds the feature matrix's memory.
@@ -73,6 +74,7 @@ class Fold:
     test_devices: tuple[str, ...]
     test_problems: frozenset | None = None
     exclude_devices: tuple[str, ...] = ()
+    name: str = ""                  # what is held out, for the log (a file of --split sources)
 
     @property
     def fit_rows(self) -> pd.DataFrame:
@@ -122,7 +124,34 @@ def folds(frame: pd.DataFrame, split: str, seed: int = 0,
                                 min(PROBLEM_FOLDS, len(keys)))
         return [Fold(rows=frame, test_devices=tuple(devices), test_problems=frozenset(group),
                      exclude_devices=tuple(exclude)) for group in groups]
+    if split == "sources":
+        return source_folds(frame, devices, exclude)
     raise TransferError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+
+
+def source_folds(frame: pd.DataFrame, devices: Sequence[str],
+                 exclude: tuple[str, ...] = ()) -> list[Fold]:
+    """Each imported file's problems held out in turn on every device, the model trained on
+    the other files' (a workload it never saw: AutoHeuristic's hf_train against timm_train).
+    A problem that other files also hold stays in training, never scored."""
+    rows = frame[frame["device"].isin(devices)]
+    sources = sorted(rows["source"].unique())
+    if len(sources) < 2:
+        raise TransferError(f"the dataset's rows come from {len(sources)} file(s): --split "
+                            "sources holds each file's problems out in turn and needs 2 or "
+                            "more; import another workload's file")
+    by_source = rows.groupby("source")["dims_key"].agg(set)
+    result = []
+    for source in sources:
+        others = set().union(*(by_source[s] for s in sources if s != source))
+        held = frozenset(by_source[source] - others)
+        if not held:
+            log.warning("--split sources: every problem of %s is in another file too; "
+                        "nothing of it to hold out", source)
+            continue
+        result.append(Fold(rows=frame, test_devices=tuple(devices), test_problems=held,
+                           exclude_devices=tuple(exclude), name=Path(source).name))
+    return result
 
 
 def resolve_default(dataset: TableDataset, key: str | None) -> str | None:
@@ -176,19 +205,31 @@ class _Run:
                 .assign(device=device))
 
 
+def offered_matrix(test: pd.DataFrame, problems: Sequence[str],
+                   kernels: Sequence[str]) -> np.ndarray:
+    """Which of `kernels` each problem was offered on the test device: those with a record
+    there (ok, failed or invalid). An autotuner offers each problem its own choices; one it
+    never offered is no choice for that problem (module docstring)."""
+    counts = pd.crosstab(test["dims_key"], test["kernel"])
+    return counts.reindex(index=list(problems), columns=list(kernels)).fillna(0).to_numpy() > 0
+
+
 def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int],
            margin: float = 0.0):
-    """The model's ranking of its allowed candidates on each test problem of `device`, its
-    incumbent first where the guard with `margin` answers it (tilecast.table.confidence):
-    the score matrix (problems x candidates, problems in key order) and the per-problem
-    figures of its picks, beside the top prediction's (`model_pick`, `model_efficiency`)
-    and the incumbent's (`incumbent_gain`, `incumbent_efficiency`)."""
+    """The model's ranking, on each test problem of `device`, of its allowed candidates the
+    problem was offered, its incumbent first where the guard with `margin` answers it
+    (tilecast.table.confidence): the score rows (per problem in key order, the predictions
+    over its offered candidates) and the per-problem figures of its picks, beside the top
+    prediction's (`model_pick`, `model_efficiency`) and the incumbent's (`incumbent_gain`,
+    `incumbent_efficiency`)."""
     failed = model.failed_on(device)
     known = set(test["kernel"])     # what the held-out device has a record of (module docstring)
     kernels = sorted(k for k in model.candidates() if k not in failed and k in known)
     if not kernels:
         raise TransferError(f"no candidate configuration is allowed on {device}")
     problems = test.drop_duplicates("dims_key").sort_values("dims_key")
+    offered = offered_matrix(test, problems["dims_key"], kernels)
+    problems, offered = problems[offered.any(axis=1)], offered[offered.any(axis=1)]
     step = max(1, GRID_ROWS // len(kernels))
     blocks = []
     for start in range(0, len(problems), step):   # a block of problems at a time
@@ -198,7 +239,7 @@ def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int],
             raise ValueError(f"predict_many returned {scores.shape} values (finite: "
                              f"{bool(np.all(np.isfinite(scores)))}) for {len(grid)} rows")
         blocks.append(scores.reshape(-1, len(kernels)))
-    matrix = np.vstack(blocks)
+    matrix = np.where(offered, np.vstack(blocks), -np.inf)
     efficiency = np.nan_to_num(
         baselines.efficiency_table(test[test["status"] == "ok"])
         .reindex(index=problems["dims_key"], columns=kernels).to_numpy(), nan=-1.0)
@@ -207,19 +248,24 @@ def _score(run: _Run, model, test: pd.DataFrame, device: str, ks: Sequence[int],
     top = order[:, 0].copy()
     if model.incumbent in kernels:
         column = kernels.index(model.incumbent)
-        gains = matrix[rows, top] - matrix[:, column]
+        # no guard where the incumbent was not offered
+        gains = np.where(offered[:, column], matrix[rows, top] - matrix[:, column], np.nan)
         for row in np.flatnonzero(guarded(gains, margin)):
             order[row] = np.concatenate(([column], order[row][order[row] != column]))
         incumbent_efficiency = np.maximum(efficiency[:, column], 0.0)
     else:
         gains, incumbent_efficiency = np.full(len(matrix), np.nan), np.zeros(len(matrix))
-    ranked = np.take_along_axis(np.maximum(efficiency, 0.0), order, axis=1)
+    # past a problem's offered choices a ranking holds nothing: efficiency 0 there
+    ranked = np.take_along_axis(np.where(offered, np.maximum(efficiency, 0.0), 0.0), order,
+                                axis=1)
     best_of = np.maximum.accumulate(ranked, axis=1)
     picks = np.array(kernels)[order[:, 0]]
     measured = set(zip(test["dims_key"], test["kernel"]))
     pick_measured = efficiency[rows, order[:, 0]] >= 0.0
-    return matrix, pd.DataFrame({
+    score_rows = [row[mask] for row, mask in zip(matrix, offered)]
+    return score_rows, pd.DataFrame({
         "device": device, "dims_key": problems["dims_key"].to_numpy(), "pick": picks,
+        "offered": offered.sum(axis=1),
         "efficiency": ranked[:, 0], "top1": ranked[:, 0] >= TIE_EFFICIENCY,
         "top5": best_of[:, min(5, len(kernels)) - 1] >= TIE_EFFICIENCY,
         "pick_measured": pick_measured,
@@ -242,9 +288,9 @@ def _outcomes(run: _Run, fold: Fold, ks: Sequence[int], margin: float = 0.0):
         test = fold.test(device)
         if test.empty:
             continue
-        matrix, table = _score(run, model, test, device, ks, margin)
+        rows, table = _score(run, model, test, device, ks, margin)
         tables.append(table)
-        score_rows.extend(matrix)
+        score_rows.extend(rows)
     return model, tables, score_rows
 
 
@@ -283,15 +329,19 @@ def _baseline_columns(run: _Run, fold: Fold, table: pd.DataFrame, pool: Sequence
         test = fold.test(device)
         efficiency = baselines.efficiency_table(test[test["status"] == "ok"])
         problems = list(rows["dims_key"])
-        # every baseline chooses among what the held-out device has a record of, as the model
+        # every baseline chooses among what each problem was offered there, as the model
         device_pool = sorted(set(pool) & set(test["kernel"]))
-        static = baselines.best_on_average(train_ok, device_pool)
+        offered = test[test["kernel"].isin(device_pool)].groupby("dims_key")["kernel"].agg(set)
+        ranking = baselines.average_ranking(train_ok, device_pool)
+        static = ranking[0]
         nearest = baselines.nearest_device(device, sorted(train_ok["device"].unique()),
                                            run.devices)
         grid = run.grid(test.drop_duplicates("dims_key"), device_pool, device)
+        grid = grid[[k in offered.get(p, ()) for p, k in zip(grid["dims_key"], grid["kernel"])]]
         picks = {"most_similar_device": baselines.most_similar_device_picks(
-                     train_ok, nearest, problems, device_pool),
-                 "best_on_average": dict.fromkeys(problems, static),
+                     train_ok, nearest, problems, device_pool, offered),
+                 "best_on_average": {key: baselines.first_offered(ranking, offered[key])
+                                     for key in problems},
                  "plain_lightgbm": baselines.plain_lightgbm_picks(
                      train_ok, run.dataset.schema, grid, rounds=run.rounds,
                      threads=run.threads, seed=run.seed)}
@@ -348,7 +398,8 @@ def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-devi
                  "trained_on": trained_on, "incumbent": model.incumbent,
                  **calibration.to_json()})
         held_out = (", ".join(fold.test_devices) if fold.test_problems is None
-                    else f"{len(fold.test_problems)} problems")
+                    else f"{len(fold.test_problems)} problems" + (
+                        f" of {fold.name}" if fold.name else ""))
         log.info("transfer %d/%d: %s held out, trained on %d device(s): %d (device, problem) "
                  "pairs, mean efficiency %.3f, %.1f s", number, len(outer), held_out,
                  len(trained_on), len(table), float(table["efficiency"].mean()), seconds)

@@ -9,7 +9,7 @@ it, since a user cannot know which those are). Efficiencies here are best time /
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,13 +30,23 @@ def efficiency_table(ok_rows: pd.DataFrame, index: Sequence[str] = ("dims_key",)
     return times.rdiv(times.min(axis=1), axis=0)
 
 
-def best_on_average(train_ok: pd.DataFrame, pool: Sequence[str]) -> str:
-    """The configuration of `pool` with the best mean efficiency over the training rows'
-    (device, problem) pairs, a pair where it has no ok time counting 0; ties go to the
+def average_ranking(train_ok: pd.DataFrame, pool: Sequence[str]) -> list[str]:
+    """The configurations of `pool` by mean efficiency over the training rows' (device,
+    problem) pairs, best first, a pair where one has no ok time counting 0; ties go to the
     smaller key."""
     means = (efficiency_table(train_ok, ("device", "dims_key"))
              .reindex(columns=sorted(pool)).fillna(0.0).mean(axis=0))
-    return str(max(means.index, key=means.get))
+    return sorted(means.index, key=lambda k: (-means[k], k))
+
+
+def best_on_average(train_ok: pd.DataFrame, pool: Sequence[str]) -> str:
+    """The first of average_ranking."""
+    return str(average_ranking(train_ok, pool)[0])
+
+
+def first_offered(ranking: Sequence[str], offered: set) -> str | None:
+    """The first configuration of `ranking` among `offered` (None: none is)."""
+    return next((k for k in ranking if k in offered), None)
 
 
 def nearest_device(held_out: str, training: Sequence[str], devices) -> str:
@@ -45,14 +55,20 @@ def nearest_device(held_out: str, training: Sequence[str], devices) -> str:
 
 
 def most_similar_device_picks(train_ok: pd.DataFrame, nearest: str, problems: Sequence[str],
-                              pool: Sequence[str]) -> dict[str, str]:
+                              pool: Sequence[str],
+                              offered: Mapping[str, set] | None = None) -> dict[str, str]:
     """Per test problem, the fastest ok configuration of `pool` measured on `nearest` for that
-    problem; `nearest`'s best-on-average configuration where it has no ok time for the problem."""
+    problem among those the problem was offered (`offered`, by dims_key; None: all of
+    `pool`); else `nearest`'s best on average among them."""
     rows = train_ok[(train_ok["device"] == nearest) & train_ok["kernel"].isin(list(pool))]
-    fastest = (rows.sort_values(["time_s", "kernel"]).drop_duplicates("dims_key")
-               .set_index("dims_key")["kernel"])
-    fallback = best_on_average(rows, pool)
-    return {key: str(fastest.get(key, fallback)) for key in problems}
+    by_speed = rows.sort_values(["time_s", "kernel"]).groupby("dims_key")["kernel"].agg(list)
+    ranking = average_ranking(rows, pool)
+    picks = {}
+    for key in problems:
+        allowed = set(pool) if offered is None else offered[key]
+        picks[key] = str(first_offered(by_speed.get(key, []), allowed)
+                         or first_offered(ranking, allowed))
+    return picks
 
 
 def random_expectations(efficiency: pd.DataFrame, ks: Sequence[int],
@@ -106,8 +122,9 @@ def plain_lightgbm_picks(train_ok: pd.DataFrame, schema: TableSchema, grid: pd.D
                          rounds: int, threads: int | None, seed: int) -> dict[str, str]:
     """The reference a first attempt gives: LightGBM on the raw problem, configuration and
     device-id columns predicting log time (no device features, no per-problem relative
-    target), trained on the training rows; per problem of `grid` (test problem x candidate
-    rows with the held-out device), the configuration with the lowest predicted time."""
+    target), trained on the training rows; per problem of `grid` (test problem x offered
+    candidate rows with the held-out device), the configuration with the lowest predicted
+    time."""
     import lightgbm
 
     categorical = [c.name for c in schema.problem + schema.config if c.kind == "categorical"]

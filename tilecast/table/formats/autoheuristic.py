@@ -25,7 +25,7 @@ import pandas as pd
 from tilecast.table.dataset import Column, TableDataError, TableSchema
 from tilecast.table.formats.common import (Imported, RawFile, as_numeric_column, check_names,
                                            collapse_repeats, numbers, read_csv_text, read_raw,
-                                           same_columns, source_entry)
+                                           same_columns, source_entry, union_columns)
 
 FORMAT = "autoheuristic"
 WHAT = "an AutoHeuristic data file (a JSON metadata line, then CSV with choice and feedback)"
@@ -56,20 +56,25 @@ def read(paths: Sequence[Path], *, mapping: Mapping | None, device: str | None) 
         heuristics[raw.path] = (metadata.get("name"),)
         frames.append(_rows(raw, frame, _device(raw.path, metadata, device)))
         sources.append(source_entry(raw, FORMAT, frames[-1]["status"]))
-    names = same_columns(features, "features")
+    # files of one heuristic whose features differ (a column one device's run lacks) combine
+    names, partial, notes = union_columns(features)
     same_columns(heuristics, "heuristic name (metadata 'name')")
     frame = pd.concat(frames, ignore_index=True)
     problem = []
     for name in names:
-        numeric = None if name in categorical else as_numeric_column(frame[name])
+        present = frame[name].notna()
+        numeric = None if name in categorical else as_numeric_column(frame.loc[present, name])
         if numeric is None:
-            frame[name] = frame[name].astype(str).str.strip()
+            frame[name] = frame[name].where(present, "").astype(str).str.strip()
         else:
-            frame[name] = numeric
-        problem.append(Column(name, "categorical" if numeric is None else "numeric"))
+            frame[name] = pd.to_numeric(frame[name].where(present), errors="coerce")
+            frame.loc[present, name] = numeric
+        problem.append(Column(name, "categorical" if numeric is None else "numeric",
+                              name in partial))
     schema = TableSchema(problem=tuple(problem), config=(Column(CHOICE, "categorical"),))
     frame = collapse_repeats(frame, ["device", *names, CHOICE])
-    return Imported(schema=schema, rows=frame.to_dict("records"), sources=sources)
+    return Imported(schema=schema, rows=frame.to_dict("records"), sources=sources,
+                    notes=notes)
 
 
 def _metadata(raw: RawFile) -> dict:

@@ -36,6 +36,7 @@ class Imported:
     schema: TableSchema
     rows: list[dict]
     sources: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # said once at import (the summary line)
 
 
 def seconds_per(unit: Any, where: str) -> float:
@@ -221,6 +222,22 @@ def check_names(names: Sequence[str], path: Path) -> None:
             Column(name, "categorical")
         except TableDataError as err:
             raise TableDataError(f"{path}: {err}") from None
+
+
+def union_columns(found: dict[Path, tuple]) -> tuple[tuple, set, list[str]]:
+    """Every column some file of `found` has (the first file's order, then each new one where
+    first seen), the ones some file lacks (partial: missing in that file's rows), and one
+    note per file that lacks any."""
+    names: list = []
+    for columns in found.values():
+        names += [c for c in columns if c not in names]
+    partial, notes = set(), []
+    for path, columns in found.items():
+        lacking = [c for c in names if c not in columns]
+        if lacking:
+            partial.update(lacking)
+            notes.append(f"{path.name} has no column {', '.join(lacking)}: missing in its rows")
+    return tuple(names), partial, notes
 
 
 def same_columns(found: dict[Path, tuple], what: str) -> tuple:
