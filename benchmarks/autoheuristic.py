@@ -84,22 +84,30 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--gpus", default="a100,h100", help="per-device evaluations of these")
+    parser.add_argument("--no-parts", action="store_true",
+                        help="without the choice-part features (what they give)")
     parser.add_argument("--only", default=None,
                         help="comma-separated evaluations: problems, workloads, devices")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                         datefmt="%H:%M:%S")
+    if args.no_parts:
+        from tilecast.table import features
+
+        features.CHOICE_PARTS = False
     raw = args.out / "raw"
     if not (raw / "a100").is_dir():
         unzip(args.data, raw)
     wanted = set((args.only or "problems,workloads,devices").split(","))
     runs = []
+    gpus = [g for g in args.gpus.split(",") if g in DEVICES]
     if "problems" in wanted:
-        for key in DEVICES:
+        for key in gpus:
             runs.append((f"{key} problem folds", "problems",
                          {key: [f"{key}_mm.txt"]}))
     if "workloads" in wanted:
-        for key in DEVICES:
+        for key in gpus:
             runs.append((f"{key} hf <-> timm", "sources",
                          {key: [f"{key}_hf_train_mm.txt", f"{key}_timm_train_mm.txt"]}))
     if "devices" in wanted:

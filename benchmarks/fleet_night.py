@@ -291,7 +291,9 @@ def main() -> int:
         return {(r.dims_key, r.kernel, r.status) for r in
                 frame[frame["role"] == "candidate"].drop_duplicates(
                     ["dims_key", "kernel", "status"]).itertuples()}
-    print(f"one and two hold the same (problem, kernel, status): {content(frames['one']) == content(frames['two'])}")
+    print("one and two hold the same (problem, kernel, status): "
+          f"{content(frames['one']) == content(frames['two'])}")
+
     def screens(frame):
         return frame[(frame["role"] == "candidate") & (frame["phase"] == "screen")]
 
@@ -300,7 +302,7 @@ def main() -> int:
     got = set(zip(killed["dims_key"], killed["kernel"]))
     print(f"kill: {nights['kill']['killed']} killed; screens lost {len(expected - got)}, "
           f"duplicated {int(killed.duplicated(['dims_key', 'kernel']).sum())}; missing shards "
-          f"{nights['kill']['summary']['missing']}")
+          f"{next(iter(nights['kill']['summary']['classes'].values()))['missing']}")
     rep = subprocess.run([*TILECAST, "repeatability", nights["one"]["store"],
                           nights["two"]["store"]], capture_output=True, text=True, env=env)
     print("tilecast repeatability one two:")

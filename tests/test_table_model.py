@@ -171,6 +171,42 @@ def test_rows_and_grid_build_the_same_matrix(dataset, devices):
     np.testing.assert_array_equal(features.rows(rows), grid)
 
 
+def test_structured_choice_names_give_tile_features(devices):
+    """Inductor's choices spell their tiles: BLOCK-M=32 fits m, and two such parts make the
+    tiles over the device's compute units."""
+    from tilecast.table.features import choice_parts
+
+    assert choice_parts("type=triton_BLOCK-M=16_BLOCK-K=128_numwarps=4") == {
+        "BLOCK-M": 16.0, "BLOCK-K": 128.0, "numwarps": 4.0}
+    assert choice_parts("extern_mm") == {} and choice_parts("a=1.5") == {"a": 1.5}
+    schema = TableSchema(problem=(Column("m", "numeric"), Column("n", "numeric")),
+                         config=(Column("choice", "categorical"),))
+    choices = ["extern_mm"] + [f"type=triton_BLOCK-M={bm}_BLOCK-N={bn}_numwarps={w}"
+                               for bm in (32, 64) for bn in (32, 128) for w in (4, 8)]
+    frame = pd.DataFrame([{"m": 100, "n": 1000, "choice": c, "device": "A100-SXM4-80GB"}
+                          for c in choices])
+    features = TableFeatures(schema, devices).fit(frame)
+    assert features.parts_ == [("choice", "BLOCK-M"), ("choice", "BLOCK-N"),
+                               ("choice", "numwarps")]
+    assert features.part_fits_ == [("m", "choice", "BLOCK-M"), ("n", "choice", "BLOCK-N")]
+    assert {"choice.BLOCK-M", "fit(m,choice.BLOCK-M)", "waves(m,n)", "tail(m,n)"} <= \
+        set(features.names)
+    row = dict(zip(features.names, features.rows(frame.iloc[[0, 3]])[1]))  # 32 x 128, warps 4
+    assert row["choice.BLOCK-N"] == 128 and row["choice.numwarps"] == 4
+    assert row["fit(m,choice.BLOCK-M)"] == pytest.approx(100 / 128)
+    units = devices.entry("A100-SXM4-80GB")["compute_units"]
+    assert row["waves(m,n)"] == pytest.approx(4 * 8 / units)
+    assert row["tail(m,n)"] == pytest.approx(4 * 8 / units)          # under one wave
+    plain = dict(zip(features.names, features.rows(frame.iloc[[0]])[0]))
+    assert math.isnan(plain["choice.BLOCK-M"]) and math.isnan(plain["waves(m,n)"])
+    # grid and rows agree; a model's engine round-trips its parts
+    grid = features.grid(frame[["m", "n"]].iloc[:1], frame[["choice"]], "A100-SXM4-80GB")
+    np.testing.assert_array_equal(features.rows(frame), grid)
+    again = TableFeatures.from_json(features.to_json(), devices)
+    assert again.names == features.names
+    assert TableFeatures(schema, devices, parts=False).fit(frame).parts_ == []
+
+
 # -- the training target --------------------------------------------------------------------
 
 def test_efficiency_is_best_time_over_time_per_device_and_problem():

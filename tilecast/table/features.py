@@ -12,6 +12,16 @@ models of one schema have the same names in the same order:
                                     padded problem a tile of c covers that is real work,
                                     for the first MAX_FIT_PAIRS pairs
     device                          DeviceTable.FEATURE_NAMES, prefixed `device:`
+    parts of structured choice      a categorical configuration whose values spell numeric
+    names (fitted)                  parts, `type=triton_BLOCK-M=16_BLOCK-K=128_numwarps=4`
+                                    (Inductor's, AutoHeuristic's choices): each part q found
+                                    in enough of the training values gives q and log2(q)
+                                    (missing where a value lacks it); a part whose name ends
+                                    in a numeric problem column's (BLOCK-M and m) gives
+                                    p/q and fit(p,q) as a numeric column would, and each two
+                                    such parts the tiles ceil(p1/q1)*ceil(p2/q2) over the
+                                    device's compute units (waves) and the last wave's share
+                                    of them (tail)
 
 Caps: a schema with 10 numeric problem columns has 45 pairs and, with 15 numeric
 configuration columns, 150 (problem, config) pairs; every pair costs two features, so only
@@ -31,6 +41,7 @@ one device with ~80 features is ~480 MB; `grid` callers should go problem block 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Mapping, Sequence
@@ -44,6 +55,25 @@ MAX_PROBLEM_PAIRS = 15
 MAX_FIT_PAIRS = 48
 DEVICE_PREFIX = "device:"
 DTYPE = np.float32
+#: a numeric part of a structured choice name: NAME=NUMBER (NAME may hold '-')
+PART = re.compile(r"(?<![A-Za-z0-9-])([A-Za-z][A-Za-z0-9-]*)=([-+]?[0-9]+(?:\.[0-9]+)?)(?![0-9.])")
+#: a part is a feature when this share of a column's training values spell it
+MIN_PART_SHARE = 0.1
+MAX_PARTS = 8            # per categorical configuration column
+COMPUTE_UNITS = "log2_compute_units"
+#: whether a new engine looks for choice parts (benchmarks/autoheuristic.py --no-parts turns
+#: it off to measure what they give)
+CHOICE_PARTS = True
+
+
+def choice_parts(value: str) -> dict[str, float]:
+    """The numeric NAME=NUMBER parts of a structured choice name, e.g. {"BLOCK-M": 16.0, ...}
+    of `type=triton_BLOCK-M=16_BLOCK-K=128_numwarps=4`; {} for a plain name."""
+    return {name: float(number) for name, number in PART.findall(str(value))}
+
+
+def _tail_token(name: str) -> str:
+    return re.split(r"[-_ .]", name.strip().lower())[-1]
 
 
 def _log2(values: np.ndarray) -> np.ndarray:
@@ -100,22 +130,40 @@ class TableFeatures:
     `device_table` gives device features; a query may pass another table for a device this
     one lacks."""
 
-    def __init__(self, schema: TableSchema, device_table, categories: Mapping | None = None):
+    def __init__(self, schema: TableSchema, device_table, categories: Mapping | None = None,
+                 parts: bool | None = None):
         self.schema = schema
         self.device_table = device_table
         self.blocks = Blocks.of(schema)
+        self.use_parts = CHOICE_PARTS if parts is None else bool(parts)
         self.categories_: dict[str, list[str]] | None = (
             None if categories is None else {k: [str(v) for v in vs]
                                              for k, vs in categories.items()})
         self._codes: dict[str, dict[str, int]] = {}
+        self.parts_: list[tuple[str, str]] = []          # (config column, part name)
+        self.part_fits_: list[tuple[str, str, str]] = []  # (problem column, column, part)
         if self.categories_ is not None:
             self._index_categories()
+        else:
+            self._name()
+
+    def _name(self) -> None:
+        """The feature names, from the schema and (once fitted) the choice parts found."""
         self.problem_names = self._problem_names()
-        self.config_names = self._config_names()
+        self.config_names = self._config_names() + [
+            n for c, q in self.parts_ for n in (f"{c}.{q}", f"log2({c}.{q})")]
         self.fit_names = [name for p, c in self.blocks.fit_pairs for name in (f"{p}/{c}",
                                                                              f"fit({p},{c})")]
-        self.device_names = [DEVICE_PREFIX + n for n in device_table.FEATURE_NAMES]
-        self.names = self.problem_names + self.config_names + self.fit_names + self.device_names
+        self.fit_names += [n for p, c, q in self.part_fits_
+                           for n in (f"{p}/{c}.{q}", f"fit({p},{c}.{q})")]
+        self.device_names = [DEVICE_PREFIX + n for n in self.device_table.FEATURE_NAMES]
+        self.wave_pairs = list(combinations(range(len(self.part_fits_)), 2)) \
+            if COMPUTE_UNITS in self.device_table.FEATURE_NAMES else []
+        self.wave_names = [n for a, b in self.wave_pairs
+                           for n in (f"waves({self.part_fits_[a][0]},{self.part_fits_[b][0]})",
+                                     f"tail({self.part_fits_[a][0]},{self.part_fits_[b][0]})")]
+        self.names = (self.problem_names + self.config_names + self.fit_names
+                      + self.device_names + self.wave_names)
         repeated = sorted({n for n in self.names if self.names.count(n) > 1})
         if repeated:
             raise TableDataError(f"the schema's column names make feature name(s) {repeated} "
@@ -154,6 +202,37 @@ class TableFeatures:
     def _index_categories(self) -> None:
         self._codes = {column: {value: code for code, value in enumerate(values)}
                        for column, values in self.categories_.items()}
+        self._find_parts()
+        self._name()
+
+    def _find_parts(self) -> None:
+        """The choice parts of the categorical configuration columns' training values (module
+        docstring), and the ones matching a numeric problem column by name."""
+        self.parts_, self.part_fits_, self._part_values = [], [], {}
+        if not self.use_parts:
+            return
+        problems = {p.lower(): p for p in self.blocks.problem_numeric}
+        for column in self.blocks.config_categorical:
+            values = self.categories_.get(column, [])
+            parsed = {v: choice_parts(v) for v in values}
+            counts: dict[str, int] = {}
+            for parts in parsed.values():
+                for name in parts:
+                    counts[name] = counts.get(name, 0) + 1
+            kept = sorted(n for n, k in counts.items()
+                          if k >= max(2, MIN_PART_SHARE * len(values))
+                          and len({parsed[v].get(n) for v in values if n in parsed[v]}) > 1)
+            kept = kept[:MAX_PARTS]
+            self.parts_ += [(column, name) for name in kept]
+            self.part_fits_ += [(problems[_tail_token(name)], column, name) for name in kept
+                                if _tail_token(name) in problems]
+            self._part_values[column] = {name: {v: parsed[v].get(name, np.nan) for v in values}
+                                         for name in kept}
+
+    def _part(self, column: str, name: str, values) -> np.ndarray:
+        """A choice part's numbers for `values` of `column` (NaN where absent or unseen)."""
+        known = self._part_values[column][name]
+        return pd.Series(np.asarray(values)).astype(str).map(known).to_numpy(dtype=np.float64)
 
     def _check_fitted(self) -> None:
         if self.categories_ is None:
@@ -192,6 +271,9 @@ class TableFeatures:
             values = np.asarray(configs[c], dtype=np.float64)
             out += [values, _log2(values)]
         out += [self._codes_of(c, configs[c]) for c in blocks.config_categorical]
+        for column, name in self.parts_:
+            values = self._part(column, name, configs[column])
+            out += [values, _log2(values)]
         return _stack(out, count)
 
     def fit_features(self, problems: Mapping[str, np.ndarray],
@@ -202,7 +284,30 @@ class TableFeatures:
             size = np.asarray(problems[p], dtype=np.float64)
             tile = np.asarray(configs[c], dtype=np.float64)
             out += [_ratio(size, tile), _fit(size, tile)]
+        for p, c, q in self.part_fits_:
+            size = np.asarray(problems[p], dtype=np.float64)
+            tile = self._part(c, q, configs[c])
+            out += [_ratio(size, tile), _fit(size, tile)]
         count = len(next(iter(configs.values())))
+        return _stack(out, count)
+
+    def wave_features(self, problems: Mapping[str, np.ndarray], configs: Mapping[str, np.ndarray],
+                      log2_units: np.ndarray) -> np.ndarray:
+        """(N, len(wave_names)): per two matched parts, the tiles over the compute units
+        (waves) and the last wave's share of them (tail; 1.0 when the tiles fill it)."""
+        tiles = []
+        for p, c, q in self.part_fits_:
+            size = np.asarray(problems[p], dtype=np.float64)
+            tile = self._part(c, q, configs[c])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                tiles.append(np.where((size > 0) & (tile > 0), np.ceil(size / tile), np.nan))
+        units = np.exp2(np.asarray(log2_units, dtype=np.float64))
+        out = []
+        for a, b in self.wave_pairs:
+            waves = tiles[a] * tiles[b] / units
+            tail = waves - np.floor(waves)
+            out += [waves, np.where(tail == 0, 1.0, tail)]
+        count = len(np.asarray(log2_units).reshape(-1))
         return _stack(out, count)
 
     def device_features(self, devices: Sequence[str], table=None) -> np.ndarray:
@@ -225,18 +330,23 @@ class TableFeatures:
             raise TableDataError(f"rows lack column(s) {missing}")
         out = np.empty((len(frame), len(self.names)), dtype=DTYPE)
         stops = np.cumsum([0, len(self.problem_names), len(self.config_names),
-                           len(self.fit_names), len(self.device_names)])
+                           len(self.fit_names), len(self.device_names), len(self.wave_names)])
         for (start, stop), columns, key, block in (
                 ((stops[0], stops[1]), problem_cols, "dims_key", self.problem_features),
                 ((stops[1], stops[2]), config_cols, "kernel", self.config_features)):
             index, unique = _distinct(frame, columns, key)
             out[:, start:stop] = block(unique)[index]
         fit_columns = {p for p, _ in self.blocks.fit_pairs} | {c for _, c in self.blocks.fit_pairs}
+        fit_columns |= {p for p, _, _ in self.part_fits_} | {c for _, c, _ in self.part_fits_}
         values = {c: frame[c].to_numpy() for c in fit_columns}
         out[:, stops[2]:stops[3]] = self.fit_features(values, values) if fit_columns else \
             np.empty((len(frame), 0))
         device_index, devices = pd.factorize(frame["device"].astype(str))
-        out[:, stops[3]:] = self.device_features(list(devices), device_table)[device_index]
+        device_block = self.device_features(list(devices), device_table)[device_index]
+        out[:, stops[3]:stops[4]] = device_block
+        if self.wave_names:
+            units = device_block[:, self.device_table.FEATURE_NAMES.index(COMPUTE_UNITS)]
+            out[:, stops[4]:] = self.wave_features(values, values, units)
         return out
 
     def grid(self, problems: pd.DataFrame, configs: pd.DataFrame, device: str,
@@ -252,16 +362,24 @@ class TableFeatures:
         out = np.empty((n_problems * n_configs, len(self.names)), dtype=DTYPE)
         view = out.reshape(n_problems, n_configs, len(self.names))
         stops = np.cumsum([0, len(self.problem_names), len(self.config_names),
-                           len(self.fit_names), len(self.device_names)])
+                           len(self.fit_names), len(self.device_names), len(self.wave_names)])
         view[:, :, stops[0]:stops[1]] = problem_block[:, None, :]
         view[:, :, stops[1]:stops[2]] = config_block[None, :, :]
+        sizes = {p: np.repeat(problems[p].to_numpy(dtype=np.float64), n_configs)
+                 for p in {p for p, _ in self.blocks.fit_pairs}
+                 | {p for p, _, _ in self.part_fits_}}
+        tiles = {c: np.tile(configs[c].to_numpy(dtype=np.float64), n_problems)
+                 for _, c in self.blocks.fit_pairs}
+        tiles.update({c: np.tile(configs[c].to_numpy(), n_problems)
+                      for _, c, _ in self.part_fits_})
         if self.fit_names:
-            sizes = {p: np.repeat(problems[p].to_numpy(dtype=np.float64), n_configs)
-                     for p, _ in self.blocks.fit_pairs}
-            tiles = {c: np.tile(configs[c].to_numpy(dtype=np.float64), n_problems)
-                     for _, c in self.blocks.fit_pairs}
             out[:, stops[2]:stops[3]] = self.fit_features(sizes, tiles)
-        out[:, stops[3]:] = self.device_features([device], device_table)[0]
+        device_row = self.device_features([device], device_table)[0]
+        out[:, stops[3]:stops[4]] = device_row
+        if self.wave_names:
+            units = np.full(len(out), device_row[self.device_table.FEATURE_NAMES.index(
+                COMPUTE_UNITS)])
+            out[:, stops[4]:] = self.wave_features(sizes, tiles, units)
         return out
 
     # -- persistence ---------------------------------------------------------------------
@@ -270,7 +388,7 @@ class TableFeatures:
         """The engine's part of feature_spec.json (the device table is stored apart)."""
         self._check_fitted()
         return {"schema": self.schema.to_json(), "categories": self.categories_,
-                "feature_names": list(self.names),
+                "choice_parts": self.use_parts, "feature_names": list(self.names),
                 "categorical_features": self.categorical_indices,
                 "max_problem_pairs": MAX_PROBLEM_PAIRS, "max_fit_pairs": MAX_FIT_PAIRS}
 
@@ -279,7 +397,8 @@ class TableFeatures:
         """The engine stored by to_json; TableDataError when the stored feature names are not
         the ones this code derives from the stored schema (a model of another tilecast)."""
         engine = cls(TableSchema.from_json(document["schema"]), device_table,
-                     categories=document["categories"])
+                     categories=document["categories"],
+                     parts=bool(document.get("choice_parts", False)))
         if list(document["feature_names"]) != engine.names:
             raise TableDataError("the model's feature names differ from the ones this tilecast "
                                  "derives from its schema; retrain the model with this version")

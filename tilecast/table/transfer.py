@@ -9,9 +9,12 @@ the model trains on the rest.
 Per (held-out device, problem): the oracle is the best ok time among the configurations
 measured there; the efficiency of a pick is best time / its time, 0 when the pick has no ok
 time there (counted as `unmeasured_picks`, of which `failed_picks` failed there). The model
-and every baseline choose among the configurations the held-out device has a record of (ok,
-failed or invalid): one it never ran cannot be scored, and devices' caches of one kernel often
-cover different spaces; a pick that failed there scores 0. `top1`: the
+and every baseline choose, for each problem, among the configurations it was offered on the
+held-out device, those with a record there (ok, failed or invalid; column `offered`): an
+autotuner offers each problem its own choices, one never offered is no choice there, and
+devices' caches of one kernel often cover different spaces; a pick that failed there scores
+0. Split `sources`: each imported file's problems held out in turn on every device (a
+workload the model never saw). `top1`: the
 pick is within TIE_PCT of the best; `top5`: one of the five highest predictions is;
 `shortlist[k]`: the best efficiency among the k highest predictions (a user measures those k
 and keeps the fastest), beside `shortlist_random[k]`, the expected best of k random ok
