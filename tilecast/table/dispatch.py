@@ -11,7 +11,9 @@ the model never saw measured, problem folds for a new problem on a training devi
 threshold the answer is "unsure" and comes with the shortlist worth measuring. Where the top
 prediction does not beat the model's incumbent (its training data's best-on-average
 configuration) by the calibration's margin, the answer is the incumbent (Choice.incumbent),
-except for a problem measured on that device in the training data.
+except for a problem measured on that device in the training data; with no calibration for
+the case (a device the model never saw, trained on one device) the answer is the incumbent,
+unsure.
 Rankings are memoized per (device, problem), so a repeated query costs a dictionary lookup.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
 from tilecast.runtime.dispatch import (DEFAULT_CACHE_SIZE, ProblemError, _raw_key,
                                        parse_problem_string)
-from tilecast.table.confidence import Calibrations, guarded, incumbent_gain
+from tilecast.table.confidence import NEVER, Calibrations, guarded, incumbent_gain
 from tilecast.table.dataset import TableDataError
 from tilecast.table.model import FAMILY, TableModel, check_problem, resolve_device
 
@@ -67,7 +69,9 @@ class TableRanking:
         self.device = device
         self.beyond = tuple(beyond)
         order = np.argsort(-scores, kind="stable")   # equal predictions in key order
-        margin = 0.0 if calibration is None else calibration.margin
+        # no calibration for the case (a new device of a model trained on one): no evidence
+        # that a pick beats the incumbent, so the incumbent it is (unsure, with the shortlist)
+        margin = NEVER if calibration is None else calibration.margin
         gain = incumbent_gain(scores, kernels, incumbent)
         self.guarded = False          # the guard put the incumbent before a different top
         if guarded(np.array([gain]), margin)[0]:

@@ -22,7 +22,9 @@ configurations. `unsure`: the model's confidence (tilecast.table.confidence) is 
 on the training rows only, by an inner split of the same kind as the outer one, as a trained
 model's calibrations are (tilecast.table.train): leave-one-device-out over the training
 devices (grouped by held-out device) when a device is held out and two or more remain,
-problem folds otherwise, so a held-out device's confidences never saw it; `coverage` is the
+problem folds when problems are held out, so a held-out device's confidences never saw it; a
+device held out from one training device cannot be calibrated: answered with the incumbent,
+unsure, as the dispatcher answers it; `coverage` is the
 share of problems answered sure, `precision` the share of sure answers reaching `target`,
 `confident_wrong` the share of ALL problems answered sure below `target`. A held-out device
 further from its nearest training device than any training device lies from the rest, or of
@@ -41,6 +43,7 @@ efficiencies, confidences, the baselines' picks) comes back beside the report.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -50,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from tilecast.table import transfer_baselines as baselines
-from tilecast.table.confidence import Calibration, fit_calibration, guarded
+from tilecast.table.confidence import NEVER, Calibration, fit_calibration, guarded
 from tilecast.table.dataset import TableDataset, parse_key, key_of
 from tilecast.table.transfer_baselines import TIE_EFFICIENCY, TIE_PCT
 from tilecast.table.transfer_summary import summarize
@@ -301,8 +304,14 @@ def _calibrate(run: _Run, fold: Fold, target: float, max_wrong: float) -> tuple[
     """A calibration from the fold's training rows alone (module docstring): the inner
     split's held-out picks, fitted by fit_calibration."""
     # the case the outer fold scores: a new problem on training devices, or a new device
-    method = ("problems" if fold.test_problems is not None or fold.train["device"].nunique() < 2
-              else "leave-one-device-out")
+    if fold.test_problems is None and fold.train["device"].nunique() < 2:
+        # a new device and one training device: no pick on a new device can be calibrated;
+        # the dispatcher answers such a model's incumbent, unsure (tilecast.table.dispatch)
+        return Calibration(slacks=(0.0,), probabilities=(0.0,), threshold=math.inf,
+                           target=target, max_wrong=max_wrong, margin=NEVER,
+                           note="one training device: a new device's picks cannot be "
+                                "calibrated; the incumbent, unsure"), "none"
+    method = "problems" if fold.test_problems is not None else "leave-one-device-out"
     scores, tables = [], []
     try:
         inner_folds = folds(fold.fit_rows, method, run.seed, exclude=fold.exclude_devices)
