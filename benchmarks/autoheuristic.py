@@ -85,6 +85,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--gpus", default="a100,h100", help="per-device evaluations of these")
+    parser.add_argument("--formulation", default=None,
+                        help="train with this formulation (tilecast.table.model.FORMULATIONS)")
     parser.add_argument("--no-parts", action="store_true",
                         help="without the choice-part features (what they give)")
     parser.add_argument("--only", default=None,
@@ -96,6 +98,12 @@ def main() -> int:
         from tilecast.table import features
 
         features.CHOICE_PARTS = False
+    if args.formulation:
+        from tilecast.table import model
+
+        fit = model.TableModel.fit.__func__
+        model.TableModel.fit = classmethod(
+            lambda cls, *a, **k: fit(cls, *a, **{**k, "formulation": args.formulation}))
     raw = args.out / "raw"
     if not (raw / "a100").is_dir():
         unzip(args.data, raw)

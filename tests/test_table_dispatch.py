@@ -347,3 +347,13 @@ def test_publish_without_a_trained_model_is_a_clear_error(setup, tmp_path, capsy
     assert main(["publish", "--workdir", str(tmp_path), "--registry", str(setup["registry"]),
                  "--model", "mm"]) == 2
     assert "run `tilecast train --dataset DIR --workdir W` first" in capsys.readouterr().err
+
+
+def test_a_table_model_is_served_as_it_is_without_a_class_warning(setup, caplog):
+    """A table model answers per device, not per host class: no warning that it was
+    published without one (the production alias is resolved before its spec is read)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="tilecast.registry"):
+        assert registry.serving_name(setup["registry"], "mm") == "mm"
+    assert "without a hardware class" not in caplog.text

@@ -139,7 +139,8 @@ def serving_name(root, model: str, host: str | None = None) -> str:
     names = list_models(root)
     if classes.split(model)[1] is None and model in names and not classes.classes(names, model):
         try:
-            spec = json.loads(read_version_file(root, model, PRODUCTION, "feature_spec.json"))
+            version = resolve_version(root, model, PRODUCTION)
+            spec = json.loads(read_version_file(root, model, version, "feature_spec.json"))
             if spec.get("family") == "table":
                 return model
         except (RegistryError, ValueError):

@@ -199,7 +199,7 @@ class TableDispatcher:
             try:
                 if isinstance(candidate, Mapping):
                     key = key_of(names, _config_values(columns, candidate))
-                elif len(names) == 1 and "=" not in str(candidate):
+                elif len(names) == 1 and not str(candidate).startswith(f"{names[0]}="):
                     key = key_of(names, _config_values(columns, {names[0]: candidate}))
                 else:
                     key = key_of(names, parse_key(str(candidate), columns))
