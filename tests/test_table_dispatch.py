@@ -226,6 +226,9 @@ def test_a_model_of_one_device_needs_no_device(setup):
                            rounds=10, threads=1)
     dispatcher = TableDispatcher(model, None)
     assert dispatcher.select(BIG) == dispatcher.select(BIG, device="A100-PCIE-40GB")
+    # no calibration for a new device: the incumbent, unsure, with a shortlist to measure
+    choice = dispatcher.choice(BIG, device="MI250X")
+    assert choice.kernel == model.incumbent and choice.unsure and choice.shortlist
 
 
 # -- the command line -----------------------------------------------------------------------

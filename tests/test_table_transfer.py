@@ -548,3 +548,17 @@ def test_sources_split_holds_out_each_files_problems(devices):
     with pytest.raises(TransferError, match="needs 2 or more"):
         run_transfer(_dataset(_rows(DEVICES[:2])), devices, split="sources", rounds=ROUNDS,
                      threads=THREADS)
+
+
+def test_a_device_held_out_from_one_training_device_gets_the_incumbent_unsure(devices):
+    """With one training device nothing calibrates a pick on a new device: the answer is
+    the incumbent, unsure, as the dispatcher gives it; the shortlist still ranks."""
+    result = run_transfer(_dataset(_rows(DEVICES[:2])), devices, rounds=ROUNDS,
+                          threads=THREADS, default=DEFAULT)
+    table = result.per_problem
+    assert (table["pick"] == table["incumbent"]).all() and not table["sure"].any()
+    for block in result.report["devices"].values():
+        assert block["unsure"]["coverage"] == 0.0
+        assert block["folds"][0]["method"] == "none" and "one training device" in \
+            block["folds"][0]["note"]
+    assert (table["shortlist_5"] >= table["efficiency"]).all()
