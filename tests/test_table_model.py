@@ -268,6 +268,21 @@ def test_in_sample_picks_are_near_the_best(model, dataset):
     assert efficiency.mean() >= 0.9, efficiency
 
 
+def test_lambdarank_learns_each_problems_order(dataset, devices):
+    """The listwise formulation: (device, problem) groups as queries, grades from efficiency;
+    its scores map into (0, 1) and rank in-sample picks near the best."""
+    from tilecast.table.model import FORMULATIONS
+
+    grades = FORMULATIONS["lambdarank"].target(np.array([1.0, 0.95, 0.9, 0.8, 0.1]))
+    assert list(grades) == [30, 20, 13, 5, 0]
+    ranker = TableModel.fit(dataset, devices, rounds=ROUNDS, seed=0, threads=THREADS,
+                            formulation="lambdarank")
+    predicted = np.array(list(ranker.predict(PROBLEMS[2], "T4").values()))
+    assert ((predicted > 0) & (predicted < 1)).all()
+    efficiency = np.concatenate([pick_efficiency(ranker, dataset, d) for d in DEVICES])
+    assert efficiency.mean() >= 0.9, efficiency
+
+
 def test_a_device_left_out_is_answered_from_its_features(model_without_t4, dataset):
     assert "T4" not in model_without_t4.training_devices
     assert model_without_t4.failed_on("T4") == set()        # nothing known about it

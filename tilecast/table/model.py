@@ -102,10 +102,22 @@ def _top_weight(efficiency: np.ndarray) -> np.ndarray:
     return WEIGHT_FLOOR + efficiency ** TOP_POWER
 
 
+def _grades(efficiency: np.ndarray) -> np.ndarray:
+    """LambdaRank's relevance: integer grades 0..30, top-heavy (1.0 -> 30, 0.95 -> 20,
+    0.9 -> 13, 0.8 -> 5), within LightGBM's default label_gain."""
+    return np.rint(30.0 * np.clip(efficiency, 0.0, 1.0) ** 8).astype(np.int32)
+
+
+def _sigmoid(scores: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(scores, dtype=np.float64)))
+
+
 FORMULATIONS = {
     "log_efficiency": Formulation("regression", _log_efficiency, _top_weight, np.exp),
     "efficiency": Formulation("regression", target=lambda e: e, weight=np.ones_like,
                               to_efficiency=lambda s: s),
+    # (device, problem) groups as queries; a score, mapped into (0, 1) for the ensemble
+    "lambdarank": Formulation("lambdarank", _grades, np.ones_like, _sigmoid),
 }
 DEFAULT_FORMULATION = "efficiency"
 
@@ -279,12 +291,21 @@ class TableModel:
         X = np.hstack([features.rows(rows.ok),
                        rows_features(reference, rows.ok, dataset.schema, vectors, mask)])
         params = {**lgb_params(formulation, len(X), threads, seed), **(params or {})}
+        group, efficiency = None, rows.efficiency
+        if how.objective == "lambdarank":   # queries: each (device, problem)'s rows together
+            keys = (rows.ok["device"].astype(str) + "\0" + rows.ok["dims_key"].astype(str)
+                    ).to_numpy()
+            order = np.argsort(keys, kind="stable")
+            X, keys, efficiency = X[order], keys[order], efficiency[order]
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+            group = np.diff(np.r_[starts, len(keys)])
         boosters = {}
         for member in MEMBERS:
             blank = member_blanks([*features.names, *REFERENCE_NAMES], member)
             train_set = lgb.Dataset(np.where(blank[None, :], np.nan, X) if blank.any() else X,
-                                    how.target(rows.efficiency),
-                                    weight=how.weight(rows.efficiency),
+                                    how.target(efficiency), group=group,
+                                    weight=None if group is not None
+                                    else how.weight(efficiency),
                                     categorical_feature=features.categorical_indices or "auto",
                                     free_raw_data=True)
             boosters[member] = lgb.train(params, train_set, num_boost_round=int(rounds))
