@@ -360,3 +360,20 @@ def test_a_table_model_is_served_as_it_is_without_a_class_warning(setup, caplog)
     with caplog.at_level(logging.WARNING, logger="tilecast.registry"):
         assert registry.serving_name(setup["registry"], "mm") == "mm"
     assert "without a hardware class" not in caplog.text
+
+
+def test_train_and_evaluate_take_a_formulation(setup, tmp_path, capsys):
+    """--formulation lambdarank: trained, saved with it, loaded and answering; evaluate the
+    same; a name that is none is one line."""
+    work = tmp_path / "rank"
+    assert main(["train", "--dataset", str(setup["dataset"]), "--workdir", str(work),
+                 "--rounds", ROUNDS, "--threads", THREADS, "--formulation", "lambdarank"]) == 0
+    spec = json.loads((work / "models" / "table" / "feature_spec.json").read_text())
+    assert spec["formulation"] == "lambdarank"
+    loaded = TableModel.load(work / "models" / "table")
+    assert loaded.formulation == "lambdarank"
+    assert set(loaded.predict(PROBLEMS[1], "T4")) <= set(loaded.candidates())
+    capsys.readouterr()
+    assert main(["train", "--dataset", str(setup["dataset"]), "--workdir", str(work),
+                 "--formulation", "lambda"]) == 2
+    assert "valid: log_efficiency, efficiency, lambdarank" in capsys.readouterr().err

@@ -250,6 +250,7 @@ def _cmd_train(args) -> int:
                           devices_files=[user_file(path, "devices file", text=True)
                                          for path in args.devices],
                           exclude_devices=args.exclude_device or (), rounds=args.rounds,
+                          **({"formulation": args.formulation} if args.formulation else {}),
                           threads=args.threads)
     print(summary.line())
     return 0
@@ -480,7 +481,7 @@ def _class_to_move(root, model: str) -> str:
 #: `evaluate`'s two modes and the options of each (argparse dests; None = not given).
 EVALUATE_MODES = {"--model": ("model", "problems", "registry", "alias", "config"),
                   "--dataset": ("dataset", "split", "devices", "rounds", "default_config",
-                                "threads")}
+                                "threads", "formulation")}
 EVALUATE_USAGE = ("give --model M --problems FILE (score a published model on your own "
                   "problems) or --dataset DIR (evaluate a table model across devices)")
 
@@ -525,7 +526,8 @@ def _cmd_evaluate_dataset(args) -> int:
     devices = DeviceTable.load(extra=extra)
     options = {"rounds": args.rounds} if args.rounds is not None else {}
     result = run_transfer(dataset, devices, split=args.split or "leave-one-device-out",
-                          threads=args.threads, default=args.default_config, **options)
+                          threads=args.threads, default=args.default_config,
+                          formulation=args.formulation, **options)
     for path in write_report(workdir, result):
         print(f"evaluate: wrote {path}", file=sys.stderr)
     print(overall_line(result.report))
@@ -673,6 +675,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--exclude-device", action="append", default=None, metavar="NAME",
                        help="leave this device's measurements out (repeatable)")
     train.add_argument("--rounds", type=int, default=300, help="boosting rounds (default 300)")
+    train.add_argument("--formulation", default=None, metavar="NAME",
+                       help="efficiency (default: regression on each choice's efficiency), "
+                            "log_efficiency, or lambdarank (each problem's choices ranked; "
+                            "better within a device's problems, worse on a new workload: "
+                            "docs/results.md)")
     train.add_argument("--threads", type=int, default=None, help="training threads (default 2)")
     train.set_defaults(func=_cmd_train)
 
@@ -744,6 +751,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a hardware table adding to or replacing the shipped devices "
                                "(repeatable)")
     evaluate.add_argument("--rounds", type=int, help="boosting rounds (default 300)")
+    evaluate.add_argument("--formulation", default=None, metavar="NAME",
+                          help="the model's formulation, as tilecast train --formulation")
     evaluate.add_argument("--default", dest="default_config", metavar="KEY",
                           help="a configuration to report as the 'default' baseline "
                                "(e.g. a vendor library's choice), as name=value,...")

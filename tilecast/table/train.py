@@ -36,8 +36,8 @@ import pandas as pd
 from tilecast.core.atomic import atomic_write_json
 from tilecast.stages.layout import MANIFEST_FILE, Workdir
 from tilecast.table.dataset import TableDataError, TableDataset, read_dataset
-from tilecast.table.model import (ROW_BUDGET, TableModel, canonical_devices, excluded_names,
-                                  efficiencies)
+from tilecast.table.model import (DEFAULT_FORMULATION, FORMULATIONS, ROW_BUDGET, TableModel,
+                                  canonical_devices, excluded_names, efficiencies)
 
 log = logging.getLogger("tilecast.table.train")
 
@@ -151,7 +151,8 @@ def summary(picks: Picks) -> dict:
 def out_of_fold(dataset: TableDataset, devices, *, exclude_devices: Sequence[str] = (),
                 rounds: int = 300, threads: int | None = None, seed: int = 0,
                 budget: int = ROW_BUDGET, method: str | None = None,
-                problem_folds: int = PROBLEM_FOLDS) -> tuple[str, Picks]:
+                problem_folds: int = PROBLEM_FOLDS,
+                formulation: str = DEFAULT_FORMULATION) -> tuple[str, Picks]:
     """(method, held-out picks) of inner models (module docstring): `method`
     "leave-one-device-out" or "problems", by default the first when two or more devices were
     measured; method "none" with no picks when the data allows no such split."""
@@ -181,7 +182,8 @@ def out_of_fold(dataset: TableDataset, devices, *, exclude_devices: Sequence[str
         inner = TableModel.fit(
             TableDataset(frame=train.reset_index(drop=True), schema=dataset.schema),
             devices, rounds=max(1, int(rounds * INNER_ROUNDS_SHARE)), threads=threads,
-            seed=seed, budget=max(1, int(budget * INNER_BUDGET_SHARE)))
+            seed=seed, budget=max(1, int(budget * INNER_BUDGET_SHARE)),
+            formulation=formulation)
         picks = score_picks(inner, frame[test_mask], dataset.schema, seed=seed)
         tables.append(picks.table)
         scores += picks.scores
@@ -221,25 +223,28 @@ class TrainSummary:
 def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
                 exclude_devices: Sequence[str] = (), rounds: int = 300,
                 threads: int | None = None, seed: int = 0,
-                budget: int = ROW_BUDGET) -> TrainSummary:
+                budget: int = ROW_BUDGET,
+                formulation: str = DEFAULT_FORMULATION) -> TrainSummary:
     """Train a table model on the dataset in `dataset_dir` and write W/models/table/ (module
-    docstring). TableDataError for a bad dataset, an unknown device or an excluded device
-    the dataset lacks."""
+    docstring); `formulation`: TableModel.fit's. TableDataError for a bad dataset, an unknown
+    device or an excluded device the dataset lacks."""
     from tilecast.stages.train import git_sha, library_versions
     from tilecast.table.confidence import Calibrations, fit_calibration
     from tilecast.table.devices import DeviceTable
 
     if int(rounds) < 1:
         raise TableDataError(f"--rounds {rounds} must be a positive number of boosting rounds")
+    if formulation not in FORMULATIONS:
+        raise TableDataError(f"--formulation {formulation!r}: valid: {', '.join(FORMULATIONS)}")
     started = time.monotonic()
     dataset = read_dataset(dataset_dir)
     devices = DeviceTable.load(extra=list(devices_files))
     fit_started = time.monotonic()
     model = TableModel.fit(dataset, devices, exclude_devices=exclude_devices, rounds=rounds,
-                           threads=threads, seed=seed, budget=budget)
+                           threads=threads, seed=seed, budget=budget, formulation=formulation)
     fit_seconds = time.monotonic() - fit_started
     inner = {"exclude_devices": exclude_devices, "rounds": rounds, "threads": threads,
-             "seed": seed, "budget": budget}
+             "seed": seed, "budget": budget, "formulation": formulation}
     method, held = out_of_fold(dataset, devices, **inner)
     known_method, known_held = ((method, held) if method != "leave-one-device-out" else
                                 out_of_fold(dataset, devices, method="problems",

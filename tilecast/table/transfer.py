@@ -193,6 +193,7 @@ class _Run:
     rounds: int
     threads: int | None
     seed: int
+    formulation: str = "efficiency"
 
     def fit(self, fold: Fold):
         from tilecast.table.model import TableModel
@@ -200,7 +201,8 @@ class _Run:
         part = TableDataset(frame=fold.fit_rows.reset_index(drop=True),
                             schema=self.dataset.schema, manifest=self.dataset.manifest)
         return TableModel.fit(part, self.devices, exclude_devices=fold.exclude_devices,
-                              rounds=self.rounds, threads=self.threads, seed=self.seed)
+                              rounds=self.rounds, threads=self.threads, seed=self.seed,
+                              formulation=self.formulation)
 
     def grid(self, problems: pd.DataFrame, kernels: Sequence[str], device: str) -> pd.DataFrame:
         """Every (problem, candidate) pair of `problems` on `device`: key, problem and
@@ -374,9 +376,17 @@ def _baseline_columns(run: _Run, fold: Fold, table: pd.DataFrame, pool: Sequence
 def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-device-out",
                  rounds: int = 300, threads: int | None = None,
                  ks: Sequence[int] = DEFAULT_KS, target: float = 0.9, max_wrong: float = 0.02,
-                 default: str | None = None, seed: int = 0) -> Transfer:
+                 default: str | None = None, seed: int = 0,
+                 formulation: str | None = None) -> Transfer:
     """Evaluate a table model across devices (module docstring); the report and the
-    per-(device, problem) table."""
+    per-(device, problem) table. `formulation`: the model's (TableModel.fit; default its
+    default)."""
+    from tilecast.table.model import DEFAULT_FORMULATION, FORMULATIONS
+
+    formulation = formulation or DEFAULT_FORMULATION
+    if formulation not in FORMULATIONS:
+        raise TransferError(f"unknown formulation {formulation!r}; valid: "
+                            f"{', '.join(FORMULATIONS)}")
     ks = tuple(sorted({int(k) for k in ks}))
     if not ks or ks[0] < 1:
         raise TransferError(f"shortlist sizes {ks} must be positive integers")
@@ -384,7 +394,7 @@ def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-devi
     outer = folds(dataset.frame, split, seed)
     configs = (dataset.frame.drop_duplicates("kernel").set_index("kernel")
                [list(dataset.schema.config_names)])
-    run = _Run(dataset, devices, configs, rounds, threads, seed)
+    run = _Run(dataset, devices, configs, rounds, threads, seed, formulation)
     started, tables, calibrations = time.monotonic(), [], {}
     for number, fold in enumerate(outer, 1):
         fold_started = time.monotonic()
@@ -419,7 +429,8 @@ def run_transfer(dataset: TableDataset, devices, *, split: str = "leave-one-devi
         raise TransferError("no held-out device has an ok measurement: nothing to score")
     per_problem = pd.concat(tables, ignore_index=True)
     report = summarize(per_problem, calibrations, ks=ks, target=target, default=default)
-    report.update({"split": split, "target": target, "max_wrong": max_wrong,
+    report.update({"split": split, "formulation": formulation, "target": target,
+                   "max_wrong": max_wrong,
                    "tie_pct": TIE_PCT, "ks": list(ks), "rounds": rounds,
                    "n_devices": int(dataset.frame["device"].nunique()),
                    "seconds": round(time.monotonic() - started, 2)})
