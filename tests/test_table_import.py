@@ -252,6 +252,21 @@ def test_files_whose_columns_differ_combine_with_the_column_missing_where_lacked
                                       "using_tf32": "c"})
 
 
+def test_kernel_tuner_caches_of_different_problem_ranks_combine(tmp_path):
+    """A 2-D problem's cache beside a 3-D one: problem_size_2 is missing in the 2-D rows."""
+    flat = json.loads(KT_A100.read_text())
+    flat.update(problem_size=[4096, 4096], device_name="Tesla T4")
+    path = tmp_path / "t4_2d.json"
+    path.write_text(json.dumps(flat))
+    summary = import_files("kernel-tuner", [KT_A100, path], tmp_path / "ds")
+    assert "t4_2d.json has no column problem_size_2: missing in its rows" in summary.line()
+    dataset = read_dataset(tmp_path / "ds")
+    partial = {c.name: c.partial for c in dataset.schema.problem}
+    assert partial == {"problem_size_0": False, "problem_size_1": False, "problem_size_2": True}
+    t4 = dataset.frame[dataset.frame["device"] == "T4"]
+    assert t4["problem_size_2"].isna().all() and len(t4) == 24
+
+
 def test_a_column_of_two_kinds_is_refused_in_one_line(tmp_path):
     first = tmp_path / "a" / "autoheuristic" / "NVIDIA_H100_80GB_HBM3" / "mixed_mm.txt"
     first.parent.mkdir(parents=True)

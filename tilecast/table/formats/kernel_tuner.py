@@ -27,7 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from tilecast.table.dataset import Column, TableDataError, TableSchema, infer_kind
 from tilecast.table.formats.common import (Imported, RawFile, check_names, log, read_raw,
-                                           same_columns, seconds_per, source_entry)
+                                           same_columns, seconds_per, source_entry,
+                                           union_columns)
 
 FORMAT = "kernel-tuner"
 WHAT = "a Kernel Tuner cache file or T4 results file"
@@ -83,14 +84,16 @@ def read(paths: Sequence[Path], *, mapping: Mapping | None, device: str | None) 
         raise TableDataError("only T4 metadata files given: add the T4 results files they "
                              "describe")
     _name_kernels(files)
-    problem_names = same_columns({f.raw.path: f.problem_names for f in files}, "problem columns")
+    # caches whose problem columns differ combine: a column one lacks is missing in its rows
+    problem_names, partial, notes = union_columns({f.raw.path: f.problem_names for f in files})
     config_names = same_columns({f.raw.path: f.config_names for f in files},
                                 "tunable parameters (tune_params_keys)")
     rows = [row for f in files for row in f.rows]
     schema = TableSchema(
-        problem=tuple(Column(n, infer_kind(r[n] for r in rows)) for n in problem_names),
+        problem=tuple(Column(n, infer_kind(r.get(n) for r in rows), n in partial)
+                      for n in problem_names),
         config=tuple(Column(n, infer_kind(r[n] for r in rows)) for n in config_names))
-    return Imported(schema=schema, rows=rows, sources=sources)
+    return Imported(schema=schema, rows=rows, sources=sources, notes=notes)
 
 
 # -- JSON, open caches ---------------------------------------------------------------------
