@@ -374,8 +374,8 @@ def gather(ctx: pipeline.RunContext, name: str) -> int:
     frame = store_nights.read_frame(Store(ctx.store).require(), ctx.hardware["hardware_class"],
                                     name, ctx.run_id)
     if frame.empty:
-        raise FleetError(f"fleet night {ctx.run_id}: no shard of {name} appended any record; "
-                         "nothing to train on")
+        raise FleetError(f"no shard of {name} appended any record tonight; nothing to train "
+                         "on")
     out = ctx.layout.dataset(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_parquet(frame.drop(columns=["hardware_class", "record_id"], errors="ignore"), out)
