@@ -229,6 +229,11 @@ class TableFeatures:
             self._part_values[column] = {name: {v: parsed[v].get(name, np.nan) for v in values}
                                          for name in kept}
 
+    def _part_tiles(self, configs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The matched parts' numbers of configurations given as column -> values, keyed
+        `column.part` (what fit_features and wave_features read as tiles)."""
+        return {f"{c}.{q}": self._part(c, q, configs[c]) for _, c, q in self.part_fits_}
+
     def _part(self, column: str, name: str, values) -> np.ndarray:
         """A choice part's numbers for `values` of `column` (NaN where absent or unseen)."""
         known = self._part_values[column][name]
@@ -278,7 +283,8 @@ class TableFeatures:
 
     def fit_features(self, problems: Mapping[str, np.ndarray],
                      configs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """(N, len(fit_names)) for N rows: problem and configuration columns aligned row by row."""
+        """(N, len(fit_names)) for N rows: problem and configuration columns aligned row by row
+        (with the matched parts' numbers, _part_tiles)."""
         out = []
         for p, c in self.blocks.fit_pairs:
             size = np.asarray(problems[p], dtype=np.float64)
@@ -286,7 +292,7 @@ class TableFeatures:
             out += [_ratio(size, tile), _fit(size, tile)]
         for p, c, q in self.part_fits_:
             size = np.asarray(problems[p], dtype=np.float64)
-            tile = self._part(c, q, configs[c])
+            tile = configs[f"{c}.{q}"]
             out += [_ratio(size, tile), _fit(size, tile)]
         count = len(next(iter(configs.values())))
         return _stack(out, count)
@@ -298,7 +304,7 @@ class TableFeatures:
         tiles = []
         for p, c, q in self.part_fits_:
             size = np.asarray(problems[p], dtype=np.float64)
-            tile = self._part(c, q, configs[c])
+            tile = configs[f"{c}.{q}"]
             with np.errstate(divide="ignore", invalid="ignore"):
                 tiles.append(np.where((size > 0) & (tile > 0), np.ceil(size / tile), np.nan))
         units = np.exp2(np.asarray(log2_units, dtype=np.float64))
@@ -337,8 +343,11 @@ class TableFeatures:
             index, unique = _distinct(frame, columns, key)
             out[:, start:stop] = block(unique)[index]
         fit_columns = {p for p, _ in self.blocks.fit_pairs} | {c for _, c in self.blocks.fit_pairs}
-        fit_columns |= {p for p, _, _ in self.part_fits_} | {c for _, c, _ in self.part_fits_}
+        fit_columns |= {p for p, _, _ in self.part_fits_}
         values = {c: frame[c].to_numpy() for c in fit_columns}
+        if self.part_fits_:   # parsed once per distinct configuration, gathered to the rows
+            index, unique = _distinct(frame, config_cols, "kernel")
+            values.update({k: v[index] for k, v in self._part_tiles(unique).items()})
         out[:, stops[2]:stops[3]] = self.fit_features(values, values) if fit_columns else \
             np.empty((len(frame), 0))
         device_index, devices = pd.factorize(frame["device"].astype(str))
@@ -370,8 +379,8 @@ class TableFeatures:
                  | {p for p, _, _ in self.part_fits_}}
         tiles = {c: np.tile(configs[c].to_numpy(dtype=np.float64), n_problems)
                  for _, c in self.blocks.fit_pairs}
-        tiles.update({c: np.tile(configs[c].to_numpy(), n_problems)
-                      for _, c, _ in self.part_fits_})
+        tiles.update({k: np.tile(v, n_problems) for k, v in self._part_tiles(
+            {c: configs[c].to_numpy() for _, c, _ in self.part_fits_}).items()})
         if self.fit_names:
             out[:, stops[2]:stops[3]] = self.fit_features(sizes, tiles)
         device_row = self.device_features([device], device_table)[0]
