@@ -350,8 +350,9 @@ def _baseline_columns(run: _Run, fold: Fold, table: pd.DataFrame, pool: Sequence
         static = ranking[0]
         nearest = baselines.nearest_device(device, sorted(train_ok["device"].unique()),
                                            run.devices)
-        grid = run.grid(test.drop_duplicates("dims_key"), device_pool, device)
-        grid = grid[[k in offered.get(p, ()) for p, k in zip(grid["dims_key"], grid["kernel"])]]
+        pairs = test.loc[test["kernel"].isin(device_pool), ["dims_key", "kernel"]]
+        grid = run.grid(test.drop_duplicates("dims_key"), device_pool, device).merge(
+            pairs.drop_duplicates(), on=["dims_key", "kernel"])     # the offered pairs only
         picks = {"most_similar_device": baselines.most_similar_device_picks(
                      train_ok, nearest, problems, device_pool, offered),
                  "best_on_average": {key: baselines.first_offered(ranking, offered[key])
