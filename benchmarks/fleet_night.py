@@ -3,8 +3,9 @@
 Everything on this machine and loopback: moto's S3 server (in this process) holds the stores
 and registries, a Prefect server on 127.0.0.1, the pools and deployments of prefect.yaml, and
 workers of the tilecast-shards pool each on a slot of one core (`tilecast worker --cpus 1`:
-pinned, its own device name, build cache and home) as machines of one class. A throwaway night on both workers warms their
-build caches; then three nights of one config, one after another:
+pinned, its own device name, build cache and home) as machines of one class. A throwaway
+night on both workers warms their build caches; then three nights of one config, one after
+another:
 
   one   one worker, `tilecast fleet --shards 1`
   two   two workers, `--shards 2`

@@ -124,9 +124,9 @@ class Lease:
 
 
 def machines(store: Store, night: str) -> int:
-    """How many shards of `night` (a night_key) finished on some machine (0: not a fleet night): a night's
-    span over its measuring, times this, is its machines' time (tilecast.store.plan's
-    calibration)."""
+    """How many shards of `night` (a night_key) finished on some machine (0: not a fleet
+    night): a night's span over its measuring, times this, is its machines' time
+    (tilecast.store.plan's calibration)."""
     done = 0
     for shard in store.list_names(f"{FLEET_DIR}/{night}"):
         word = current(store, night, shard)
