@@ -1,5 +1,5 @@
 #!/bin/bash
-# Paired timing of one kernel at two revisions (docs/results.md quotes these as "paired runs"):
+# Paired timing of one kernel at two revisions (docs/journal/ quotes these as "paired runs"):
 #
 #   benchmarks/paired/pair.sh gemm REV_A REV_B "MR NR MC NC KC PAR PREFETCH" MxNxK...
 #   benchmarks/paired/pair.sh conv REV_A REV_B "DIR PIPELINE BM BN BK WAVE SI" GxCxKxHxW...

@@ -566,7 +566,7 @@ def _race(family, builts, problems, done, rec: _Recorder, settings: BenchSetting
     random offsets, so the bias a process gives a kernel differs from round to round. The
     contenders are taken wide (`race_margin_pct` of the best's screen time: six screening
     samples put the next run's winner 10-25 % behind in one problem in six,
-    docs/results.md) and narrowed after each round but the last to those within
+    docs/journal/2026-12-02-avx2-epyc.md) and narrowed after each round but the last to those within
     `race_keep_pct` of the round's best (`interleave.survivors`), so the later rounds'
     cycles go to the close ones. A round's in-window samples are put on the screen's scale through its contenders (the median ratio of their screen
     to their round times), so a contender's pooled label (`dataset.final_table`) still

@@ -20,7 +20,7 @@ from tilecast.store import labels as pooled_labels
 
 DRIFT_WINDOW = 16       # the nights each problem's polish looks at
 CONFIRM_NIGHTS = 2      # nights in a row that must agree
-MIN_SHIFT = 0.03        # 3 %: smaller moves are within a night's own noise (docs/results.md)
+MIN_SHIFT = 0.03        # 3 %: smaller moves are within a night's own noise (docs/journal/)
 Z_LIMIT = 4.0           # robust z-score against the nights before
 MIN_LOOKBACK = 2        # nights before the change needed to judge it
 

@@ -2,7 +2,7 @@
 
 A night measures a problem's kernels side by side, so within a night a kernel's time is
 meaningful relative to its rivals'. A night on a shared machine also carries a state of its
-own that no sample count inside it averages away (docs/results.md: ~1.2 % per label, for the
+own that no sample count inside it averages away (docs/journal/: ~1.2 % per label, for the
 whole run); several nights do. So each problem's labels are pooled over the nights that
 measured it:
 

@@ -17,10 +17,11 @@ a handful of training devices the raw hardware figures identify each device, and
 on them to remember a device rather than learn what carries to a new one; on other data they
 are what sets an unseen device apart; and where one configuration is near-best everywhere the
 prior alone is hard to beat. Leave-one-device-out on three generated datasets
-(docs/results.md, "An ensemble for the cross-device model") put each alone first on one and
-last or near it on another; the ensemble was the best or close to it on all three. A member
-leaves features out by blanking them (NaN) in its training matrix: LightGBM never splits on a
-feature missing throughout, so every member reads the same feature matrix.
+(docs/journal/2026-12-03-avx-512-xeon.md, "An ensemble for the cross-device model") put each
+alone first on one and last or near it on another; the ensemble was the best or close to it
+on all three. A member leaves features out by blanking them (NaN) in its training matrix:
+LightGBM never splits on a feature missing throughout, so every member reads the same feature
+matrix.
 
 Formulation (FORMULATIONS): L2 regression on efficiency itself, every row weighted alike.
 benchmarks/table_formulations.py compared it by leave-one-device-out on three generated
