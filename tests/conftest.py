@@ -30,7 +30,7 @@ def build_cache(tmp_path_factory) -> Path:
 def faulty_binary(tmp_path_factory) -> Path:
     """The fault-injecting GEMM binary of tests/fixtures (segfault, hang, wrong result...)."""
     out = tmp_path_factory.mktemp("faulty") / "faulty_gemm"
-    subprocess.run(["g++", *DEFAULT_FLAGS, f"-I{KERNELS_DIR / 'cpu'}",
+    subprocess.run(["g++", *DEFAULT_FLAGS, f"-I{KERNELS_DIR / 'cpu' / 'common'}",
                     str(FIXTURES / "faulty_gemm.cpp"), "-o", str(out)], check=True)
     return out
 
@@ -41,7 +41,7 @@ def slower_gemm_commit(tmp_path) -> tuple[Path, str]:
     timed call: a real kernel, eight times the work."""
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True)
-    source = clone / "kernels" / "cpu" / "gemm.cpp"
+    source = clone / "kernels" / "cpu" / "gemm" / "gemm.cpp"
     text = source.read_text()
     timed = "measure(protocol, [&] { gemm(problem, workspace); })"
     assert timed in text, f"{source}: the timed call changed; update this test's edit"

@@ -36,7 +36,7 @@ def kernels_copy(tmp_path):
     """kernels/ copied, with the new micro-kernel written into the copy's gemm_microkernel.hpp."""
     copy = tmp_path / "kernels"
     shutil.copytree(KERNELS_DIR / "cpu", copy / "cpu")
-    source = copy / "cpu" / "gemm_microkernel.hpp"
+    source = copy / "cpu" / "gemm" / "gemm_microkernel.hpp"
     text = source.read_text()
     assert PREFETCH_USE in text and PREFETCH_TABLE in text, \
         f"{source}: the micro-kernel changed; update this test's edit"

@@ -22,7 +22,7 @@ from tilecast.cli import user_errors
 from tilecast.core import compile as compiling
 from tilecast.stages.build import (SHARED_FLAGS, BuildError, build_candidates, cache_key,
                                    first_error_line, read_events, rebase_spec, require_some_built,
-                                   write_events)
+                                   source_root, write_events)
 from tilecast.families import get_family
 from tilecast.families.base import KERNELS_DIR, BuildSpec
 from tilecast.families.gemm import GemmConfig
@@ -112,10 +112,10 @@ def test_shared_mode_keys_differ_and_an_older_tree_builds_executables_only(tmp_p
     assert executable != cache_key(spec.library_source, spec.defines, ["-O3", *SHARED_FLAGS], "g++")
     tree = tmp_path / "kernels"
     shutil.copytree(KERNELS_DIR / "cpu", tree / "cpu")
-    assert rebase_spec(spec, tree).library_source == tree / "cpu" / "gemm_lib.cpp"
-    (tree / "cpu" / "gemm_lib.cpp").unlink()  # a revision before the in-process entry
+    assert rebase_spec(spec, tree).library_source == tree / "cpu" / "gemm" / "gemm_lib.cpp"
+    (tree / "cpu" / "gemm" / "gemm_lib.cpp").unlink()  # a revision before the in-process entry
     rebased = rebase_spec(spec, tree)
-    assert rebased.library_source is None and rebased.source == tree / "cpu" / "gemm.cpp"
+    assert rebased.library_source is None and rebased.source == tree / "cpu" / "gemm" / "gemm.cpp"
 
 
 OTHER = GemmConfig("fp32", "avx2", 4, 24, 96, 504, 256, "k", False, False)
@@ -296,6 +296,29 @@ def test_a_header_change_anywhere_in_the_include_chain_is_a_new_build(tmp_path):
     assert _build(tmp_path / "copy" / "k.cpp", cache).binary == third.binary
     assert not _staging_left(cache)
 
+
+def test_a_family_source_keys_the_same_in_any_copy_of_the_kernels_tree(tmp_path):
+    """A family's source includes common/ and other families' headers (../common/harness.hpp):
+    labelled relative to the tree's cpu/, a copy elsewhere keys the same, and an edit of a
+    header outside the family's directory is a new key."""
+    tree = tmp_path / "kernels"
+    shutil.copytree(KERNELS_DIR / "cpu", tree / "cpu")
+    spec = GEMM.build_spec(CFG)
+
+    def key(kernels_dir: Path) -> str:
+        source = rebase_spec(spec, kernels_dir).source
+        return compiling.current_key(compiling.CompileJob(
+            source, "g++", QUICK, spec.defines, root=source_root(source, kernels_dir)))
+
+    original = key(KERNELS_DIR)
+    labels = compiling.list_dependencies(compiling.CompileJob(
+        spec.source, "g++", QUICK, spec.defines, root=source_root(spec.source)))
+    assert "common/harness.hpp" in labels and "gemm/gemm_config.hpp" in labels
+    assert not any(name.startswith("/") and "kernels" in name for name in labels), labels
+    assert key(tree) == original
+    harness = tree / "cpu" / "common" / "harness.hpp"
+    harness.write_text(harness.read_text() + "\n// edited\n")
+    assert key(tree) != original
 
 def test_a_failure_for_a_missing_header_ends_when_the_header_appears(tmp_path):
     """The cached failure's key lists the header it lacked (as absent): creating it is a

@@ -116,7 +116,7 @@ def test_candidate_space_is_the_table():
 
 
 def test_table_matches_the_runtime_library():
-    """TILES is what kernels/cpu/disco_csr_variants.hpp and disco_kpacked_variants.hpp
+    """TILES is what kernels/cpu/disco/disco_csr_variants.hpp and disco_kpacked_variants.hpp
     instantiate for this CPU."""
     isa = _machine_isa()
     assert native.variant_tiles("forward") == TILES[("forward", "csr", isa)]

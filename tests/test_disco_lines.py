@@ -1,4 +1,4 @@
-"""The line-blocked transpose (kernels/cpu/disco_lines_transpose.hpp, tilecast.disco.lines):
+"""The line-blocked transpose (kernels/cpu/disco/disco_lines_transpose.hpp, tilecast.disco.lines):
 its layout against the transpose CSR it regroups, the kernel bit for bit against the CSR
 transpose in three precisions, its bad input refused, and its use by the fused and the
 kpacked paths' backwards."""

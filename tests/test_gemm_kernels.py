@@ -81,7 +81,7 @@ def test_describe_reports_the_compiled_parameters(built):
     assert int(params["KC"]) == b.config.kc and int(params["PACK_A"]) == int(b.config.pack_a)
 
 
-# GEMV-class shapes (min(m, n) <= 8) take kernels/cpu/gemm_skinny.hpp: both of its forms (rows
+# GEMV-class shapes (min(m, n) <= 8) take kernels/cpu/gemm/gemm_skinny.hpp: both of its forms (rows
 # of T contiguous, columns contiguous), every small dimension 1-8 on either side, column
 # tails of every width, K tails, split-K with K below the thread count, past the serial limit,
 # and several of the rows form's column chunks (16384 / R floats, whole pages) with a tail
@@ -126,7 +126,7 @@ def test_panel_packing_matches_a_plain_loop(tmp_path):
 
 
 def test_gemv_groups_of_rows_avoid_full_l1_sets(tmp_path):
-    """group_depth (kernels/cpu/gemm_skinny.hpp), the rows of T a GEMV-class group reads side
+    """group_depth (kernels/cpu/gemm/gemm_skinny.hpp), the rows of T a GEMV-class group reads side
     by side (tests/fixtures/group_depth_check.cpp): for 2-12 ways and row strides of 0-12 KiB,
     no L1 set holds `ways` of a group's lines and a group is cut only one row short of that;
     and the comment's figures (7 rows 4 KiB apart, 14 at 6 KiB, 16 otherwise, 8 on 12 ways)."""
@@ -141,6 +141,7 @@ def _run_fixture(name: str, tmp_path: Path, **params: int) -> subprocess.Complet
     defines = {"TC_DTYPE": 0, "TC_ISA": 0, "TC_MR": 6, "TC_NR": 16, "TC_MC": 96, "TC_NC": 256,
                "TC_KC": 64, "TC_PACK_A": 1, "TC_PAR": 0, "TC_PREFETCH": 0, **params}
     subprocess.run(["g++", *DEFAULT_FLAGS, *(f"-D{k}={v}" for k, v in defines.items()),
-                    f"-I{KERNELS_DIR / 'cpu'}", str(FIXTURES / f"{name}.cpp"), "-o", str(binary)],
+                    f"-I{KERNELS_DIR / 'cpu' / 'gemm'}", str(FIXTURES / f"{name}.cpp"),
+                    "-o", str(binary)],
                    check=True)
     return subprocess.run([str(binary)], capture_output=True, text=True)

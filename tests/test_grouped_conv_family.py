@@ -334,7 +334,7 @@ def test_feature_engine_describes_every_pipeline_of_the_forward_space(hw):
 
 
 def test_gvec_lane_feature_follows_the_path_the_kernel_takes(hw):
-    """n_tile_eff of a gvec kernel describes pixel lanes (kernels/cpu/grouped_conv_lanes.hpp,
+    """n_tile_eff of a gvec kernel describes pixel lanes (kernels/cpu/grouped_conv/grouped_conv_lanes.hpp,
     PixelLaneConv::applies) on AVX-512 and gvec's own vectors elsewhere."""
     def eff(values, direction="forward", avx512=True):
         family = FAMILIES[direction]

@@ -41,9 +41,9 @@ TARGETS = {
     "avx512_bf16": (("-march=skylake-avx512", "-mavx512bf16"), "avx512"),
 }
 ZMM = re.compile(r"%zmm\d+|\bzmm\d+")
-# the DISCO kernels' fp32 -> bf16 store (kernels/cpu/disco_csr_simd.hpp) with AVX512_BF16
+# the DISCO kernels' fp32 -> bf16 store (kernels/cpu/disco/disco_csr_simd.hpp) with AVX512_BF16
 BF16_CONVERT = "vcvtneps2bf16"
-# the bf16 GEMM's micro-kernel with AVX512_BF16 (kernels/cpu/gemm_simd.hpp's VecAvx512Bf16Dot)
+# the bf16 GEMM's micro-kernel with AVX512_BF16 (kernels/cpu/gemm/gemm_simd.hpp's VecAvx512Bf16Dot)
 BF16_DOT = "vdpbf16ps"
 BF16_GEMM = GemmConfig("bf16", "avx512", 6, 48, 96, 480, 256, "k", True, False)
 
@@ -113,7 +113,7 @@ def _jobs(target: str) -> list[tuple[str, Path, list[str]]]:
     libraries = [(disco_native.SOURCE, disco_native.FLAGS),
                  (disco_native.KPACKED_SOURCE, disco_native.FLAGS)]
     if not disco_only:
-        libraries += [(KERNELS_DIR / "cpu" / "fma_peak.cpp", DEFAULT_FLAGS),
+        libraries += [(KERNELS_DIR / "cpu" / "common" / "fma_peak.cpp", DEFAULT_FLAGS),
                       (runtime_native.NATIVE_DIR / "forest.cpp", runtime_native.FLAGS)]
     for source, flags in libraries:
         args = [f for f in _without_march(flags) if f != "-shared"]

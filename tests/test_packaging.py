@@ -65,7 +65,7 @@ def test_a_package_without_its_files_names_where_they_should_be(tmp_path):
 
 def test_this_tree_is_a_checkout():
     assert resources.checkout() == REPO and KERNELS_DIR == REPO / "kernels"
-    assert (KERNELS_DIR / "cpu" / "gemm.cpp").is_file()
+    assert (KERNELS_DIR / "cpu" / "gemm" / "gemm.cpp").is_file()
 
 
 # -- without a checkout ------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def test_a_git_ref_of_a_named_repository_works_without_a_checkout(tmp_path, monk
         pytest.skip("needs this tree as a git repository and git")
     monkeypatch.setattr(resources, "checkout", lambda: None)
     source = rebench.resolve_source(tmp_path, "HEAD", repo=REPO)
-    assert source.kind == "git" and (source.kernels_dir / "cpu" / "gemm.cpp").is_file()
+    assert source.kind == "git" and (source.kernels_dir / "cpu" / "gemm" / "gemm.cpp").is_file()
 
 
 def test_training_lineage_has_no_git_sha_without_a_checkout(monkeypatch):
@@ -158,7 +158,7 @@ def wheel_names(wheel) -> set[str]:
 def test_the_wheel_holds_every_kernel_source_and_shipped_config(wheel_names):
     expected = _tree_files("kernels", "configs")
     assert any(name.endswith(".hpp") for name in expected)
-    assert "configs/tiny.yaml" in expected and "kernels/cpu/gemm.cpp" in expected
+    assert "configs/tiny.yaml" in expected and "kernels/cpu/gemm/gemm.cpp" in expected
     missing = [name for name in expected if _installed_name(name) not in wheel_names]
     assert not missing, f"missing from the wheel: {missing}"
 
@@ -176,7 +176,8 @@ def test_the_wheel_holds_every_file_of_the_package_tree(wheel_names):
 def test_the_wheel_installs_only_the_tilecast_package(wheel_names):
     tops = {name.split("/")[0] for name in wheel_names}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"tilecast"}
-    assert {"tilecast/flows/cli.py", "tilecast/tasks/stages.py", "tilecast/_kernels/cpu/harness.hpp",
+    assert {"tilecast/flows/cli.py", "tilecast/tasks/stages.py",
+            "tilecast/_kernels/cpu/common/harness.hpp",
             "tilecast/_configs/quick.yaml"} <= wheel_names
     info = next(top for top in tops if top.endswith(".dist-info"))
     assert info == f"tilecast-{tilecast.__version__}.dist-info"

@@ -354,7 +354,7 @@ def test_rebench_end_to_end(tmp_path, build_cache, monkeypatch, caplog, capsys,
     third = _report(tmp_path)
     assert third["verdict"] == REGRESSION and third["baseline_run_id"] == second["run_id"]
     assert third["git_sha"] == sha and third["source"]["kind"] == "git"
-    assert (tmp_path / "w" / "rebench" / "src" / sha / "kernels" / "cpu" / "gemm.cpp").exists()
+    assert (tmp_path / "w" / "rebench" / "src" / sha / "kernels" / "cpu" / "gemm" / "gemm.cpp").exists()
     assert {k["kernel"]: k["verdict"] for k in third["kernels"]} == {k: REGRESSION for k in kernels}
     # eight times the work; a busy machine (the baseline measured in a slow spell) narrows
     # single pairs, so the figures are checked over the run, the verdicts per kernel

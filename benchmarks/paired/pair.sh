@@ -27,6 +27,9 @@ tree "$rev_a" "$work/a"
 tree "$rev_b" "$work/b"
 isa=${ISA:-$(grep -q avx512f /proc/cpuinfo && echo 1 || echo 0)}
 common="-std=c++17 -O3 -march=native -fopenmp -DNDEBUG"
+includes() {  # includes DIR: the kernel headers of a tree, in kernels/cpu/<family>/ or (older) flat
+  echo "-I$1/cpu -I$1/cpu/gemm -I$1/cpu/grouped_conv"
+}
 defines() {  # defines PARAMS: the -D flags of one build
   if [ "$mode" = gemm ]; then
     read -r mr nr mc nc kc par pf <<< "$1"
@@ -37,8 +40,8 @@ defines() {  # defines PARAMS: the -D flags of one build
   fi
 }
 if [ "$mode" = gemm ]; then src=$here/gemm_variant.cpp driver="-DPAIRED_GEMM"; else src=$here/conv_variant.cpp driver=""; fi
-g++ $common ${FLAGS_A:-} $(defines "$params") -I"$work/a/cpu" -Dtc=tc_paired_a -DNAME=va -c "$src" -o "$work/a.o"
-g++ $common ${FLAGS_B:-} $(defines "${PARAMS_B:-$params}") -I"$work/b/cpu" -Dtc=tc_paired_b -DNAME=vb -c "$src" -o "$work/b.o"
+g++ $common ${FLAGS_A:-} $(defines "$params") $(includes "$work/a") -Dtc=tc_paired_a -DNAME=va -c "$src" -o "$work/a.o"
+g++ $common ${FLAGS_B:-} $(defines "${PARAMS_B:-$params}") $(includes "$work/b") -Dtc=tc_paired_b -DNAME=vb -c "$src" -o "$work/b.o"
 g++ $common $driver "$here/paired.cpp" "$work/a.o" "$work/b.o" -o "$work/paired"
 for shape in "$@"; do
   OMP_NUM_THREADS=${T:-2} OMP_PROC_BIND=close "$work/paired" ${shape//x/ } ${PAIRS:-}

@@ -1,6 +1,6 @@
 // What the CUDA DISCO kernels share: sizes, status and storage codes, launch geometry, the
 // 16-bit conversions and the staged psi entries. Same math, CSR layouts and codes as
-// kernels/cpu/disco_csr.cpp:
+// kernels/cpu/disco/disco_csr.cpp:
 //
 //   forward    y[bc, k, ho, wo]     = sum_{e in row k*Ho+ho}  val_e * x[bc, hi_e, (wi_e + s*wo) mod Wi]
 //   transpose  gx[bc, hi, p + s*j]  = sum_{e in line hi*s+p} val_e * gy[bc, row_e, (j - q_e) mod Wo]

@@ -13,9 +13,11 @@ itself lists while it compiles (-MMD -MF). The list is kept per recipe, in
 `.deps/<stem>-<recipe>/<list hash>.json`. A lookup hashes the listed files as they are now,
 so a hit runs no compiler; an edited header, or a file appearing where a missing one was
 listed, is a new key and a compile, which records its own list. A header added to an include
-chain is caught because the file that now includes it changed. Files in the source's
-directory are listed relative to it (a copy of the tree, e.g. a git revision's, is hashed
-where it is), any other file by its absolute path.
+chain is caught because the file that now includes it changed. Files under the job's `root`
+(the source tree it belongs to, e.g. kernels/: a family's directory and the common/ one
+beside it; by default the source's own directory) are listed relative to it, so a copy of
+the tree (a git revision's, an installed package's) is hashed where it is and keys the same;
+any other file by its absolute path.
 
 Publication. The compiler writes into a private staging directory in the cache; the
 artifact `<stem>-<key><suffix>` is fsynced and moved into place with os.replace, so a reader
@@ -138,7 +140,9 @@ def compiler_kind(compiler: str) -> str:
 class CompileJob:
     """One compile: `source` by `compiler` with `flags`, -D `defines` and -I `include_dirs`,
     into the artifact `<stem>-<key><suffix>` (stem: the source's unless given). `toolchain`
-    joins the key: what changes the output that `compiler --version` does not name."""
+    joins the key: what changes the output that `compiler --version` does not name. `root`:
+    the source tree the files it reads are labelled relative to (default: the source's
+    directory; see the module's docstring)."""
     source: Path
     compiler: str
     flags: tuple[str, ...] = ()
@@ -147,6 +151,7 @@ class CompileJob:
     stem: str = ""
     suffix: str = ""
     toolchain: str = ""
+    root: Path | None = None
 
     def __post_init__(self) -> None:
         # absolute paths: the compiler runs in the source's directory and names what it read
@@ -156,10 +161,20 @@ class CompileJob:
         object.__setattr__(self, "include_dirs",
                            tuple(Path(os.path.abspath(d)) for d in self.include_dirs))
         object.__setattr__(self, "stem", self.stem or self.source.stem)
+        root = Path(os.path.abspath(self.root)) if self.root is not None else self.source.parent
+        if not self.source.is_relative_to(root):
+            raise ValueError(f"compile source {self.source} is not under its root {root}")
+        object.__setattr__(self, "root", root)
 
     @property
     def base(self) -> Path:
-        """The source's directory: where the compiler runs, and what labels are relative to."""
+        """What the labels of the files the compile reads are relative to: `root`."""
+        return self.root
+
+    @property
+    def workdir(self) -> Path:
+        """The source's directory: where the compiler runs (a relative name it prints is
+        relative to it)."""
         return self.source.parent
 
     def inputs(self, flags: Iterable[str] | None = None) -> list[str]:
@@ -227,11 +242,11 @@ def file_digest(path: Path) -> str:
         return ABSENT
 
 
-def label(path: str | Path, base: Path) -> str:
-    """How a file the compiler read appears in a key: relative to `base` (the source's
-    directory, also the compiler's working directory, which relative names are relative to)
-    when inside it, else its absolute path."""
-    absolute = Path(os.path.normpath(base / path))
+def label(path: str | Path, base: Path, workdir: Path | None = None) -> str:
+    """How a file the compiler read appears in a key: relative to `base` (a job's root) when
+    inside it, else its absolute path. A relative `path` is relative to `workdir` (where the
+    compiler ran; default `base`)."""
+    absolute = Path(os.path.normpath((workdir or base) / path))
     try:
         return absolute.relative_to(base).as_posix()
     except ValueError:
@@ -317,10 +332,11 @@ def list_dependencies(job: CompileJob, *, complete_only: bool = False) -> list[s
     stop there)."""
     flags = [flag for flag in job.flags if flag not in LINK_ONLY_FLAGS]
     command = [job.compiler, *LISTING_FLAGS[compiler_kind(job.compiler)], *job.inputs(flags)]
-    ran = _run(command, LISTING_TIMEOUT_S, job.base)
+    ran = _run(command, LISTING_TIMEOUT_S, job.workdir)
     if ran.outcome != "ok" and (complete_only or ran.outcome != "compile_error"):
         return None
-    return sorted({label(path, job.base) for path in parse_depfile(ran.stdout)}) or None
+    return sorted({label(path, job.base, job.workdir)
+                   for path in parse_depfile(ran.stdout)}) or None
 
 
 def current_key(job: CompileJob) -> str:
@@ -389,17 +405,17 @@ def _compile(job: CompileJob, cache_dir: Path, recipe: str, timeout_s: float) ->
     try:
         output, depfile = staging / f"{job.stem}{job.suffix}", staging / "deps.d"
         command = [job.compiler, "-MMD", "-MF", str(depfile), *job.inputs(), "-o", str(output)]
-        ran = _run(command, timeout_s, job.base)
+        ran = _run(command, timeout_s, job.workdir)
         if ran.outcome == "ok" and not output.is_file():
             return CompileResult("not_run", log=f"{job.compiler!r} exited 0 but wrote no "
                                                 f"{output.name} ({RETRIED})\n{ran.log}",
                                  seconds=ran.seconds)
         if ran.outcome == "ok":
             listed = parse_depfile(depfile.read_text()) if depfile.is_file() else []
-            labels = (sorted({label(path, job.base) for path in listed})
+            labels = (sorted({label(path, job.base, job.workdir) for path in listed})
                       or list_dependencies(job, complete_only=True))
             # without a list the artifact is still right, but no later lookup can vouch for it
-            key = content_key(recipe, labels or [job.source.name], job.base)
+            key = content_key(recipe, labels or [label(job.source, job.base)], job.base)
             artifact = cache_dir / f"{job.stem}-{key}{job.suffix}"
             _publish(output, artifact)
             if labels:

@@ -1,6 +1,6 @@
 """The measurement protocol, one implementation for every family.
 
-The timing loop itself lives in `kernels/cpu/harness.hpp` (warm-up, repetitions per sample
+The timing loop itself lives in `kernels/cpu/common/harness.hpp` (warm-up, repetitions per sample
 sized from a minimum sample time, N samples, optional cache flush) so that it runs next to
 the kernel; this module owns the protocol's parameters, runs each candidate binary as an
 isolated subprocess with a per-job timeout, and turns its output into outcomes. A kernel that

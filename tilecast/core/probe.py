@@ -1,4 +1,4 @@
-"""The machine's ceilings, measured now (kernels/cpu/fma_peak.cpp): the CPU's float32 FMA
+"""The machine's ceilings, measured now (kernels/cpu/common/fma_peak.cpp): the CPU's float32 FMA
 throughput (register-only chains of vector FMAs on each thread, the rate no GEMM on this
 machine can pass at that moment) and the memory read bandwidth (each thread streaming its share
 of a buffer larger than the caches: the rate no GEMV can pass). The shared machines tilecast is measured on change speed by 1.5x within minutes, so a
@@ -14,7 +14,7 @@ import threading
 
 from tilecast.core import resources
 
-SOURCE = resources.kernels_dir() / "cpu" / "fma_peak.cpp"
+SOURCE = resources.kernels_dir() / "cpu" / "common" / "fma_peak.cpp"
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None

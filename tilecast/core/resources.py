@@ -63,7 +63,8 @@ def locate(package_dir: Path = PACKAGE_DIR) -> Resources:
 
 
 def kernels_dir() -> Path:
-    """The kernel sources: kernels/cpu/*.cpp|*.hpp, kernels/cuda/*.cu|*.cuh."""
+    """The kernel sources: kernels/cpu/<family>/*.cpp|*.hpp (common/: what the families
+    share), kernels/cuda/*.cu|*.cuh."""
     return locate().kernels
 
 

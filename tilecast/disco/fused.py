@@ -12,7 +12,7 @@ so the input gradient is accumulated band by band. Forward and backward run diff
 
 The mix in the kernel. With the kpacked layout, float32 on the CPU, one group and nlon_out a
 whole number of GEMM panels (16 longitudes on AVX2, 32 on AVX-512), the forward can run as
-one kernel (native.kpacked_mix, kernels/cpu/disco_kpacked_mix.hpp): the contraction writes
+one kernel (native.kpacked_mix, kernels/cpu/disco/disco_kpacked_mix.hpp): the contraction writes
 each output latitude's expansion straight into the GEMM's packed B panels, which the GEMM
 micro-kernel consumes while they are in cache, so no slab is written, read back and packed.
 Whether that beats the contraction plus torch's sgemm depends on the machine and the grid,

@@ -1,5 +1,5 @@
 """psi's transpose regrouped by blocks of input lines, for the line-blocked transpose kernel
-(kernels/cpu/disco_lines_transpose.hpp).
+(kernels/cpu/disco/disco_lines_transpose.hpp).
 
     boff   [blocks + 1]      int64    keys of block b (input lines b*LB .. b*LB + LB - 1,
                                       line = hi * s + p as in the transpose CSR): boff[b]:boff[b+1]

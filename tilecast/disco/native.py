@@ -1,4 +1,4 @@
-"""The CPU DISCO kernels (kernels/cpu/disco_csr.cpp): compiled once into a shared library,
+"""The CPU DISCO kernels (kernels/cpu/disco/disco_csr.cpp): compiled once into a shared library,
 called through ctypes on contiguous float32, bfloat16 or float16 tensors (computed in float32).
 
 The library lands in a content-hash cache ($TILECAST_CACHE/disco, default
@@ -21,7 +21,7 @@ from tilecast.core.settings import CACHE_ENV, COMPILER_ENV, settings  # noqa: F4
 from tilecast.families.base import KERNELS_DIR
 from tilecast.stages import build
 
-SOURCE = KERNELS_DIR / "cpu" / "disco_csr.cpp"
+SOURCE = KERNELS_DIR / "cpu" / "disco" / "disco_csr.cpp"
 FLAGS = (*build.DEFAULT_FLAGS, "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 300.0
 _STDERR_LINES = 12
@@ -79,7 +79,8 @@ def compile_library(source: Path = SOURCE, cxx: str | None = None,
     out or was killed (which is not cached: the next call compiles again)."""
     cxx = cxx or compiler()
     directory = Path(directory) if directory is not None else cache_dir()
-    job = compiling.CompileJob(source, cxx, tuple(flags), suffix=".so", toolchain=toolchain)
+    job = compiling.CompileJob(source, cxx, tuple(flags), suffix=".so", toolchain=toolchain,
+                               root=build.source_root(source))
     try:
         result = compiling.cached_compile(job, directory, COMPILE_TIMEOUT_S)
     except RuntimeError as err:  # CompilerUnavailable: no such compiler
@@ -271,7 +272,7 @@ def _kpacked_reason(status: int) -> str:
 
 
 def kpacked_library() -> ctypes.CDLL:
-    """The kpacked kernel library (kernels/cpu/disco_kpacked.cpp), compiled on first use."""
+    """The kpacked kernel library (kernels/cpu/disco/disco_kpacked.cpp), compiled on first use."""
     global _kpacked_library
     with _lock:
         if _kpacked_library is None:
@@ -346,7 +347,7 @@ def kpacked_mix(x: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, vals: 
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """out (B, C_out, nlat_out, nlon_out) = the kpacked contraction of x (B, C, nlat_in,
     nlon_in) mixed by weight (C_out, C * kernel_size): the convolution without bias on one
-    group, as one kernel that never writes the contraction (kernels/cpu/disco_kpacked_mix.hpp).
+    group, as one kernel that never writes the contraction (kernels/cpu/disco/disco_kpacked_mix.hpp).
     Only output latitudes [ho_begin, ho_begin + ho_count) (default all) are computed, into
     `out` when given (the others left as they are). float32 on the CPU (x and weight made
     contiguous; out must be); any nlon_out (the kernel's GEMM panels are 16 longitudes on

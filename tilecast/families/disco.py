@@ -12,21 +12,21 @@ instantiates; tilecast/families/disco_kernels.py) and a latitude block (latitude
 work item, a run-time argument of the kernels). Variants:
 
   csr      psi in CSR, one row per basis function; tile BT channels x NV vectors of output
-           longitudes (kernels/cpu/disco_csr_variants.hpp), both directions.
+           longitudes (kernels/cpu/disco/disco_csr_variants.hpp), both directions.
   kpacked  the forward with psi in the kpacked layout (tilecast/disco/kpacked.py): one entry per
            neighbour carrying all K basis values; tile KREG basis functions x NV vectors
-           (kernels/cpu/disco_kpacked_variants.hpp), in ceil(K / KREG) passes over the
+           (kernels/cpu/disco/disco_kpacked_variants.hpp), in ceil(K / KREG) passes over the
            neighbours where KREG < K. The layout exists only where every basis function has
            the same support (harmonic bases), so kpacked kernels are not applicable
            (`unsupported_reason` says why) to piecewise-linear problems.
   lines    the transpose with psi's transpose regrouped by blocks of LB input lines
            (tilecast/disco/lines.py): one loaded gy slice feeds every line of the block, a zero
            where a line lacks it; its one tile LB lines x NV vectors
-           (kernels/cpu/disco_lines_transpose.hpp), no latitude block (lat_block 1). It runs
+           (kernels/cpu/disco/disco_lines_transpose.hpp), no latitude block (lat_block 1). It runs
            any problem; where it pays (the share of non-zeros in its layout, which the
            problem's grids decide) is what the model learns. Bit for bit the csr transpose.
 
-`kernels/cpu/disco_bench.cpp` runs exactly the named tile through the shared harness; the
+`kernels/cpu/disco/disco_bench.cpp` runs exactly the named tile through the shared harness; the
 runtime runs the same tile through the tilecast.disco.native entry RUNTIME names, with
 `tile=cfg.tile()`. TILES mirrors the C++ tables (the harness refuses to compile a tile missing
 there, and tests/test_disco_family.py checks they agree). Adding a variant is a row of VARIANTS
@@ -238,7 +238,7 @@ class DiscoFamily(FamilyBase):
     """A DISCO contraction family for one direction (see the module docstring)."""
     problem_fields = tuple(f.name for f in fields(DiscoProblem))
     config_fields = tuple(f.name for f in fields(DiscoConfig))
-    source = KERNELS_DIR / "cpu" / "disco_bench.cpp"
+    source = KERNELS_DIR / "cpu" / "disco" / "disco_bench.cpp"
 
     def __init__(self, direction: str):
         self.direction = _choice(direction, DIRECTIONS, "direction", "DiscoFamily")

@@ -42,9 +42,9 @@ LANES = {"avx512": 16, "avx2": 8}                   # float32 lanes per vector
 
 # The single source of truth for valid kernels: (direction, variant, isa) -> tiles in the
 # variant's tile_fields order: (BT, NV) in the order of Variants<Elem> in
-# kernels/cpu/disco_csr_variants.hpp, (KREG, NV) in that of PackedVariants<Elem> in
-# kernels/cpu/disco_kpacked_variants.hpp, (LB, NV) the line-blocked transpose's one tile
-# (kLineBlock x kLineVectors in kernels/cpu/disco_lines_transpose.hpp).
+# kernels/cpu/disco/disco_csr_variants.hpp, (KREG, NV) in that of PackedVariants<Elem> in
+# kernels/cpu/disco/disco_kpacked_variants.hpp, (LB, NV) the line-blocked transpose's one tile
+# (kLineBlock x kLineVectors in kernels/cpu/disco/disco_lines_transpose.hpp).
 TILES: dict[tuple[str, str, str], tuple[tuple[int, int], ...]] = {
     ("forward", "csr", "avx512"): ((1, 8), (1, 6), (1, 5), (1, 4)),
     ("forward", "csr", "avx2"): ((1, 12), (1, 10), (1, 8), (1, 6)),

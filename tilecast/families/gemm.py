@@ -1,5 +1,5 @@
 """GEMM family: C = A * B on the CPU, fp32 (or bf16 inputs, fp32 accumulation), A and B each
-row- or column-major. Kernels are `kernels/cpu/gemm.cpp` compiled with -D parameters."""
+row- or column-major. Kernels are `kernels/cpu/gemm/gemm.cpp` compiled with -D parameters."""
 from __future__ import annotations
 
 import ctypes
@@ -18,7 +18,7 @@ from tilecast.families.gemm_isa import DTYPES, ISAS, LAYOUTS, PARALLEL, Dtype, I
 @dataclass(frozen=True, order=True)
 class MicroKernel:
     """One registered micro-kernel: an MR x NR register tile of one ISA. Its code is the
-    template of kernels/cpu/gemm_microkernel.hpp, compiled with -DTC_MR/-DTC_NR."""
+    template of kernels/cpu/gemm/gemm_microkernel.hpp, compiled with -DTC_MR/-DTC_NR."""
     isa: str
     mr: int
     nr: int
@@ -40,7 +40,7 @@ def micro_tiles(isa: str) -> tuple[tuple[int, int], ...]:
 
 
 def micro_tile_reason(isa: str, mr: int, nr: int) -> str | None:
-    """Why an MR x NR tile cannot compile for `isa` (kernels/cpu/gemm_config.hpp's checks:
+    """Why an MR x NR tile cannot compile for `isa` (kernels/cpu/gemm/gemm_config.hpp's checks:
     NR a multiple of the vector width; accumulators + one B row + one A broadcast fit the
     registers, else they spill), or None."""
     unit = ISAS[isa]
@@ -125,8 +125,8 @@ class GemmFamily(FamilyBase):
     problem_fields = tuple(f.name for f in fields(GemmProblem))
     config_fields = tuple(f.name for f in fields(GemmConfig))
     CANDIDATE_OPTIONS = CANDIDATE_OPTIONS
-    source = KERNELS_DIR / "cpu" / "gemm.cpp"
-    library_source = KERNELS_DIR / "cpu" / "gemm_lib.cpp"
+    source = KERNELS_DIR / "cpu" / "gemm" / "gemm.cpp"
+    library_source = KERNELS_DIR / "cpu" / "gemm" / "gemm_lib.cpp"
 
     # -- names --------------------------------------------------------------------------
     def kernel_name(self, cfg: GemmConfig) -> str:

@@ -1,4 +1,4 @@
-"""GEMM's dtype and vector-ISA tables (kernels/cpu/gemm_simd.hpp, gemm_config.hpp): shared by
+"""GEMM's dtype and vector-ISA tables (kernels/cpu/gemm/gemm_simd.hpp, gemm_config.hpp): shared by
 the family (tilecast.families.gemm, which also holds the micro-kernel table) and its feature
 engine (tilecast.features.gemm), so neither imports the other."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ class Dtype:
 
 @dataclass(frozen=True)
 class Isa:
-    """One vector ISA of kernels/cpu/gemm_simd.hpp: its TC_ISA code, fp32 lanes and
+    """One vector ISA of kernels/cpu/gemm/gemm_simd.hpp: its TC_ISA code, fp32 lanes and
     architectural registers (gemm_config.hpp's TC_VEC_WIDTH / TC_VEC_REGS), and the CPU flags
     it needs (as /proc/cpuinfo spells them)."""
     code: int

@@ -2,7 +2,7 @@
 
 Layouts (as in the seed): input NDHWGC, weight GKZYXC, output NDHWGK, with C and K per group;
 a 2D problem has Di = Z = 1, stride_d = dilation_d = 1 and pad_d = 0. Kernels are
-`kernels/cpu/grouped_conv.cpp` compiled with -D parameters. One `GroupedConvFamily` per
+`kernels/cpu/grouped_conv/grouped_conv.cpp` compiled with -D parameters. One `GroupedConvFamily` per
 direction is registered; they share this module's tables and those of the kernel space.
 
 Two kernel-name flavours are read by one parser driven by `NAME_FLAVOURS`
@@ -175,8 +175,8 @@ class GroupedConvFamily(FamilyBase):
     """A grouped-conv family for one direction (see the module docstring)."""
     problem_fields = tuple(f.name for f in fields(GroupedConvProblem))
     config_fields = tuple(f.name for f in fields(GroupedConvConfig))
-    source = KERNELS_DIR / "cpu" / "grouped_conv.cpp"
-    library_source = KERNELS_DIR / "cpu" / "grouped_conv_lib.cpp"
+    source = KERNELS_DIR / "cpu" / "grouped_conv" / "grouped_conv.cpp"
+    library_source = KERNELS_DIR / "cpu" / "grouped_conv" / "grouped_conv_lib.cpp"
 
     def __init__(self, direction: str):
         self.direction = _choice(direction, DIRECTIONS, "direction", "GroupedConvFamily")

@@ -22,11 +22,11 @@ WAVE_MODES = {"intrawave": 0, "interwave": 1}     # name -> TC_WAVE
 
 # The single source of truth for valid (pipeline, wave_mode, has_dsb, has_si) combinations:
 # direct has no double-buffered staging (dsb), dw (depthwise) neither dsb nor split-input;
-# gemm (one GEMM per group on the GEMM library, kernels/cpu/grouped_conv_gemm.hpp) shares a
+# gemm (one GEMM per group on the GEMM library, kernels/cpu/grouped_conv/grouped_conv_gemm.hpp) shares a
 # group's GEMM m-split or split-K (si) intrawave, or runs whole groups per thread interwave;
-# winograd (F(2x2, 3x3), kernels/cpu/grouped_conv_winograd.hpp) shares each of its 16 GEMMs
+# winograd (F(2x2, 3x3), kernels/cpu/grouped_conv/grouped_conv_winograd.hpp) shares each of its 16 GEMMs
 # intrawave, or deals them out whole interwave; gvec (a direct convolution with whole groups
-# side by side in each vector when they have few channels, kernels/cpu/grouped_conv_gvec.hpp)
+# side by side in each vector when they have few channels, kernels/cpu/grouped_conv/grouped_conv_gvec.hpp)
 # has the dw pipeline's two waves, in every direction.
 PIPELINE_VARIANTS: tuple[tuple[str, str, bool, bool], ...] = tuple(
     (pipeline, wave, dsb, si)
@@ -46,10 +46,10 @@ GEMM_PIPELINES = ("gemm", "winograd")
 TILE_ENGINE_PIPELINES = ("basic_vN", "basic_async_vN", "comp_async", "compvN", "mem",
                          "preshufflevN")
 
-# Block-size rules of kernels/cpu/grouped_conv_config.hpp, field -> (multiple of, min, max):
+# Block-size rules of kernels/cpu/grouped_conv/grouped_conv_config.hpp, field -> (multiple of, min, max):
 # BM is a multiple of the micro-tile's MR = 8, BN of its NR = 16.
 TILE_RULES = {"bm": (8, 8, 4096), "bn": (16, 16, 4096), "bk": (1, 1, 4096)}
-# the kernels' SIMD (kernels/cpu/grouped_conv_microkernel.hpp): AVX-512 where -march=native
+# the kernels' SIMD (kernels/cpu/grouped_conv/grouped_conv_microkernel.hpp): AVX-512 where -march=native
 # has it, else AVX2 with FMA
 REQUIRED_FLAGS = ("avx2", "fma")
 

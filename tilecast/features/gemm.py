@@ -1,6 +1,6 @@
 """GEMM feature engine: problem, kernel, interaction and hardware features, in a fixed order.
 
-The interactions mirror how `kernels/cpu/gemm_parallel.hpp` shares out the work: padding waste
+The interactions mirror how `kernels/cpu/gemm/gemm_parallel.hpp` shares out the work: padding waste
 of the micro-tile on the edges; the work units each parallel scheme splits across threads
 (MR-row panels for `m`, NR-column panels of one NC block for `n`, K for split-K) and how
 evenly they divide; the barriers each scheme pays per block; packing and C traffic per

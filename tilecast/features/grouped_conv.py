@@ -142,7 +142,7 @@ def _bwd_data_reach(size: int, pad: int, dil: int, filt: int, stride: int) -> tu
 
 
 def _pixel_lanes_eff(problem, hw: dict, d: float) -> float | None:
-    """The lanes gvec's pixel-lane path keeps busy (kernels/cpu/grouped_conv_lanes.hpp,
+    """The lanes gvec's pixel-lane path keeps busy (kernels/cpu/grouped_conv/grouped_conv_lanes.hpp,
     PixelLaneConv::applies), or None where the layer does not take it: AVX-512, not
     depthwise, D destination channels a group of at most 8 or up to 40 that 16 does not
     divide (bwd_weight: up to 32), strides up to 2 along h and w (bwd_data 1 along d), forward
@@ -195,7 +195,7 @@ def _interaction_terms(problem, kf: dict, pf: dict, hw: dict) -> SimpleNamespace
     lanes_eff = _pixel_lanes_eff(problem, hw, d)
     t.n_eff = np.where(gvec, lanes_used / (gvec_cols * 16.0) if lanes_eff is None else lanes_eff,
                        t.n_eff)
-    # the schedules of kernels/cpu/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp; gvec
+    # the schedules of kernels/cpu/grouped_conv/grouped_conv_parallel.hpp (dw: grouped_conv_dw.hpp; gvec
     # shares each block's pixel tiles intrawave)
     t.intra = np.where(gvec, t.m_tiles, t.m_tiles * t.n_tiles)   # block grid of one group
     images = 1.0 if problem.direction == "bwd_weight" else pf["N"]

@@ -2,7 +2,7 @@
 through ctypes, so that tilecast.runtime.ops runs the very kernel the benchmark timed.
 
 A variant's library is its family's in-process entry (the BuildSpec's `library_source`,
-kernels/cpu/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry) built by
+kernels/cpu/<family>/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry) built by
 tilecast.stages.build in shared mode (through tilecast.core.compile, like every compile of
 tilecast) into the build cache: `cache_dir` when given, else build.default_cache_dir()
 ($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else ~/.cache/tilecast/build). The
@@ -30,7 +30,7 @@ from tilecast.families.grouped_conv_kernels import REQUIRED_FLAGS
 from tilecast.stages import build
 from tilecast.runtime.native.library import compiler
 
-#: what a nonzero return of an entry means (enum entry::Status in kernels/cpu/inprocess_entry.hpp)
+#: what a nonzero return of an entry means (enum entry::Status in kernels/cpu/common/inprocess_entry.hpp)
 STATUS_MESSAGES = {1: "bad argument", 2: "unsupported", 3: "out of memory", 4: "failed"}
 MESSAGE_BYTES = 1024
 

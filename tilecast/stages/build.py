@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields as dataclass_fields
@@ -83,7 +84,17 @@ def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str,
     included header, the compiler's identity, the flags, the defines and `toolchain` (and,
     with -march=native, the target it resolves to here)."""
     return compiling.current_key(compiling.CompileJob(
-        source, compiler, tuple(flags), defines, tuple(include_dirs), toolchain=toolchain))
+        source, compiler, tuple(flags), defines, tuple(include_dirs), toolchain=toolchain,
+        root=source_root(source)))
+
+
+def source_root(source: Path, kernels_dir: Path | None = None) -> Path | None:
+    """The tree the files a compile of `source` reads are labelled in (core.compile's job
+    `root`): the CPU kernels' `cpu/` of `kernels_dir` (default: this tilecast's kernels/)
+    when `source` lies in it, so that a family's sources and the common/ and other families'
+    headers they include key the same in any copy of the tree; else None (its directory)."""
+    tree = Path(os.path.abspath(Path(kernels_dir or KERNELS_DIR) / "cpu"))
+    return tree if Path(os.path.abspath(source)).is_relative_to(tree) else None
 
 
 def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
@@ -135,7 +146,8 @@ def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str
         return Built(name, config, BuildEvent(name, "failed", reason, 0.0, 0), None, "", False,
                      "not_run")
     job = compiling.CompileJob(source, compiler, tuple(flags), spec.defines, spec.include_dirs,
-                               stem=name, suffix=".so" if shared else "")
+                               stem=name, suffix=".so" if shared else "",
+                               root=source_root(source, kernels_dir))
     result = compiling.cached_compile(job, cache_dir, timeout_s)
     return Built(name, config, _event(name, result), result.artifact, result.key, result.cached,
                  result.outcome)

@@ -15,7 +15,7 @@
 #include "grouped_conv_config.hpp"
 #include "grouped_conv_kernel.hpp"
 #include "grouped_conv_shape.hpp"
-#include "harness.hpp"
+#include "../common/harness.hpp"
 
 namespace tc::gconv {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "gemm_config.hpp"
 #include "gemm_parallel.hpp"
-#include "harness.hpp"
+#include "../common/harness.hpp"
 
 namespace tc::gemm {
 namespace {

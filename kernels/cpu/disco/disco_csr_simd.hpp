@@ -10,7 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "gemm_simd.hpp"
+#include "../gemm/gemm_simd.hpp"
 
 namespace tc::disco {
 

@@ -37,7 +37,7 @@
 #include "disco_csr_variants.hpp"
 #include "disco_kpacked_variants.hpp"
 #include "disco_lines_transpose.hpp"
-#include "harness.hpp"
+#include "../common/harness.hpp"
 
 #if !defined(TC_DISCO_DIR) || !defined(TC_DISCO_VARIANT) || !defined(TC_DISCO_ISA) || \
     !defined(TC_BT) || !defined(TC_KREG) || !defined(TC_LB) || !defined(TC_NV) ||     \

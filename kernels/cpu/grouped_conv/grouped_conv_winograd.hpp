@@ -27,7 +27,7 @@
 #include <memory>
 #include <vector>
 
-#include "gemm_parallel.hpp"
+#include "../gemm/gemm_parallel.hpp"
 #include "grouped_conv_shape.hpp"
 
 namespace tc::gconv {

@@ -54,7 +54,7 @@
 #define TC_PAR 0
 #define TC_PREFETCH 0
 #endif
-#include "gemm_microkernel.hpp"
+#include "../gemm/gemm_microkernel.hpp"
 
 namespace tc::disco {
 

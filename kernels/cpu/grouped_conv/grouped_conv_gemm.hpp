@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-#include "gemm_parallel.hpp"
+#include "../gemm/gemm_parallel.hpp"
 #include "grouped_conv_shape.hpp"
 
 namespace tc::gconv {

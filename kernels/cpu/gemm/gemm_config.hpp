@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gemm_simd.hpp"
-#include "harness.hpp"
+#include "../common/harness.hpp"
 
 #if !defined(TC_DTYPE) || !defined(TC_ISA) || !defined(TC_MR) || !defined(TC_NR) ||  \
     !defined(TC_MC) || !defined(TC_NC) || !defined(TC_KC) || !defined(TC_PACK_A) || \

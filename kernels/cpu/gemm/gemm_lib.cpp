@@ -14,7 +14,7 @@
 
 #include "gemm_config.hpp"
 #include "gemm_parallel.hpp"
-#include "inprocess_entry.hpp"
+#include "../common/inprocess_entry.hpp"
 
 namespace tc::gemm {
 namespace {

@@ -12,7 +12,7 @@
 
 #include <immintrin.h>
 
-#include "gemm_simd.hpp"
+#include "../gemm/gemm_simd.hpp"
 #include "grouped_conv_config.hpp"
 
 namespace tc::gconv {

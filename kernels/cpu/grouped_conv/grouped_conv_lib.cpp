@@ -28,7 +28,7 @@
 #include "grouped_conv_kernel.hpp"
 #include "grouped_conv_shape.hpp"
 #include "grouped_conv_transpose.hpp"
-#include "inprocess_entry.hpp"
+#include "../common/inprocess_entry.hpp"
 
 namespace tc::gconv {
 namespace {

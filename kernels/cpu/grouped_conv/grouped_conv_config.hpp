@@ -35,7 +35,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "harness.hpp"
+#include "../common/harness.hpp"
 
 #if !defined(TC_DIR) || !defined(TC_NDIM) || !defined(TC_BM) || !defined(TC_BN) || \
     !defined(TC_BK) || !defined(TC_PIPELINE) || !defined(TC_WAVE) || !defined(TC_DSB) || \
@@ -93,7 +93,7 @@
 #error "TC_SI=1 is not implemented for TC_PIPELINE=5 (gvec)"
 #endif
 
-// The gemm and winograd pipelines' GEMM parameters (kernels/cpu/gemm_config.hpp), from this
+// The gemm and winograd pipelines' GEMM parameters (kernels/cpu/gemm/gemm_config.hpp), from this
 // variant's.
 #if TC_PIPELINE == 3 || TC_PIPELINE == 4
 #define TC_DTYPE 0
