@@ -312,8 +312,9 @@ def test_config_schema_prints_the_json_schema():
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch, capsys):
     """A programming error is not a user error: main lets it through, traceback and all."""
     from tilecast import cli as library_cli
+    from tilecast.cli import records
 
-    monkeypatch.setattr(library_cli, "_cmd_repeatability",
+    monkeypatch.setattr(records, "_cmd_repeatability",
                         lambda args: {}["a bug, not a user error"])
     parser = library_cli.build_parser()
     with pytest.raises(KeyError, match="a bug"):
@@ -328,6 +329,10 @@ def test_rebench_help_names_the_tests_rebench_runs():
     text = " ".join(result.stdout.decode().split())
     assert "Welch t-test on the logs of the two runs' per-round medians" in text
     assert "Wilcoxon signed-rank" in text and "Benjamini-Hochberg" in text
+    # per kernel the code runs a Welch test stratified by problem; Wilcoxon is its fallback
+    assert "per kernel, a Welch test on the logs of its per-round medians stratified by " \
+        "problem" in text
+    assert "where records have no rounds, a Wilcoxon signed-rank test" in text
     assert "fall back to a Mann-Whitney U test" in text
 
 

@@ -1,7 +1,7 @@
 """Cross-hardware evaluation of the table family: the confidence calibration behind "unsure",
 the exact random best-of-k, `evaluate_transfer` on a small synthetic dataset whose times
-follow a rule of the devices' real figures (shipped hardware table), and `tilecast evaluate
---dataset` end to end with its error cases."""
+follow a rule of the devices' real figures (shipped hardware table), and `tilecast transfer`
+(and its old spelling `tilecast evaluate --dataset`) end to end with its error cases."""
 from __future__ import annotations
 
 import json
@@ -444,21 +444,30 @@ def test_default_is_any_spelling_of_a_dataset_configuration():
             resolve_default(dataset, bad)
 
 
-# -- tilecast evaluate --dataset ------------------------------------------------------------
+# -- tilecast transfer (and the old spelling, tilecast evaluate --dataset) -------------------
+
+DEPRECATED = "tilecast evaluate: --dataset is deprecated"
+
 
 def _write(tmp_path, devices=DEVICES):
     frame = finish_frame(_rows(devices), SCHEMA)
     return write_dataset(tmp_path / f"dataset{len(devices)}", frame, SCHEMA, [])
 
 
-def test_cli_writes_the_report(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["transfer", "evaluate"])
+def test_cli_writes_the_report(tmp_path, capsys, command):
     dataset, workdir = _write(tmp_path, DEVICES[:3]), tmp_path / "w"
-    status = main(["evaluate", "--dataset", str(dataset), "--split", "leave-one-device-out",
+    status = main([command, "--dataset", str(dataset), "--split", "leave-one-device-out",
                    "--workdir", str(workdir), "--rounds", str(ROUNDS), "--threads", str(THREADS),
                    "--default", DEFAULT])
     assert status == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "mean efficiency" in out and "most similar device" in out
+    # the old spelling runs the same command and says, in one line, what replaced it
+    notices = [line for line in captured.err.splitlines() if DEPRECATED in line]
+    assert len(notices) == (command == "evaluate")
+    assert all("use `tilecast transfer --dataset" in line for line in notices)
     report = json.loads((workdir / "report" / "transfer.json").read_text())
     assert set(report["devices"]) == set(DEVICES[:3])
     assert BLOCK_KEYS | {"devices_beating_default"} <= set(report["overall"])
@@ -470,11 +479,13 @@ def test_cli_writes_the_report(tmp_path, capsys):
     assert len(rows) == 3 * len(PROBLEMS)
 
 
+def _paths(tmp_path) -> dict:
+    return {"one": _write(tmp_path, DEVICES[:1]), "four": _write(tmp_path),
+            "missing": tmp_path / "nowhere", "workdir": tmp_path}
+
+
+@pytest.mark.parametrize("command", ["transfer", "evaluate"])
 @pytest.mark.parametrize("arguments, needle", [
-    (["--model", "m", "--dataset", "D"], "--model and --dataset belong to different modes"),
-    (["--problems", "p.yaml"], "--model missing"),
-    ([], "--model and --problems missing"),
-    (["--split", "problems"], "--split need(s) --dataset"),
     (["--dataset", "{one}"], "nothing to hold out"),
     (["--dataset", "{four}", "--default", "block=3,unroll=1,layout=row"], "not a configuration"),
     (["--dataset", "{four}", "--rounds", "0"], "--rounds 0"),
@@ -482,14 +493,33 @@ def test_cli_writes_the_report(tmp_path, capsys):
     (["--dataset", "{missing}"], "does not exist"),
     (["--dataset", "{workdir}"], "not an imported dataset"),
 ])
-def test_cli_names_what_is_wrong(tmp_path, capsys, arguments, needle):
-    paths = {"one": _write(tmp_path, DEVICES[:1]), "four": _write(tmp_path),
-             "missing": tmp_path / "nowhere", "workdir": tmp_path}
-    arguments = [a.format(**paths) for a in arguments]
+def test_cli_names_what_is_wrong(tmp_path, capsys, command, arguments, needle):
+    arguments = [a.format(**_paths(tmp_path)) for a in arguments]
+    status = main([command, *arguments, "--workdir", str(tmp_path / "w")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert status == 2 and error.startswith(f"tilecast {command}: error: ") and needle in error
+    assert not (tmp_path / "w" / "report").exists()
+
+
+@pytest.mark.parametrize("arguments, needle", [
+    (["--model", "m", "--dataset", "D"], "--model and --dataset belong to different modes"),
+    (["--problems", "p.yaml"], "--model missing"),
+    ([], "--model and --problems missing"),
+    (["--split", "problems"], "--split need(s) --dataset"),
+])
+def test_evaluate_names_options_of_the_two_spellings_mixed_or_missing(tmp_path, capsys,
+                                                                     arguments, needle):
     status = main(["evaluate", *arguments, "--workdir", str(tmp_path / "w")])
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert status == 2 and error.startswith("tilecast evaluate: error: ") and needle in error
     assert not (tmp_path / "w" / "report").exists()
+
+
+def test_transfer_requires_a_dataset(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["transfer", "--workdir", str(tmp_path / "w")])
+    assert exit_.value.code == 2
+    assert "the following arguments are required: --dataset" in capsys.readouterr().err
 
 
 def test_the_model_and_the_baselines_choose_among_what_the_held_out_device_ran(devices):
