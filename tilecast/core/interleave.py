@@ -84,7 +84,7 @@ class PairTiming:
     sample_cycles: list = field(default_factory=list)
     # the barrier probe taken just before the sample's problem block in its cycle: the
     # machine's state in that window (the VM's vCPUs placed on one core's SMT siblings, in
-    # one CCX or across two read about 56, 76 and 120 us), recorded for state-aware labels
+    # one CCX or across two read clearly apart), recorded for state-aware labels
     window_probes_us: list = field(default_factory=list)
 
 

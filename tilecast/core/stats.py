@@ -184,7 +184,7 @@ def mann_whitney_p(first: Iterable, second: Iterable) -> float:
     Exact for small samples without ties, the normal approximation (tie-corrected) otherwise.
     Raises ValueError when either sample has fewer than 2 values or a non-finite value.
     """
-    from scipy.stats import mannwhitneyu  # ~1 s to import; only the significance tests use it
+    from scipy.stats import mannwhitneyu  # slow to import; only the significance tests use it
 
     a, b = _finite_array(first, "mann_whitney_p"), _finite_array(second, "mann_whitney_p")
     if a.size < 2 or b.size < 2:
@@ -200,7 +200,7 @@ def welch_log_p(first: Iterable, second: Iterable) -> float:
     Meant for replicate medians (one per process run), whose logs are close to normal; equal
     sets give 1. Raises ValueError when either set has fewer than 2 values or a non-positive one.
     """
-    from scipy.stats import ttest_ind  # ~1 s to import; only the significance tests use it
+    from scipy.stats import ttest_ind  # slow to import; only the significance tests use it
 
     a, b = _finite_array(first, "welch_log_p"), _finite_array(second, "welch_log_p")
     if a.size < 2 or b.size < 2:
@@ -225,7 +225,7 @@ def stratified_welch_log_p(strata: Sequence[tuple[Iterable, Iterable]]) -> float
     stratum has 2 values a side; strata with fewer are left out. Raises ValueError for a
     non-positive time.
     """
-    from scipy.stats import t as student_t  # ~1 s to import; only the significance tests use it
+    from scipy.stats import t as student_t  # slow to import; only the significance tests use it
 
     shift, variance, df_denominator, used = 0.0, 0.0, 0.0, 0
     for first, second in strata:
@@ -257,7 +257,7 @@ def wilcoxon_p(differences: Iterable) -> float | None:
 
     None when the test has nothing to say: fewer than 2 non-zero differences.
     """
-    from scipy.stats import wilcoxon  # ~1 s to import; only the significance tests use it
+    from scipy.stats import wilcoxon  # slow to import; only the significance tests use it
 
     d = _finite_array(differences, "wilcoxon_p")
     if np.count_nonzero(d) < 2:

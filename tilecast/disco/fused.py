@@ -56,9 +56,9 @@ from tilecast.disco.psi import Psi
 
 #: float32 bytes of one block's slab per batch element (C * K * rows * nlon_out * 4): most of
 #: a 32 MB last-level cache keeps it there between the contraction and the matmul, and the
-#: rows it allows give the kernels and the matmul enough work per call (self_256x360x720 on
-#: the AVX2 CPU, rows per block 1 / 2 / 4: forward 3.07 / 2.85 / 2.77 s, the transposed
-#: backward 5.3 / 5.2 / 4.7-5.0 s; down_73x721x1440's forward flat over 1-12 rows)
+#: rows it allows give the kernels and the matmul enough work per call (more rows per block
+#: were faster on the AVX2 CPU, forward and transposed backward, on a large self-map; flat on
+#: a downsampling one)
 TARGET_SLAB_BYTES = 24 << 20
 
 

@@ -323,7 +323,7 @@ class Dispatcher:
         LightGBM reads it: its loader crashes the process on a truncated file instead of
         raising (a version without checksums has nothing else to catch that). A table
         model (feature_spec.json "family": "table") loads as a TableDispatcher."""
-        # lightgbm costs ~2 s to import (sklearn, scipy): only loading a model pays for it,
+        # lightgbm is slow to import (sklearn, scipy): only loading a model pays for it,
         # not `import tilecast.runtime.dispatch` (parse_problem_string, the CLI's parser)
         import lightgbm
 

@@ -76,8 +76,8 @@ class BenchSettings:
     # later rounds spend their cycles on the few that are still close
     race_keep_pct: float = 5.0
     # each race round in a worker process of its own with the operands at random offsets
-    # (interleave.Plan.placement_seed): a bias one process gives a kernel (measured: about
-    # 0.7 % of its time relative to its rivals, benchmarks/process_bias.py) then differs from
+    # (interleave.Plan.placement_seed): a bias one process gives a kernel (measured relative
+    # to its rivals by benchmarks/process_bias.py) then differs from
     # round to round, and the rounds average it away; a fresh round scatters no more
     race_fresh_process: bool = True
 

@@ -152,7 +152,7 @@ def row_weights(tflops: np.ndarray, groups: np.ndarray, power: float) -> np.ndar
 
 def group_folds(groups: np.ndarray, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train_idx, val_idx) pairs of GroupKFold(min(folds, n_groups)) keyed on the groups."""
-    # sklearn costs ~2 s to import (scipy with it); only cross-validation needs it
+    # sklearn is slow to import (scipy with it); only cross-validation needs it
     from sklearn.model_selection import GroupKFold
 
     n_groups = len(np.unique(groups))
@@ -208,7 +208,7 @@ def train_model(family, engine, frame: pd.DataFrame, spec: ModelSpec, out_dir: s
     check_warm_start) continues boosting from an earlier model: CV then picks how many trees
     to add (its figure is optimistic, as the base may have seen the validation problems).
     """
-    import lightgbm as lgb  # ~2 s to import (sklearn, scipy); only fitting and loading need it
+    import lightgbm as lgb  # slow to import (sklearn, scipy); only fitting and loading need it
 
     features = featurize(family, engine, frame)
     bad = ~(np.isfinite(features.y_tflops) & (features.y_tflops > 0))
@@ -287,7 +287,7 @@ def _version(distribution: str) -> str | None:
 
 def library_versions() -> dict:
     """Versions of tilecast, python and the libraries a model depends on (torch if present)."""
-    import lightgbm  # ~2 s to import, with sklearn: only a training run records versions
+    import lightgbm  # slow to import, with sklearn: only a training run records versions
     import sklearn   # sklearn: only training needs it
 
     # the running code's own version (pyproject.toml's version is read from it): an editable
@@ -336,7 +336,7 @@ class Predictor:
 
 def load_predictor(model_dir: str | Path) -> Predictor:
     """Read model.txt and feature_spec.json; ModelArtifactError names a missing/corrupt file."""
-    import lightgbm as lgb  # ~2 s to import (sklearn, scipy); only fitting and loading need it
+    import lightgbm as lgb  # slow to import (sklearn, scipy); only fitting and loading need it
 
     model_dir = Path(model_dir)
     model_path, spec_path = model_dir / MODEL_FILE, model_dir / FEATURE_SPEC_FILE

@@ -42,7 +42,7 @@ class Members:
             threads: int = 2, rounds: int = MEMBER_ROUNDS) -> "Members":
         """`count` members on the valid rows of `train` (a final table), each on a bootstrap
         sample of its problems."""
-        import lightgbm as lgb   # ~2 s to import; only fitting needs it
+        import lightgbm as lgb   # slow to import; only fitting needs it
 
         rows = dataset.valid(train).reset_index(drop=True)
         problems = rows["dims_key"].unique()

@@ -60,7 +60,7 @@ SUMMARY_KEY = b"tilecast.summary"
 PART_RE = re.compile(r"^[0-9a-f]{32}\.parquet$")
 PARTITIONS = ("class", "family", "night")
 PARTITION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-READ_THREADS = 8              # files read at once (an object store answers each in ~10 ms)
+READ_THREADS = 8              # files read at once (an object store's latency per file dominates)
 STALE_TEMP_S = 3600.0         # a temporary this old was left by a killed writer
 
 

@@ -59,7 +59,7 @@ class Point:
 def fit_predictor(family, engine, train: pd.DataFrame, spec: ModelSpec, rounds: int,
                   threads: int) -> Predictor:
     """The config's model spec fitted on the valid rows of `train` at `rounds` trees."""
-    import lightgbm as lgb   # ~2 s to import; only fitting needs it
+    import lightgbm as lgb   # slow to import; only fitting needs it
 
     rows = dataset.valid(train).reset_index(drop=True)
     features = featurize(family, engine, rows)

@@ -135,13 +135,12 @@ double tc_bf16_dot_peak(int threads, int64_t iterations, double* seconds, float*
 // (first touched by the thread that reads it, so its pages sit near that core), `passes`
 // times in each of two ways, and the faster way's rate counts. Each share is read as
 // kStreams sequential streams side by side, one vector sum per stream: one stream per core
-// leaves the memory system idle between prefetches (on the 2-core EPYC VM one stream read
-// ~25 GB/s where a GEMV reading 8 rows at once reached ~40), and a GEMV kernel reads several
-// rows or columns at once too. The second way also asks for each line kPrefetchAhead bytes
-// ahead of the loads (into L2), as the GEMM library's prefetching variants do: on the Zen 4
-// VM the hardware's prefetchers alone read 49-54 GB/s where this read 63-66 (and 35-37
-// against 38-39 when the host's neighbours took more), so without it the GEMV kernels
-// streamed 110-134 % of the "ceiling". Writes the wall seconds of the faster way's timed
+// leaves the memory system idle between prefetches (one stream read well below what a GEMV
+// reading 8 rows at once reached), and a GEMV kernel reads several rows or columns at once
+// too. The second way also asks for each line kPrefetchAhead bytes ahead of the loads (into
+// L2), as the GEMM library's prefetching variants do: the hardware's prefetchers alone read
+// less than this, so without it the GEMV kernels streamed past the "ceiling". Writes the
+// wall seconds of the faster way's timed
 // passes to *seconds and returns the bytes they read, or -1 for bad arguments or no memory:
 // the ceiling of a kernel that streams its operand once.
 double tc_read_gbps(int threads, int64_t bytes, int passes, double* seconds, float* sink) {

@@ -215,10 +215,10 @@ inline long long cpu_stall_us() {
 
 /// Wall time (microseconds) of kSyncProbeBarriers barriers of the OpenMP thread
 /// team: how long the cores take to reach each other. On the shared VMs this
-/// runs on it doubles for seconds at a time, a third of the time (the host
+/// runs on it grows for seconds at a time, often (the host
 /// placing the vCPUs farther apart), while FMA throughput and the pressure
-/// stall stay put; kernels that synchronize or share cache lines then run up to
-/// 2x slower. -1 with fewer than two threads or without OpenMP.
+/// stall stay put; kernels that synchronize or share cache lines then run much
+/// slower. -1 with fewer than two threads or without OpenMP.
 inline double sync_probe_us() {
 #ifdef _OPENMP
   constexpr int kSyncProbeBarriers = 200;
@@ -266,8 +266,8 @@ struct SyncGuard {
 ///
 /// Contention guard: a sample during which tasks waited for a CPU for more than
 /// stall_limit of its duration shared the cores with someone else (on 2 cores an
-/// OpenMP kernel then runs 2x to 50x slower, as its barriers wait for a preempted
-/// thread); it is re-taken, at most `retakes` times per job, then kept and
+/// OpenMP kernel then runs several times slower, as its barriers wait for a
+/// preempted thread); it is re-taken, at most `retakes` times per job, then kept and
 /// counted. Synchronization guard: a sample whose probe before or after it
 /// (SyncGuard, one probe between consecutive samples) took more than sync_limit
 /// x the baseline ran while the cores were slow to meet; such spells last

@@ -19,7 +19,7 @@ struct Dims {
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 
 /// Asks Linux to back an output with 2 MB pages. A fresh output is first touched by the
-/// kernel, and faulting it in 4 KB pages took as long as computing it (360 x 720, K = 9).
+/// kernel, and faulting it in 4 KB pages took about as long as computing it.
 inline void advise_huge_pages(void* data, std::size_t bytes) {
 #ifdef MADV_HUGEPAGE
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;

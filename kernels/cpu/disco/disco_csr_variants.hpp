@@ -92,11 +92,10 @@ const Variant<Fn>& choose(const Variant<Fn> (&variants)[N], int channels, index_
 }
 
 /// The transpose's channel tile (BC_TILE): 8 channels per work item if there are 8, else 4,
-/// else 1 (the seed's rule). On the AVX2 CPU a 1 x 10 tile ran full-size float32 problems
-/// (nlon_out 720) up to 1.3x faster than 8 x 1, but 8 x 1 ran the same problems at a quarter
-/// of the size (nlon_out 180, where wide tiles wrap often) 1.45x faster, and 16-bit storage
-/// (whose wrapped slices go through a copy) 4-7x faster; a published selector picks per
-/// problem (tilecast.disco.selector).
+/// else 1 (the seed's rule). On AVX2 a 1 x 10 tile ran full-size float32 problems faster
+/// than 8 x 1, but 8 x 1 ran the same problems at a quarter of the size (where wide tiles
+/// wrap often) faster, and 16-bit storage (whose wrapped slices go through a copy) much
+/// faster; a published selector picks per problem (tilecast.disco.selector).
 inline int channel_tile_for(index_t bc) { return bc >= 8 ? 8 : bc >= 4 ? 4 : 1; }
 
 }  // namespace tc::disco

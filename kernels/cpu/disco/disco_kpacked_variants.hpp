@@ -69,8 +69,8 @@ const PackedVariant<Fn>* find_packed(const PackedVariant<Fn> (&variants)[N], int
 }
 
 /// The tile the library runs for k basis functions when told none: among tiles of at least
-/// two vectors (with one, each FMA waits on its own broadcast: 9 x 1 ran the self_256 forward
-/// at 56 GFLOP/s on AVX2 where 5 x 2 ran it at 84), the fewest passes over the neighbours,
+/// two vectors (with one, each FMA waits on its own broadcast: 9 x 1 ran well behind 5 x 2
+/// on AVX2), the fewest passes over the neighbours,
 /// then the fewest idle register rows in the last pass, then the fewest accumulators;
 /// nullptr if the table has none (k < 1).
 template <typename Fn, std::size_t N>

@@ -73,8 +73,8 @@ inline void pack_lanes_contiguous(index_t len, index_t width, const T* src, inde
 /// each spills past its step's row into the next steps' first lanes, which later stores
 /// write (the next steps', or the full 8-lane blocks after). Stores that would reach past
 /// the panel are masked to their own row, so nothing lands outside it. (A masked store
-/// costs an AMD core several cycles: masked stores everywhere took half the A-packing time
-/// on the AVX2 EPYC.)
+/// costs an AMD core several cycles: masked stores everywhere took a large share of the
+/// A-packing time on AVX2.)
 template <int W, class T>
 inline void pack_steps_contiguous(index_t len, index_t width, const T* src, index_t lane_stride,
                                   float* __restrict dst) {
@@ -232,9 +232,9 @@ inline void pack_b_panel(StridedView<T> b, index_t kc, index_t nc, index_t panel
 /// Row-major B is read kPackBRows rows at a time across the panels: a few sequential streams
 /// instead of kc short reads per panel, a page apart, and each panel gets kPackBRows * NR
 /// contiguous floats a visit. (One row at a time, every panel's 64-byte write fell in the
-/// same L1 set, the panels being kc * NR * 4 bytes apart; paired on the AVX2 EPYC, 6x16
-/// split-K: 4 rows 1.06-1.14x at 16-64 x 4096 x 4096, where packing B from memory takes a
-/// third of the time, 2 rows 1.04-1.09x, 8 rows 1.05-1.14x, 16 rows 0.99-1.04x.)
+/// same L1 set, the panels being kc * NR * 4 bytes apart; in paired runs on AVX2, where
+/// packing B from memory is a large share of a skinny split-K GEMM, 2 to 8 rows were faster
+/// than one and 16 no faster.)
 /// Other layouts go a panel at a time.
 constexpr index_t kPackBRows = 4;
 

@@ -50,38 +50,34 @@ namespace tc::gemm::skinny {
 
 /// The small dimension's limit: up to 8 rows of S fit the registers with a column block.
 constexpr index_t kSkinnyMax = 8;
-/// Below this many multiply-adds (~5-10 us of work at memory speed) a parallel region costs
-/// more than it saves (a 2-thread barrier takes 0.4-0.6 us on the 2-core VM, the recorded
-/// window_probes_us / 200, and a fork-join more): the calling thread does it alone.
+/// Below this many multiply-adds (a few microseconds of work at memory speed) a parallel
+/// region costs more than it saves (a barrier of the team, the recorded window_probes_us / 200,
+/// and a fork-join more): the calling thread does it alone.
 constexpr index_t kSerialWork = index_t(1) << 16;
 constexpr index_t kPrefetchBytes = 512;
 /// rows form: the sums of one pass over columns (R x 16384/R floats, 64 KiB, in L1-L2), so
-/// each row of T is read in runs of 8-64 KiB (with 16 KiB of sums, 2 KiB runs at R = 8, an
-/// 8x16384x16384 product streamed at 13 GB/s; with 64 KiB at 19-22, read probe 21.8), and
-/// the number of rows of T read side by side.
+/// each row of T is read in runs of 8-64 KiB (a quarter of that, 2 KiB runs at R = 8, streamed
+/// well below the read probe; 64 KiB of sums came close to it), and the number of rows of T
+/// read side by side.
 constexpr index_t kRowsSums = 16384;
-constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower (1x4096x4096, 8x1024x1024); on the
-                                   // AVX2 EPYC 16 and 32 read 0.5-0.8x past the LLC (6144^2 T)
+constexpr index_t kRowsDepth = 8;  // 4 and 16 streamed slower; on AVX2, 16 and 32 were slower
+                                   // still past the LLC
 /// 8 rows transposed, when T fits the last-level cache: its rows come from the LLC, no stream
-/// to keep, and longer runs of FMAs between loads and stores of the sums pay (paired, 2
-/// threads, AVX2 EPYC: 8x1000x1000 to 8x3000x2000 1.07-1.19x; 5 rows, not transposed, 0.98x;
-/// past the LLC 0.94-0.99x; 24 and 32 rows 0.75-0.95x).
+/// to keep, and longer runs of FMAs between loads and stores of the sums pay (measured in
+/// paired runs on AVX2; not for 5 rows untransposed, nor past the LLC, nor at 24 and 32 rows).
 constexpr index_t kRowsDepthInCache = 16;
 /// In zmm, from kDeepRows rows of S on, a group reads kRowsDepthDeep of T's rows, whatever
 /// L1 sets their lines share: a column block's sums (R x NV zmm) go to L1 and back once a
-/// group, and with groups of 8 of T's rows that round trip held 8 rows of S to 75-78 % of a
-/// core's FMA peak with T in L2. Zen 4, 2 threads, medians of 5-9 alternations (a throwaway
-/// driver of skinny::run), groups of 8 (7 at 4 KiB apart) -> 32 rows: in the LLC 8x768x3072
-/// 144 -> 197 GFLOP/s, 6x768x3072 171 -> 201, 7x2000x1000 181 -> 203 (groups of 16: 181, 190,
-/// 198); past it 8x6144x6144 116-121 -> 121-124, 6x6144x6144 level. Fewer rows of S lose by
-/// it (1-3 in the LLC 0.52-0.92x, 4 past it 0.82-0.93x): their FMAs are few beside the
-/// streams, and 32 streams a core outrun the prefetchers.
+/// group, and with groups of 8 of T's rows that round trip held 8 rows of S well short of a
+/// core's FMA peak with T in L2. Groups of 32 rows were faster in the LLC and level past it;
+/// fewer rows of S lose by it: their FMAs are few beside the streams, and 32 streams a core
+/// outrun the prefetchers.
 constexpr int kDeepRows = 6;
 constexpr index_t kRowsDepthDeep = 32;
 /// The cols form's reach: up to kDotsMax rows of S, for dots of kDotsMinDepth or more (the
-/// reduction of each dot's vector, a few adds, is then under 2 % of its multiply-adds).
-/// Measured against the blocked path in paired runs (AVX-512, 2 threads): 1.02-3x at 12-25
-/// rows, 0.86-0.90x on some shapes of 28-32 rows: hence the limit.
+/// reduction of each dot's vector, a few adds, is then small beside its multiply-adds).
+/// Against the blocked path in paired runs (AVX-512) it won up to 25 rows and lost on some
+/// shapes of 28-32: hence the limit.
 constexpr index_t kDotsMax = 24;
 constexpr index_t kDotsMinDepth = 256;
 
@@ -160,9 +156,8 @@ struct CacheShape {
 /// `wanted` (at most kRowsDepthInCache), cut before the row whose line would be the L1's
 /// ways-th in one set. A column block touches one line of each row; T's rows a multiple of
 /// 4 KiB apart (n = 1024, 3072, 6144 floats) put all of them in one set, and 8 fill an 8-way
-/// set, so the block's other data (its sums, S's column) evicts them between steps. One
-/// thread, 8 rows transposed: 8x768x3072 59.6 -> 66.0 GFLOP/s at 7 rows, 8x6144x6144 past
-/// the LLC 50-52 -> 53-56.
+/// set, so the block's other data (its sums, S's column) evicts them between steps (cutting
+/// the group there was faster, in the LLC and past it).
 inline index_t group_depth(index_t row_bytes, index_t wanted, const CacheShape& cache) {
   index_t sets[kRowsDepthInCache];
   index_t depth = std::min(wanted, kRowsDepthInCache);
@@ -175,8 +170,8 @@ inline index_t group_depth(index_t row_bytes, index_t wanted, const CacheShape& 
   return depth;
 }
 
-/// group_depth for T on this machine's L1, the last answer kept per thread (a tiny product,
-/// 8x40x17, read 0.9x when every call worked it out).
+/// group_depth for T on this machine's L1, the last answer kept per thread (working it out on
+/// every call slowed tiny products).
 inline index_t rows_depth(const Task& t, index_t wanted) {
   thread_local index_t last_rs = -1, last_wanted = 0, last_depth = 0;
   if (t.t_rs != last_rs || wanted != last_wanted) {
@@ -268,7 +263,7 @@ TC_INLINE void rows_block(const Task& t, float (*sums)[kChunk], index_t cb, inde
 /// (S[:, p0:p1] * T[p0:p1, cb+c : cb+c+NC])^T, a column's 8 rows in one ymm of sums. Each
 /// step broadcasts NC elements of T's row against S's column (st[p - p0]): NC chains of
 /// FMAs, where the rows form's two bands (6 rows, then 2) left the second band 4 chains and
-/// re-read T. No prefetch: fetching the next group of rows into L2 read 0.8x past the LLC.
+/// re-read T. No prefetch: fetching the next group of rows into L2 was slower past the LLC.
 template <int NC>
 TC_INLINE void rows_block_t(const Task& t, float (*sums)[8], const float (*st)[8], index_t cb, index_t c,
                             index_t p0, index_t p1) {
@@ -293,8 +288,7 @@ TC_INLINE void rows_rest_t(index_t cols, const Task& t, float (*sums)[8], const 
 
 /// rows form of 8 rows in ymm (see rows_block_t): out[0:8, c0:c1] over K steps [p0, p1), as
 /// rows_range, with the chunk's sums [column][row] and each group's 8 columns of S copied to
-/// st first. 8x6144x6144 on the AVX2 EPYC, 2 threads: 1.22x the two bands (split-K), 1.36x
-/// (m-split); 8x768x3072 in the LLC 1.13-1.18x.
+/// st first: faster than the two bands on AVX2, split-K and m-split, in the LLC and past it.
 template <int R>
 void rows_range_t(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out, index_t o_rs,
                   index_t o_cs) {
@@ -331,8 +325,8 @@ void rows_range_ahead(const Task& t, index_t c0, index_t c1, index_t p0, index_t
   // In ymm, 7 rows would leave one vector a column block: 7 accumulator chains, under the
   // FMA's latency times its throughput, so any late load stalls them all. They go in two
   // bands instead, 6 rows then 1, two vectors each; the second band re-reads the group of
-  // T's rows from L2 (8 rows so: 1.18-1.37x at 8x6144x6144, 2 threads; 8 rows now go
-  // transposed, rows_range_t; 7 that way read 0.87x in the LLC, 1 lane of 8 idle).
+  // T's rows from L2 (faster for 8 rows, which now go transposed, rows_range_t; 7 that way
+  // were slower in the LLC, 1 lane of 8 idle).
   constexpr int kBand = kRowW == 8 && R > 6 ? 6 : R;
   constexpr int NV = kRowW == 16 ? (R <= 6 ? 4 : 2) : 2;
   constexpr index_t kStep = kRowW * NV;
@@ -370,9 +364,8 @@ void rows_range_ahead(const Task& t, index_t c0, index_t c1, index_t p0, index_t
 }
 
 /// rows_range_ahead with TC_PREFETCH's distance: the next group, or in zmm past the LLC the
-/// one after it, where memory's latency wants the lines asked for earlier (paired, 2 threads,
-/// Zen 4, split-K: 8x6144x6144 to 8x16384x4096 1.03-1.10x, 4x8192x4096 1.07x; m-split
-/// 1.00-1.04x; in the LLC 8x768x3072 read 0.985x at two; not measured on AVX2, which keeps one).
+/// one after it, where memory's latency wants the lines asked for earlier (paired runs on
+/// Zen 4: faster past the LLC, a little slower in it; not measured on AVX2, which keeps one).
 template <int R>
 void rows_range(const Task& t, index_t c0, index_t c1, index_t p0, index_t p1, float* out,
                 index_t o_rs, index_t o_cs) {
@@ -504,9 +497,9 @@ void range(const Task& t, const float* s_rows, index_t s_rs, index_t c0, index_t
     if constexpr (kRowW == 8 && R == 8) rows_range_t<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
     else rows_range<R>(t, c0, c1, p0, p1, out, o_rs, o_cs);
   } else {
-    // in zmm, dots of kDotsMinDepth steps or more go in dots_range's blocks whatever R (paired
-    // against the ymm blocks below, 2 threads, Zen 4: fp32 4-8 rows or columns 1.23-1.48x, 3000x6x1000
-    // 1.39x, bf16 1.07-1.64x; one row or column level: memory holds it)
+    // in zmm, dots of kDotsMinDepth steps or more go in dots_range's blocks whatever R (faster
+    // than the ymm blocks below in paired runs on Zen 4, fp32 and bf16; one row or column
+    // level: memory holds it)
     if constexpr (kRowW == 16)
       if (p1 - p0 >= kDotsMinDepth) return dots_range(t, s_rows, s_rs, c0, c1, p0, p1, out, o_rs, o_cs);
     cols_range<R>(t, s_rows, s_rs, c0, c1, p0, p1, out, o_rs, o_cs);

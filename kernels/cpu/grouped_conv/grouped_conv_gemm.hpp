@@ -10,8 +10,9 @@
 // with Po the output pixels, T the taps and every operand a strided view of the tensors as they
 // lie (NDHWGC / GKZYXC / NDHWGK): only im2col(x) and dcol are scratch. A 1x1 layer with stride
 // 1 and no padding reads x (and writes dx) in place. bwd_data's col2im is a gather (each input
-// pixel sums the columns of the output pixels whose window covers it, looked up per dim: a 3D
-// 7x7x7 stem at stride 2 computed ~120 divisions a pixel, 3.7x slower): no scatter, no atomics.
+// pixel sums the columns of the output pixels whose window covers it, looked up per dim:
+// working them out per pixel took many divisions, and a 3D stem at a stride ran several times
+// slower): no scatter, no atomics.
 // Scratch is bounded (kScratchFloats): the N*Po rows are taken a chunk at a time (bwd_weight
 // summing the chunks' products; bwd_data's chunks are whole images, which its col2im needs,
 // so one image's dcol is its least).
@@ -43,14 +44,13 @@ namespace tc::gconv {
 /// The most floats one scratch matrix (im2col or dcol) holds: 32 MiB.
 constexpr index_t kScratchFloats = index_t(1) << 23;
 /// Forward runs in bands when they skip at least this share of the layer's products and
-/// each band's GEMM has at least kBandRows rows (on a 3x3 or 4x4 map, bands of 3-8 rows ran
-/// 0.56-0.65x the one GEMM they replace).
+/// each band's GEMM has at least kBandRows rows (on a 3x3 or 4x4 map, bands of a few rows ran
+/// much slower than the one GEMM they replace).
 constexpr double kBandSaving = 0.15;
 constexpr index_t kBandRows = 24;
 /// Forward packs its A operand (the im2col rows, or x in place) only with at least this many
-/// output channels to spread the packing over; with fewer it reads A in place. Paired on the
-/// AVX2 EPYC: in place 1.09x on ResNet's 7x7 stem (K 64), 1.11-1.13x at K 64, 1.05x at K 128,
-/// 0.99-1.01x at K 256, 0.91x at C=K=512 on a 7x7 map.
+/// output channels to spread the packing over; with fewer it reads A in place. In paired runs
+/// on AVX2, in place was faster at 64 and 128 output channels, level at 256 and slower at 512.
 constexpr index_t kPackAMinCols = 256;
 
 template <int Dir>

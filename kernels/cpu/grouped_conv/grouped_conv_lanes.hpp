@@ -5,9 +5,9 @@
 //
 // gvec's own vectors hold 16 / D whole groups, lanes channel-major, so each multiply-add needs
 // the groups' source values repeated D times: a 64-bit broadcast at D = 8, 128-bit at D = 4.
-// On the Zen 4 EPYC those broadcasts take a vector pipe: a loop of one such broadcast a
-// multiply-add ran at 74 % of the FMA peak where a 32-bit broadcast or a plain load ran at
-// 100 %, and gvec read G32 C8 K8 56x56 at 53 % of the peak. Here a vector holds 16 positions
+// On Zen 4 those broadcasts take a vector pipe: a loop of one such broadcast a multiply-add
+// ran well short of the FMA peak where a 32-bit broadcast or a plain load reached it, and
+// gvec read such layers at half the peak or so. Here a vector holds 16 positions
 // of one channel instead, and each multiply-add takes a plain load or a 32-bit broadcast:
 //
 //   forward, bwd_data   dst[q, d] += src[q + off(t), s] * w[d, t, s]: per (tap, source
@@ -18,7 +18,7 @@
 //
 // Positions q = r * wp + w run over a band of destination rows in a copy of the source laid
 // out planar and zero-padded along w (wp = width + 2 * lead at stride 1): a tap is one
-// offset, and the pad columns' positions are computed and dropped (3 % of a 56-wide row; rows
+// offset, and the pad columns' positions are computed and dropped (a few percent of a wide row; rows
 // of 7 in 9 stay on gvec's own path). At a stride of 2 the copy is four phase planes, rows and
 // columns by parity, and a tap is again one offset. The copy is a band's rows (plus the
 // filter's reach) of a chunk of groups, sized to stay in L2 (kBandFloats), so the pass over
@@ -167,9 +167,9 @@ class PixelLaneConv {
   /// Layers this path runs: not depthwise (gvec reads that in place); strides up to 2 along
   /// h and w (forward and bwd_weight any along d, bwd_data 1); D destination channels a group (K forward and bwd_weight, C bwd_data) where gvec's
   /// own vectors lose: forward and bwd_data at D <= 8 (their broadcasts) or at D up to 40
-  /// that 16 does not divide (a group's last row of 16 part empty: paired against gvec, 1.01x
-  /// at 12, 1.3x at 20, 1.2-1.8x at 24, 1.09x at 40; at 16 and 32, where its rows are full,
-  /// 0.72-0.95x bar one layer), bwd_weight at D <= 32 (1.4-2.8x at 16-32).
+  /// that 16 does not divide (a group's last row of 16 part empty: faster than gvec in paired
+  /// runs; at 16 and 32, where gvec's rows are full, slower bar one layer), bwd_weight at
+  /// D <= 32 (faster there).
   static bool applies(const ConvShape& s) {
     const index_t D = Dir == kBwdData ? s.c : s.k, S = Dir == kBwdData ? s.k : s.c;
     if (D == 1 && S == 1) return false;
@@ -178,7 +178,7 @@ class PixelLaneConv {
     // copied one by one), bwd_data 1 (its phases are of h and w)
     if (s.stride[1] > 2 || s.stride[2] > 2 || (Dir == kBwdData && s.stride[0] > 1)) return false;
     // forward and bwd_data need rows whose positions are mostly kept: rows of 7 in 9 (a 3x3
-    // filter on a 7x7 map) read 0.87-0.89x gvec's own path, rows of 14 in 16 1.02-1.09x
+    // filter on a 7x7 map) were slower than gvec's own path, rows of 14 in 16 faster
     const Reach w = reach_of(s, 2);
     const index_t width = Dir == kBwdData ? ceil_div(s.in[2], s.stride[2]) : s.out[2];
     const index_t st = Dir == kBwdData ? 1 : s.stride[2];
@@ -405,7 +405,7 @@ class PixelLaneConv {
 #pragma GCC unroll 8
       for (int p = 0; p < P; ++p) acc[j][p] = _mm512_setzero_ps();
     // the phase's taps in locals: read through `phase` in the loop, they kept the
-    // accumulators in memory (stored after every FMA: 0.44x at G13 C8 K8 28x28)
+    // accumulators in memory (stored after every FMA, at half the speed or less)
     const index_t count = index_t(phase.taps.size()), S = S_, channel = channel_;
     const index_t* taps_of = phase.taps.data();
     const index_t* offsets = phase.offsets.data();
@@ -418,7 +418,7 @@ class PixelLaneConv {
         for (int p = 0; p < P; ++p) {
           x[p] = _mm512_loadu_ps(at + s * channel + p * L);
           // in a register: as an FMA's memory operand each would be loaded (across two cache
-          // lines) once a destination channel (G32 C4 56x56 at 33 % of the peak)
+          // lines) once a destination channel, far from the peak)
           asm("" : "+v"(x[p]));
         }
 #pragma GCC unroll 8
