@@ -69,16 +69,16 @@ def _cmd_select(args) -> int:
     shortlist = _shortlist_size(args.shortlist)
     dispatcher = Dispatcher.from_registry(registry_root(args.registry), args.model, args.alias,
                                           **({"shortlist": shortlist} if shortlist else {}))
-    # only a table model answers per device (tilecast.table.dispatch.TableDispatcher)
-    table = getattr(dispatcher, "family", None) == "table"
-    if args.device is not None and not table:
+    # only some kinds answer per device (tilecast.core.kinds)
+    per_device = dispatcher.kind.per_device
+    if args.device is not None and not per_device:
         raise CliError(f"--device {args.device}: model {args.model!r} is a "
                        f"{dispatcher.family.name} model, which chooses for the machine it was "
                        "trained on; --device is for table models (tilecast train --dataset)")
-    if args.candidates is not None and not table:
+    if args.candidates is not None and not per_device:
         raise CliError(f"--candidates: model {args.model!r} is a {dispatcher.family.name} "
                        "model, which ranks its own kernels; --candidates is for table models")
-    options = {"device": args.device} if table else {}
+    options = {"device": args.device} if per_device else {}
     if args.candidates is not None:
         options["candidates"] = _candidates(args.candidates)
     if args.json:

@@ -32,7 +32,7 @@ def version_line() -> str:
         installed = version("tilecast")
     except PackageNotFoundError:   # run from a tree that was never installed
         from tilecast import __version__ as installed
-    from tilecast.stages.train import git_sha   # ~0.4 s: only when --version is asked for
+    from tilecast.core.artifact import git_sha   # ~0.4 s: only when --version is asked for
 
     sha = git_sha()
     return f"tilecast {installed}" + ("" if sha == "unknown" else f" (git {sha[:12]})")

@@ -33,7 +33,7 @@ from tilecast.families.disco import BASIS_ALIASES, DiscoFamily
 from tilecast.families.gemm import GemmFamily
 from tilecast.families.grouped_conv import GroupedConvFamily
 from tilecast.registry.base import NAME_RE
-from tilecast.stages.layout import TARGET_TRANSFORMS
+from tilecast.core.artifact import TARGET_TRANSFORMS
 
 # the largest problem dimension: a kernel indexes with 32-bit ints in places, and no dimension
 # of a problem that fits in memory comes near it

@@ -135,13 +135,14 @@ def serving_name(root, model: str, host: str | None = None) -> str:
     host's, at the thread count its kernels will run with): tilecast.registry.classes. A
     classless table model (imported measurements of other devices) is served as it is."""
     from tilecast.registry import classes
+    from tilecast.core import kinds
 
     names = list_models(root)
     if classes.split(model)[1] is None and model in names and not classes.classes(names, model):
         try:
             version = resolve_version(root, model, PRODUCTION)
             spec = json.loads(read_version_file(root, model, version, "feature_spec.json"))
-            if spec.get("family") == "table":
+            if not kinds.of_spec(spec).hardware_classes:
                 return model
         except (RegistryError, ValueError):
             pass   # the loader reports what is wrong with the version

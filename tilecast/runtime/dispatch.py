@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import math
-import re
 from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -24,9 +23,13 @@ from tilecast.families import get_family
 from tilecast.families.base import FamilyError
 from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
+from tilecast.core import kinds
 from tilecast.runtime import shortlist as shortlists
+from tilecast.runtime.query import (  # noqa: F401  (the dispatcher's names, as before)
+    DEFAULT_CACHE_SIZE, MAX_FIELD_VALUE, PROBLEM_EXAMPLE, NoKernelError, ProblemError,
+    parse_problem, parse_problem_string, raw_key)
 from tilecast.runtime.native.scoring import CandidateScorer
-from tilecast.stages.layout import CANDIDATES_FILE, FEATURE_SPEC_FILE, MODEL_FILE, TARGET_TRANSFORMS
+from tilecast.core.artifact import CANDIDATES_FILE, FEATURE_SPEC_FILE, MODEL_FILE, TARGET_TRANSFORMS
 
 if TYPE_CHECKING:
     import lightgbm
@@ -35,101 +38,6 @@ logger = logging.getLogger(__name__)
 
 # feature_spec.json "target_transform" -> the inverse that turns predictions into TFLOP/s
 INVERSE_TRANSFORMS = {name: inverse for name, (_, inverse) in TARGET_TRANSFORMS.items()}
-DEFAULT_CACHE_SIZE = 65536
-#: feature_spec.json "family" of a table model (tilecast.table.dispatch.TableDispatcher)
-TABLE_FAMILY = "table"
-
-
-#: the largest value any problem field may hold: every size is an int64 in the kernels
-MAX_FIELD_VALUE = 2**63 - 1
-PROBLEM_EXAMPLE = "m=512,n=512,k=512"
-_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-_DIGITS = re.compile(r"[+]?[0-9]+")
-
-
-class ProblemError(FamilyError):
-    """A problem as a user wrote it that cannot be read: a malformed 'field=value' string, a
-    field given twice, a number not written as a whole number or too large for any field."""
-
-
-class NoKernelError(ValueError):
-    """No kernel of a model can run a problem: no candidate applies to it, nor the static best."""
-
-
-def _too_large(value: str) -> bool:
-    """Whether an integer literal is beyond MAX_FIELD_VALUE (by length first: int() refuses
-    literals of more than 4300 digits)."""
-    digits = value.lstrip("+-").lstrip("0")
-    return len(digits) > len(str(MAX_FIELD_VALUE)) or int(digits or "0") > MAX_FIELD_VALUE
-
-
-def parse_problem_string(text: str) -> dict[str, str]:
-    """'m=128,n=256,k=64' -> {'m': '128', 'n': '256', 'k': '64'}: the fields of a problem as a
-    user types it (`tilecast select --problem`, `tilecast rebench --problems`). Values stay
-    strings: the family converts them (see parse_problem, which also does). ProblemError names
-    a malformed pair (no '=', a key that is not a name, an empty value, a second '=' as in
-    'm=1;n=2'), a field given twice, an integer beyond MAX_FIELD_VALUE, or a string with no
-    field at all; empty pairs ('m=1,,n=2', a trailing comma) are ignored."""
-    if not isinstance(text, str):
-        raise TypeError(f"problem string must be a str, got {type(text).__name__}")
-    values: dict[str, str] = {}
-    for pair in text.split(","):
-        pair = pair.strip()
-        if not pair:
-            continue
-        key, sep, value = pair.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not _FIELD_NAME.fullmatch(key) or not value or "=" in value:
-            raise ProblemError(f"malformed pair {pair!r} in problem {text!r}; expected "
-                               f"field=value pairs separated by commas, e.g. {PROBLEM_EXAMPLE}")
-        if key in values:
-            raise ProblemError(f"field {key!r} given twice in problem {text!r} "
-                               f"({key}={values[key]} and {key}={value}); give it once")
-        if _INTEGER.fullmatch(value) and _too_large(value):
-            raise ProblemError(f"field {key}={value} in problem {text!r} is too large: a "
-                               f"problem field holds at most {MAX_FIELD_VALUE} (2**63 - 1)")
-        values[key] = value
-    if not values:
-        raise ProblemError(f"empty problem string {text!r}; expected field=value pairs "
-                           f"separated by commas, e.g. {PROBLEM_EXAMPLE}")
-    return values
-
-
-def parse_problem(text: str, family) -> Any:
-    """The family's validated problem from a 'field=value,...' string. Stricter than a
-    mapping: an integer field must be written in digits, so '1e3', '64.0' or '0x40' are
-    refused (a config's 64.0 is a number, a typed '1e3' more likely a typo), and must come
-    out of the family's conversion as the number written; a fraction (127.9), a negative or
-    zero size is refused by the family. ProblemError / FamilyError name the field and value."""
-    values = parse_problem_string(text)
-    problem = family.problem(values)
-    for key, value in values.items():
-        converted = getattr(problem, key, None)
-        if not isinstance(converted, int) or isinstance(converted, bool):
-            continue
-        if not _DIGITS.fullmatch(value):
-            raise ProblemError(f"field {key}={value!r} in problem {text!r} is not a whole "
-                               f"number written in digits; e.g. {key}={converted}")
-        if converted != int(value):
-            raise ProblemError(f"field {key}={value} in problem {text!r} is beyond what the "
-                               f"{family.name} family holds exactly (it reads {converted})")
-    return problem
-
-
-def _raw_key(problem) -> Any:
-    """A hashable key of a query as given (None when it has none): the string itself, or a
-    mapping's (key, value) pairs in key order."""
-    if isinstance(problem, str):
-        return problem
-    if isinstance(problem, Mapping):
-        try:
-            key = ("items", *sorted(problem.items()))
-            hash(key)
-        except TypeError:
-            return None
-        return key
-    return None
 
 
 class Ranking:
@@ -224,6 +132,8 @@ class Dispatcher:
     the version's shortlist.json, each leaf cut to K kernels) a query scores only the
     applicable kernels of its leaf, all applicable ones when none of them applies: rankings
     then hold those kernels only."""
+
+    kind = kinds.KINDS["family"]
 
     def __init__(self, booster: lightgbm.Booster, feature_spec: Mapping, candidates: Mapping, *,
                  model: str = "", version: int | None = None, source: Path | None = None,
@@ -322,7 +232,7 @@ class Dispatcher:
         """Load a verified artifact directory. model.txt is checked for truncation before
         LightGBM reads it: its loader crashes the process on a truncated file instead of
         raising (a version without checksums has nothing else to catch that). A table
-        model (feature_spec.json "family": "table") loads as a TableDispatcher."""
+        model of another kind (tilecast.core.kinds) loads as its own dispatcher."""
         # lightgbm is slow to import (sklearn, scipy): only loading a model pays for it,
         # not `import tilecast.runtime.dispatch` (parse_problem_string, the CLI's parser)
         import lightgbm
@@ -332,14 +242,13 @@ class Dispatcher:
             raise RegistryError(f"model artifact {path} has no {MODEL_FILE} (no file {model_path})")
         feature_spec = _read_json(path / FEATURE_SPEC_FILE, FEATURE_SPEC_FILE)
         size = options.pop("shortlist", None)
-        if isinstance(feature_spec, Mapping) and feature_spec.get("family") == TABLE_FAMILY:
-            if size:
-                raise RegistryError(f"version {version} of model {model!r} is a table model; "
-                                    "it has no shortlist")
-            # a model defined by its data: problems and devices come from its own files
-            from tilecast.table.dispatch import TableDispatcher
-
-            return TableDispatcher.load(path, model=model, version=version, **options)
+        kind = kinds.of_spec(feature_spec)
+        if size and not kind.shortlist:
+            raise RegistryError(f"version {version} of model {model!r} is a {kind.name} model; "
+                                "it has no shortlist")
+        loader = kind.dispatcher_class()
+        if loader is not cls:   # another kind's dispatcher reads its own files
+            return loader.load(path, model=model, version=version, **options)
         candidates = _read_json(path / CANDIDATES_FILE, CANDIDATES_FILE)
         if size:
             options["shortlist"] = _read_shortlist(path, size, model, version)
@@ -437,8 +346,8 @@ class Dispatcher:
         """The memoized Ranking for a problem (the same object on every call). A repeated
         query is found by its raw form (the string, or the mapping's items) before any
         validation, so a memoized problem costs one dictionary lookup."""
-        raw_key = _raw_key(problem)
-        found = self._raw_cache.get(raw_key) if raw_key is not None else None
+        given = raw_key(problem)
+        found = self._raw_cache.get(given) if given is not None else None
         if found is None:
             validated = self.problem(problem)
             found = self._cache.get(validated)
@@ -447,10 +356,10 @@ class Dispatcher:
                 if len(self._cache) >= self._cache_size:
                     self._cache.pop(next(iter(self._cache)))  # oldest entry first
                 self._cache[validated] = found
-            if raw_key is not None:
+            if given is not None:
                 if len(self._raw_cache) >= self._cache_size:
                     self._raw_cache.pop(next(iter(self._raw_cache)))
-                self._raw_cache[raw_key] = found
+                self._raw_cache[given] = found
         self.last_fallback_reason = found.fallback_reason
         return found
 

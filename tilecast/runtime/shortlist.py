@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tilecast.stages.layout import SHORTLIST_FILE as FILE
+from tilecast.core.artifact import SHORTLIST_FILE as FILE
 
 FORMAT = "tilecast-shortlist"
 FORMAT_VERSION = 1
@@ -173,7 +173,7 @@ def predicted_efficiency(dispatcher, problems: Sequence) -> tuple[np.ndarray, np
     column = {name: i for i, name in enumerate(names)}
     features, positions = shortlist_features(dispatcher)
     rows, efficiency = [], []
-    from tilecast.runtime.dispatch import NoKernelError
+    from tilecast.runtime.query import NoKernelError
 
     for problem in problems:
         try:

@@ -25,24 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from tilecast.core.artifact import (  # noqa: F401  a model artifact's files: W/models/<family>/
+    CANDIDATES_FILE, FEATURE_SPEC_FILE, MANIFEST_FILE, MODEL_FILE, MODEL_FILES, SHORTLIST_FILE,
+    TARGET_TRANSFORMS)
 from tilecast.core.settings import settings
 from tilecast.registry.base import METRICS_FILE  # noqa: F401 - W/eval/<family>/metrics.json too
-
-# -- a model artifact: W/models/<family>/, and a registry version's files ---------------------
-
-MODEL_FILE = "model.txt"                    # the LightGBM booster
-FEATURE_SPEC_FILE = "feature_spec.json"     # family, feature names, target transform, hardware
-MANIFEST_FILE = "train_manifest.json"       # data hash, CV figures, lineage, versions
-CANDIDATES_FILE = "candidates.json"         # the kernels to choose from, and the static best
-SHORTLIST_FILE = "shortlist.json"           # optional: the few kernels worth scoring, by region
-#: the files `train` writes and `publish` uploads (with the evaluation's per-problem table)
-MODEL_FILES = (MODEL_FILE, FEATURE_SPEC_FILE, MANIFEST_FILE, CANDIDATES_FILE)
-
-# feature_spec.json "target_transform" -> (forward applied to TFLOP/s when training, inverse
-# applied to the model's predictions to get TFLOP/s back)
-TARGET_TRANSFORMS = {"log1p_tflops": (np.log1p, np.expm1), "log_tflops": (np.log, np.exp)}
 
 # -- an evaluation: W/eval/<family>/ ----------------------------------------------------------
 

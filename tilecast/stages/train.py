@@ -12,10 +12,7 @@ Artifacts (written atomically into `out_dir`): `model.txt`, `feature_spec.json`,
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
-import platform
-import subprocess
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,17 +21,14 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-import tilecast
-from tilecast.core import resources, stats
+from tilecast.core import stats
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
-from tilecast.stages.layout import FEATURE_SPEC_FILE, MANIFEST_FILE, MODEL_FILE, TARGET_TRANSFORMS
+from tilecast.core.artifact import (  # noqa: F401  (ModelArtifactError, git_sha: as before)
+    FEATURE_SPEC_FILE, MANIFEST_FILE, MODEL_FILE, TARGET_TRANSFORMS, ModelArtifactError,
+    git_sha, library_versions)
 
 # Target transforms: name -> (forward applied to TFLOP/s, inverse applied to predictions).
 TARGETS = TARGET_TRANSFORMS
-
-
-class ModelArtifactError(ValueError):
-    """A model directory lacks a file, or a file is corrupt or inconsistent."""
 
 
 def target_transform(name: str):
@@ -276,43 +270,6 @@ def frame_hash(frame: pd.DataFrame) -> str:
     """sha256 of the sorted (dims_key, kernel, tflops) rows: what the model was fitted on."""
     rows = frame[["dims_key", "kernel", "tflops"]].astype(str).sort_values(["dims_key", "kernel"])
     return hashlib.sha256(rows.to_csv(index=False).encode()).hexdigest()
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def library_versions() -> dict:
-    """Versions of tilecast, python and the libraries a model depends on (torch if present)."""
-    import lightgbm  # slow to import, with sklearn: only a training run records versions
-    import sklearn   # sklearn: only training needs it
-
-    # the running code's own version (pyproject.toml's version is read from it): an editable
-    # install's metadata keeps the version it was installed at
-    versions = {"tilecast": tilecast.__version__, "python": platform.python_version(),
-                "lightgbm": lightgbm.__version__, "numpy": np.__version__,
-                "pandas": pd.__version__, "sklearn": sklearn.__version__}
-    torch_version = _version("torch")  # metadata only: importing torch costs seconds
-    if torch_version is not None:
-        versions["torch"] = torch_version
-    return versions
-
-
-def git_sha() -> str:
-    """HEAD of the checkout holding this code, or "unknown" when git cannot tell or tilecast
-    is an installed package (whatever repository its directory happens to lie in)."""
-    checkout = resources.checkout()
-    if checkout is None:
-        return "unknown"
-    try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True,
-                                text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return result.stdout.strip() or "unknown"
 
 
 class Predictor:

@@ -25,15 +25,16 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tilecast.core import kinds
+from tilecast.core.artifact import CALIBRATION_FILE, ModelArtifactError
 from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
-from tilecast.runtime.dispatch import (DEFAULT_CACHE_SIZE, ProblemError, _raw_key,
-                                       parse_problem_string)
+from tilecast.runtime.query import (DEFAULT_CACHE_SIZE, ProblemError, parse_problem_string,
+                                    raw_key)
 from tilecast.table.confidence import NEVER, Calibrations, guarded, incumbent_gain
 from tilecast.table.dataset import TableDataError
 from tilecast.table.model import FAMILY, TableModel, check_problem, resolve_device
 
-CALIBRATION_FILE = "calibration.json"
 #: configurations an unsure answer offers to measure (the issue's figure: 20 reach >= 0.97)
 DEFAULT_SHORTLIST = 20
 
@@ -95,6 +96,7 @@ class TableDispatcher:
     (the TableModel), `calibrations` (confidence.Calibrations: per case, or None), `kernels`
     (the candidates). `calibration` may be one Calibration for both cases."""
     family = FAMILY
+    kind = kinds.KINDS["table"]
 
     def __init__(self, table_model: TableModel, calibration=None, *, model: str = "",
                  version: int | None = None, cache_size: int = DEFAULT_CACHE_SIZE,
@@ -133,7 +135,6 @@ class TableDispatcher:
              **options) -> "TableDispatcher":
         """Load a verified directory: the TableModel and calibration.json. RegistryError
         naming a missing or damaged file."""
-        from tilecast.stages.train import ModelArtifactError
 
         path = Path(path)
         try:
@@ -223,7 +224,7 @@ class TableDispatcher:
         the allowed ones among `candidates`, the configurations the caller offers (an
         autotuner offers each problem its own; see `offered`)."""
         offered = None if candidates is None else self.offered(candidates)
-        raw = _raw_key(problem)
+        raw = raw_key(problem)
         key = (device, raw, offered)
         found = self._cache.get(key) if raw is not None else None
         if found is not None:

@@ -51,6 +51,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from tilecast.core.artifact import (CANDIDATES_FILE, FAILURES_FILE, FEATURE_SPEC_FILE, MODEL_FILE,
+                                    ModelArtifactError)
 from tilecast.core.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tilecast.table.dataset import TableDataError, TableDataset, TableSchema, parse_key
 from tilecast.table.features import DEVICE_PREFIX, TableFeatures
@@ -61,14 +63,10 @@ from tilecast.table.transfer_baselines import best_on_average
 FAMILY = "table"
 #: 2: other devices' measurements as features (reference.npz); 3: ideal gaps, an ensemble
 FORMAT_VERSION = 3
-MODEL_FILE = "model.txt"
 #: ensemble member -> its booster's file (module docstring); the first is MODEL_FILE
 MEMBERS = {"hardware": MODEL_FILE, "relative": "model_relative.txt"}
 #: the reference feature averaged with the members' predictions where it is defined
 PRIOR = "ref:wmean"
-FEATURE_SPEC_FILE = "feature_spec.json"
-CANDIDATES_FILE = "candidates.json"
-FAILURES_FILE = "failures.json"
 
 #: Training rows at most (all groups together); a group keeps at least MIN_GROUP_ROWS.
 ROW_BUDGET = 300_000
@@ -460,7 +458,6 @@ class TableModel:
         """The model saved in `directory`; ModelArtifactError naming a missing or damaged file."""
         import lightgbm as lgb
 
-        from tilecast.stages.train import ModelArtifactError
         from tilecast.table.devices import DeviceTable
 
         directory = Path(directory)

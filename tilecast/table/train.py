@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from tilecast.core.artifact import CALIBRATION_FILE, ModelArtifactError, git_sha, library_versions
 from tilecast.core.atomic import atomic_write_json
 from tilecast.stages.layout import MANIFEST_FILE, Workdir
 from tilecast.table.dataset import TableDataError, TableDataset, read_dataset
@@ -42,7 +43,6 @@ from tilecast.table.model import (DEFAULT_FORMULATION, FORMULATIONS, ROW_BUDGET,
 log = logging.getLogger("tilecast.table.train")
 
 MODEL_NAME = "table"                  # W/models/table/
-CALIBRATION_FILE = "calibration.json"
 OUT_OF_FOLD_FILE = "out_of_fold.parquet"
 PROBLEM_FOLDS = 5
 #: problem folds of the known-device calibration when leave-one-device-out runs as well:
@@ -228,7 +228,6 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
     """Train a table model on the dataset in `dataset_dir` and write W/models/table/ (module
     docstring); `formulation`: TableModel.fit's. TableDataError for a bad dataset, an unknown
     device or an excluded device the dataset lacks."""
-    from tilecast.stages.train import git_sha, library_versions
     from tilecast.table.confidence import Calibrations, fit_calibration
     from tilecast.table.devices import DeviceTable
 
@@ -312,7 +311,6 @@ def data_hash(frame: pd.DataFrame) -> str:
 def published_files(directory: Path) -> dict[str, Path]:
     """The files of a trained table model directory that a registry version holds;
     ModelArtifactError naming one that is missing."""
-    from tilecast.stages.train import ModelArtifactError
     from tilecast.table.model import (CANDIDATES_FILE, FAILURES_FILE, FEATURE_SPEC_FILE,
                                       MEMBERS, REFERENCE_FILE)
 

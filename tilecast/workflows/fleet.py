@@ -52,7 +52,7 @@ class FleetError(RuntimeError):
 def code_identity() -> dict:
     """What code this machine runs: tilecast's version and, in a checkout, its commit."""
     from tilecast import __version__
-    from tilecast.stages.train import git_sha
+    from tilecast.core.artifact import git_sha
 
     return {"version": __version__, "git_sha": git_sha()}
 
