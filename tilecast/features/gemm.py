@@ -5,48 +5,44 @@ of the micro-tile on the edges; the work units each parallel scheme splits acros
 (MR-row panels for `m`, NR-column panels of one NC block for `n`, K for split-K) and how
 evenly they divide; the barriers each scheme pays per block; packing and C traffic per
 flop; and how the packed panels compare with the cache sizes.
+
+The problem and interaction features are written once, as expression graphs (`formulas`,
+tilecast.features.formula): the engine evaluates them with numpy, `tilecast export` prints
+them as C (tilecast.runtime.export.gemm) and the native scorer's C++ is generated from them
+(tilecast.runtime.native.codegen). The kernel features are functions of a GemmConfig, taken
+from this engine by the other two.
+
+Problems are GemmFamily.problem's: m, n, k >= 1 with A, B and C (fp32) at most
+MAX_OPERAND_BYTES, so every size and byte count below is a whole number below 2**53 and
+exact in float64.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
 
-from tilecast.families.gemm_isa import ISAS
-from tilecast.features.hardware import EngineBase, evaluate, names
+from tilecast.families.gemm_isa import DTYPES, ISAS, LAYOUTS
+from tilecast.features.formula import (Evaluator, Formula, apply, hardware_field,
+                                       kernel_column, problem_field)
+from tilecast.features.hardware import EngineBase, names
 
 PACKED_BYTES = 4  # panels are packed as fp32 for every dtype
 
-
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
-def _problem_terms(p) -> SimpleNamespace:
-    elt = 2 if p.dtype == "bf16" else 4
-    flops = 2.0 * p.m * p.n * p.k
-    return SimpleNamespace(p=p, flops=flops, nbytes=elt * (p.m * p.k + p.k * p.n) + 4 * p.m * p.n)
+# A problem as numbers, the formulas' inputs (and the exported selector's arguments): a coded
+# field is the index of its value (dtype: its TC_DTYPE code).
+DTYPE_CODES = {name: dtype.code for name, dtype in DTYPES.items()}
+LAYOUT_CODES = {name: index for index, name in enumerate(LAYOUTS)}
+FIELD_CODES = {"m": None, "n": None, "k": None, "dtype": DTYPE_CODES,
+               "layout_a": LAYOUT_CODES, "layout_b": LAYOUT_CODES}
 
 
-# Each feature once, with its formula; the tables' order is the column order (kept in step
-# with tilecast/runtime/native/gemm_features.cpp, which computes the same columns).
-PROBLEM_COLUMNS = (
-    ("m", lambda t: t.p.m),
-    ("n", lambda t: t.p.n),
-    ("k", lambda t: t.p.k),
-    ("log2_m", lambda t: np.log2(t.p.m)),
-    ("log2_n", lambda t: np.log2(t.p.n)),
-    ("log2_k", lambda t: np.log2(t.p.k)),
-    ("log2_flops", lambda t: np.log2(t.flops)),
-    ("log2_bytes", lambda t: np.log2(t.nbytes)),
-    ("log2_intensity", lambda t: np.log2(t.flops / t.nbytes)),
-    ("log2_m_over_n", lambda t: np.log2(t.p.m / t.p.n)),
-    ("log2_min_mn", lambda t: np.log2(min(t.p.m, t.p.n))),
-    ("is_bf16", lambda t: float(t.p.dtype == "bf16")),
-    ("a_col_major", lambda t: float(t.p.layout_a == "col")),
-    ("b_col_major", lambda t: float(t.p.layout_b == "col")),
-)
+def problem_values(problem) -> dict[str, float]:
+    """A GemmProblem as the formulas' inputs (floats; coded fields as their codes)."""
+    return {name: float(getattr(problem, name) if codes is None
+                        else codes[getattr(problem, name)])
+            for name, codes in FIELD_CODES.items()}
+
 
 # over one GemmConfig
 KERNEL_COLUMNS = (
@@ -69,78 +65,87 @@ KERNEL_COLUMNS = (
     ("tile_loads_per_fma",
      lambda c: (c.mr + c.nr / ISAS[c.isa].vector_floats) / (c.mr * c.nr)),
 )
+KERNEL_FEATURES = names(KERNEL_COLUMNS)
 
 
-def _interaction_terms(problem, kf: dict, hw: dict) -> SimpleNamespace:
-    """The quantities the interaction formulas share, one value per kernel (see the module
-    docstring): tiles, blocks, the parallel units of each scheme, cache footprints, traffic."""
-    t = SimpleNamespace(problem=problem, kf=kf)
-    t.m, t.n, t.k = m, n, k = float(problem.m), float(problem.n), float(problem.k)
+def formulas() -> tuple[dict[str, Formula], dict[str, Formula]]:
+    """(problem features, interaction features): {name: Formula} each, in column order. The
+    one definition of these features; see the module docstring."""
+    m, n, k = problem_field("m"), problem_field("n"), problem_field("k")
+    col = float(LAYOUT_CODES["col"])
+    is_bf16 = apply("eq", problem_field("dtype"), DTYPE_CODES["bf16"])
+    a_col = apply("eq", problem_field("layout_a"), col)
+    b_col = apply("eq", problem_field("layout_b"), col)
+    elt = apply("select", is_bf16, 2.0, 4.0)
+    flops = 2.0 * m * n * k
+    nbytes = elt * (m * k + k * n) + 4.0 * m * n
+    problem = {
+        "m": Formula(m), "n": Formula(n), "k": Formula(k),
+        "log2_m": Formula(m, log2=True), "log2_n": Formula(n, log2=True),
+        "log2_k": Formula(k, log2=True),
+        "log2_flops": Formula(flops, log2=True), "log2_bytes": Formula(nbytes, log2=True),
+        "log2_intensity": Formula(flops / nbytes, log2=True),
+        "log2_m_over_n": Formula(m / n, log2=True),
+        "log2_min_mn": Formula(apply("min", m, n), log2=True),
+        "is_bf16": Formula(is_bf16), "a_col_major": Formula(a_col),
+        "b_col_major": Formula(b_col),
+    }
+
+    kf = {name: kernel_column(name) for name in KERNEL_FEATURES}
     mr, nr, mc, nc, kc = kf["mr"], kf["nr"], kf["mc"], kf["nc"], kf["kc"]
     par_m, par_n, par_k = kf["par_m"], kf["par_n"], kf["par_k"]
-    t.threads = threads = max(hw["hw_threads"], 1.0)
-    t.flops = flops = 2.0 * m * n * k
-    t.m_tiles, t.n_tiles = _ceil_div(m, mr), _ceil_div(n, nr)
-    t.m_eff, t.n_eff = m / (t.m_tiles * mr), n / (t.n_tiles * nr)
+    threads = apply("max", hardware_field("hw_threads"), 1.0)
+    m_tiles, n_tiles = apply("ceil_div", m, mr), apply("ceil_div", n, nr)
+    m_eff, n_eff = m / (m_tiles * mr), n / (n_tiles * nr)
     # split-K runs the blocked loops on k / threads per thread
-    t.k_thread = np.where(par_k > 0, _ceil_div(k, threads), k)
-    t.k_blocks = _ceil_div(t.k_thread, kc)
-    t.k_tail = (t.k_blocks * kc - t.k_thread) / (t.k_blocks * kc)
-    t.m_blocks, t.n_blocks = _ceil_div(m, mc), _ceil_div(n, nc)
-    n_panels = _ceil_div(np.minimum(n, nc), nr)
-    units = par_m * t.m_tiles + par_n * n_panels + par_k * min(threads, k)
-    t.units = np.maximum(units, 1.0)
-    t.balance = t.units / (_ceil_div(t.units, threads) * threads)
-    t.busy = np.minimum(t.units, threads) / threads
+    k_thread = apply("select", apply("gt", par_k, 0.0), apply("ceil_div", k, threads), k)
+    k_blocks = apply("ceil_div", k_thread, kc)
+    k_tail = (k_blocks * kc - k_thread) / (k_blocks * kc)
+    m_blocks, n_blocks = apply("ceil_div", m, mc), apply("ceil_div", n, nc)
+    n_panels = apply("ceil_div", apply("min", n, nc), nr)
+    units = apply("max", par_m * m_tiles + par_n * n_panels
+                  + par_k * apply("min", threads, k), 1.0)
+    balance = units / (apply("ceil_div", units, threads) * threads)
+    busy = apply("min", units, threads) / threads
     # barriers: m and n sync after each B block (n also around each shared A block)
-    t.barriers = (par_m * t.n_blocks * t.k_blocks + par_n * t.n_blocks * t.k_blocks * t.m_blocks * 2
-                  + par_k * 1.0) + 1.0
-    kc_eff = np.minimum(kc, t.k_thread)
-    t.a_block = np.minimum(mc, t.m_tiles * mr) * kc_eff * 4
-    t.b_panel = kc_eff * np.minimum(nc, t.n_tiles * nr) * 4
-    t.b_micro = kc_eff * nr * 4
-    t.l1, t.l2, t.l3 = (max(hw[name] * 1024, 1.0) for name in ("hw_l1d_kib", "hw_l2_kib", "hw_l3_kib"))
+    barriers = (par_m * n_blocks * k_blocks + par_n * n_blocks * k_blocks * m_blocks * 2.0
+                + par_k * 1.0) + 1.0
+    kc_eff = apply("min", kc, k_thread)
+    a_block = apply("min", mc, m_tiles * mr) * kc_eff * 4.0
+    b_panel = kc_eff * apply("min", nc, n_tiles * nr) * 4.0
+    b_micro = kc_eff * nr * 4.0
+    l1, l2, l3 = (apply("max", hardware_field(name) * 1024.0, 1.0)
+                  for name in ("hw_l1d_kib", "hw_l2_kib", "hw_l3_kib"))
     # A is repacked for every NC block; B once per (jc, pc) (per thread for split-K)
-    t.a_pack = kf["pack_a"] * m * k * t.n_blocks / flops
-    t.c_traffic = m * n * t.k_blocks * (1 + par_k * (threads - 1)) / flops
-    t.est_s = flops / (threads * 32 * hw["hw_clock_mhz"] * 1e6 * t.busy * t.m_eff * t.n_eff + 1.0)
-    t.a_col_unpacked = (1 - kf["pack_a"]) * float(problem.layout_a == "col")
-    return t
+    a_pack = kf["pack_a"] * m * k * n_blocks / flops
+    c_traffic = m * n * k_blocks * (1.0 + par_k * (threads - 1.0)) / flops
+    est_s = flops / (threads * 32.0 * hardware_field("hw_clock_mhz") * 1e6 * busy * m_eff
+                     * n_eff + 1.0)
+    a_col_unpacked = (1.0 - kf["pack_a"]) * a_col
+    interaction = {
+        "m_tile_eff": Formula(m_eff), "n_tile_eff": Formula(n_eff),
+        "tile_eff": Formula(m_eff * n_eff),
+        "log2_m_tiles": Formula(m_tiles, log2=True), "log2_n_tiles": Formula(n_tiles, log2=True),
+        "k_blocks": Formula(k_blocks), "k_tail_frac": Formula(k_tail),
+        "m_blocks": Formula(m_blocks), "n_blocks": Formula(n_blocks),
+        "log2_par_units": Formula(units, log2=True), "par_balance": Formula(balance),
+        "par_busy_frac": Formula(busy), "log2_barriers": Formula(barriers, log2=True),
+        "log2_barriers_per_mflop": Formula(barriers / (flops / 1e6), log2=True),
+        "k_per_thread": Formula(k_thread), "a_block_l2_ratio": Formula(a_block / l2),
+        "b_panel_l3_ratio": Formula(b_panel / l3), "b_micro_l1_ratio": Formula(b_micro / l1),
+        "log2_flops_per_thread": Formula(flops / threads, log2=True),
+        "splitk_reduce_ratio": Formula(par_k * (m * n * threads) / flops),
+        "a_pack_traffic_ratio": Formula(a_pack), "b_pack_traffic_ratio": Formula(k * n / flops),
+        "c_traffic_ratio": Formula(c_traffic), "a_strided_unpacked": Formula(a_col_unpacked),
+        "a_col_unpacked": Formula(a_col_unpacked * mr),
+        "log2_est_ms": Formula(est_s * 1e3 + 1e-9, log2=True),
+    }
+    return problem, interaction
 
 
-# over the terms of one problem and every kernel (arrays, or a scalar for all kernels)
-INTERACTION_COLUMNS = (
-    ("m_tile_eff", lambda t: t.m_eff),
-    ("n_tile_eff", lambda t: t.n_eff),
-    ("tile_eff", lambda t: t.m_eff * t.n_eff),
-    ("log2_m_tiles", lambda t: np.log2(t.m_tiles)),
-    ("log2_n_tiles", lambda t: np.log2(t.n_tiles)),
-    ("k_blocks", lambda t: t.k_blocks),
-    ("k_tail_frac", lambda t: t.k_tail),
-    ("m_blocks", lambda t: t.m_blocks),
-    ("n_blocks", lambda t: t.n_blocks),
-    ("log2_par_units", lambda t: np.log2(t.units)),
-    ("par_balance", lambda t: t.balance),
-    ("par_busy_frac", lambda t: t.busy),
-    ("log2_barriers", lambda t: np.log2(t.barriers)),
-    ("log2_barriers_per_mflop", lambda t: np.log2(t.barriers / (t.flops / 1e6))),
-    ("k_per_thread", lambda t: t.k_thread),
-    ("a_block_l2_ratio", lambda t: t.a_block / t.l2),
-    ("b_panel_l3_ratio", lambda t: t.b_panel / t.l3),
-    ("b_micro_l1_ratio", lambda t: t.b_micro / t.l1),
-    ("log2_flops_per_thread", lambda t: np.log2(t.flops / t.threads)),
-    ("splitk_reduce_ratio", lambda t: t.kf["par_k"] * (t.m * t.n * t.threads) / t.flops),
-    ("a_pack_traffic_ratio", lambda t: t.a_pack),
-    ("b_pack_traffic_ratio", lambda t: t.k * t.n / t.flops),
-    ("c_traffic_ratio", lambda t: t.c_traffic),
-    ("a_strided_unpacked", lambda t: t.a_col_unpacked),
-    ("a_col_unpacked", lambda t: t.a_col_unpacked * t.kf["mr"]),
-    ("log2_est_ms", lambda t: np.log2(t.est_s * 1e3 + 1e-9)),
-)
-
-PROBLEM_FEATURES = names(PROBLEM_COLUMNS)
-KERNEL_FEATURES = names(KERNEL_COLUMNS)
-INTERACTION_FEATURES = names(INTERACTION_COLUMNS)
+PROBLEM_FORMULAS, INTERACTION_FORMULAS = formulas()
+PROBLEM_FEATURES = tuple(PROBLEM_FORMULAS)
+INTERACTION_FEATURES = tuple(INTERACTION_FORMULAS)
 
 
 class GemmFeatureEngine(EngineBase):
@@ -151,6 +156,12 @@ class GemmFeatureEngine(EngineBase):
     _problem_names = PROBLEM_FEATURES
     _kernel_names = KERNEL_FEATURES
     _interaction_names = INTERACTION_FEATURES
+    _problem_evaluator = Evaluator(PROBLEM_FORMULAS)
+    _interaction_evaluator = Evaluator(INTERACTION_FORMULAS)
+
+    def __init__(self, hardware):
+        super().__init__(hardware)
+        self._hardware_floats = {name: float(value) for name, value in self.hw.items()}
 
     def kernel_features(self, configs: Sequence) -> np.ndarray:
         """One row per kernel (computed once per candidate pool, reused for every problem)."""
@@ -158,14 +169,15 @@ class GemmFeatureEngine(EngineBase):
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(KERNEL_COLUMNS))
 
     def problem_features(self, p) -> np.ndarray:
-        return evaluate(PROBLEM_COLUMNS, _problem_terms(p), 1)[0]
+        return self._problem_evaluator.block(1, problem_values(p), {},
+                                              self._hardware_floats)[0]
 
     def combine(self, problem, problem_row: np.ndarray, kernel_matrix: np.ndarray,
                 configs: Sequence = ()) -> np.ndarray:
         """The full feature matrix: one row per kernel for this problem."""
-        kf = {name: kernel_matrix[:, i] for i, name in enumerate(KERNEL_FEATURES)}
-        terms = _interaction_terms(problem, kf, self.hw)
-        interactions = evaluate(INTERACTION_COLUMNS, terms, kernel_matrix.shape[0])
+        kernels = {name: kernel_matrix[:, i] for i, name in enumerate(KERNEL_FEATURES)}
+        interactions = self._interaction_evaluator.block(
+            kernel_matrix.shape[0], problem_values(problem), kernels, self._hardware_floats)
         return self.stack(problem_row, kernel_matrix, interactions)
 
     def matrix(self, problem, configs: Sequence, kernel_matrix: np.ndarray | None = None) -> np.ndarray:

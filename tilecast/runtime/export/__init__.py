@@ -4,8 +4,9 @@ tilecast.runtime.dispatch.Dispatcher.select picks, with no Python and no LightGB
     selector = export.load(root, "gemm", "production")   # checksums verified first
     paths = export.write(selector, out_dir, "c")         # tilecast_gemm.h, tilecast_gemm.c
 
-The C form holds the kernel table, the feature formulas (tilecast.runtime.export.program,
-written per family in EXPORTERS' modules), the forest as flat arrays
+The C form holds the kernel table, the feature formulas (the engine's own graphs,
+tilecast.features.<family>.formulas, as statements: tilecast.runtime.export.program; a
+family's EXPORTERS module adds its arguments and validation), the forest as flat arrays
 (tilecast.runtime.export.forest) and the selection rules (tilecast.runtime.export.selector);
 the JSON form holds the same tables, the formulas as statements over an operation table.
 """

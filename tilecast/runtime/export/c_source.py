@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tilecast.runtime.export import c_runtime, forest as forests
-from tilecast.runtime.export.program import OPS
+from tilecast.features.formula import OPS
 from tilecast.runtime.export.selector import INVALID_PROBLEM, NO_KERNEL, Selector
 
 # a split's kind: what it reads; "plain" is a mixed split of missing type None on a slot

@@ -1,11 +1,9 @@
-"""Feature formulas as an expression graph that can be evaluated here and printed as C.
+"""A family's feature formulas (tilecast.features.formula graphs, the engine's own) as
+statements of the exported selector. IEEE float64 evaluation in the graph's order gives the
+same bits in the numpy engine, in the exported C and in any runtime that reads the JSON
+form. `compile_program` sorts the graph into levels:
 
-A family's exporter writes its engine's problem and interaction features with `Expr`s, in
-the same operation order as the numpy engine (Python's operator precedence builds the same
-tree), so that IEEE float64 evaluation gives the same bits in Python, in the exported C and
-in any runtime that reads the JSON form. `compile_program` sorts the graph into levels:
-
-    const    no problem field, no kernel column: folded here
+    const    no problem field, no kernel column (hardware features are constants): folded here
     kernel   kernel columns only: evaluated here once per kernel, stored in a table
     problem  problem fields only: computed once per query
     mixed    both: computed per candidate
@@ -14,99 +12,12 @@ and keeps only the statements the model's features need.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from tilecast.features.formula import OPS, Expr
 
 LEVELS = ("const", "kernel", "problem", "mixed")
-
-
-def _minimum(a: float, b: float) -> float:
-    # np.minimum (no NaN reaches a formula; both agree with Python's min on values)
-    return a if a <= b else b
-
-
-def _maximum(a: float, b: float) -> float:
-    return a if a >= b else b
-
-
-def _ceil_div(a: float, b: float) -> float:
-    # the engines' _ceil_div: -(-a // b), with numpy's (and Python's) float floor division
-    return -((-a) // b)
-
-
-@dataclass(frozen=True)
-class Op:
-    """One operation: its arity, its Python meaning and its C spelling ({0}, {1}... are the
-    operands, already parenthesized where needed)."""
-    arity: int
-    evaluate: Callable[..., float]
-    c_template: str
-
-
-# The single table of operations: the exported C, the JSON form and the evaluation here all
-# dispatch through it. ceil_div is for whole-number operands below 2**53 (every GEMM count
-# is: the family bounds problem sizes), where -floor(-a / b) equals numpy's floor division.
-OPS: dict[str, Op] = {
-    "add": Op(2, lambda a, b: a + b, "({0} + {1})"),
-    "sub": Op(2, lambda a, b: a - b, "({0} - {1})"),
-    "mul": Op(2, lambda a, b: a * b, "({0} * {1})"),
-    "div": Op(2, lambda a, b: a / b, "({0} / {1})"),
-    "neg": Op(1, lambda a: -a, "(-{0})"),
-    "min": Op(2, _minimum, "({0} <= {1} ? {0} : {1})"),
-    "max": Op(2, _maximum, "({0} >= {1} ? {0} : {1})"),
-    "ceil_div": Op(2, _ceil_div, "(-floor(-{0} / {1}))"),
-    "eq": Op(2, lambda a, b: 1.0 if a == b else 0.0, "({0} == {1} ? 1.0 : 0.0)"),
-    "gt": Op(2, lambda a, b: 1.0 if a > b else 0.0, "({0} > {1} ? 1.0 : 0.0)"),
-    "select": Op(3, lambda c, a, b: a if c != 0.0 else b, "({0} != 0.0 ? {1} : {2})"),
-}
-
-
-@dataclass(eq=False)
-class Expr:
-    """A node of the graph: an input (problem field), a kernel column, a constant, or an
-    operation of OPS over other nodes. Nodes are compared by identity: a node used twice is
-    computed once."""
-    op: str
-    args: tuple["Expr", ...] = ()
-    name: str = ""
-    value: float = 0.0
-
-    def __add__(self, other): return Expr("add", (self, lift(other)))
-    def __radd__(self, other): return Expr("add", (lift(other), self))
-    def __sub__(self, other): return Expr("sub", (self, lift(other)))
-    def __rsub__(self, other): return Expr("sub", (lift(other), self))
-    def __mul__(self, other): return Expr("mul", (self, lift(other)))
-    def __rmul__(self, other): return Expr("mul", (lift(other), self))
-    def __truediv__(self, other): return Expr("div", (self, lift(other)))
-    def __rtruediv__(self, other): return Expr("div", (lift(other), self))
-    def __neg__(self): return Expr("neg", (self,))
-
-
-def lift(value) -> Expr:
-    """An Expr as it is; a number as a constant node."""
-    if isinstance(value, Expr):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(float(value)):
-        raise TypeError(f"a formula constant must be a finite number, got {value!r}")
-    return Expr("const", value=float(value))
-
-
-def problem_field(name: str) -> Expr:
-    return Expr("input", name=name)
-
-
-def kernel_column(name: str) -> Expr:
-    return Expr("kernel", name=name)
-
-
-def apply(op: str, *args) -> Expr:
-    """The node applying OPS[op] to `args` (numbers become constants)."""
-    if op not in OPS or OPS[op].arity != len(args):
-        raise ValueError(f"unknown operation {op!r} with {len(args)} operand(s); "
-                         f"valid: {', '.join(OPS)}")
-    return Expr(op, tuple(lift(a) for a in args))
 
 
 @dataclass(frozen=True)
@@ -130,10 +41,11 @@ class CompiledProgram:
     kernel_values: dict[str, list[float]] = field(default_factory=dict)  # const/kernel outputs
 
 
-def compile_program(outputs: Mapping[str, Expr], kernels: Sequence[Mapping[str, float]]
-                    ) -> CompiledProgram:
+def compile_program(outputs: Mapping[str, Expr], kernels: Sequence[Mapping[str, float]],
+                    hardware: Mapping[str, float] | None = None) -> CompiledProgram:
     """Sort the graphs of `outputs` into levels (see the module docstring). `kernels[i]`
-    maps each kernel column name to kernel i's value. Constant nodes are folded and kernel
+    maps each kernel column name to kernel i's value, `hardware` each hardware feature to
+    the constant baked in. Constant nodes are folded and kernel
     nodes evaluated per kernel here: an output of either level comes back as one value per
     kernel in `kernel_values`, the others as an operand of the statements."""
     program = CompiledProgram()
@@ -161,6 +73,12 @@ def compile_program(outputs: Mapping[str, Expr], kernels: Sequence[Mapping[str, 
         elif node.op == "const":
             found = "const"
             values[key] = [node.value] * len(kernels)
+        elif node.op == "hardware":
+            found = "const"
+            try:
+                values[key] = [float((hardware or {})[node.name])] * len(kernels)
+            except KeyError:
+                raise ValueError(f"no hardware feature {node.name!r}") from None
         elif node.op == "kernel":
             found = "kernel"
             try:

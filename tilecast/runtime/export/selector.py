@@ -81,7 +81,7 @@ class Selector:
         check the problem against `limits` and the `inputs`' codes; the candidates are the
         first `candidates` kernels whose `kernel_codes` entry is the problem's
         `applicability_field` code. Per candidate, run `statements` ([target, level, op,
-        operands], op from tilecast.runtime.export.program.OPS; an operand is ["input",
+        operands], op from tilecast.features.formula.OPS; an operand is ["input",
         name], ["const", value], ["kernel", column of that kernel's `kernel_table` row] or
         ["temp", target]); slot s reads its `source` operand (a "kernel" slot: the kernel's
         `kernel_slot_values` entry), a raw one read as 0 when |x| <= 1e-35. Walk each tree of
@@ -226,10 +226,10 @@ def _bind_features(model_features: list[str], used: set[int], exporter, hardware
     constant; a kernel feature (or a formula of kernel values only) a kernel slot with one
     value per kernel, baked here; a formula over the problem a problem or mixed slot whose
     source is an operand of the program's statements."""
-    formulas = exporter.features(hardware)
-    program = compile_program({model_features[f]: formulas[model_features[f]][0]
+    formulas = exporter.features()
+    program = compile_program({model_features[f]: formulas[model_features[f]].graph
                                for f in sorted(used) if model_features[f] in formulas},
-                              kernel_rows)
+                              kernel_rows, hardware)
     bindings: list[forests.Binding | None] = [None] * len(model_features)
     slots: dict[int, dict] = {}
     kernel_values: dict[int, list[float]] = {}
@@ -239,7 +239,7 @@ def _bind_features(model_features: list[str], used: set[int], exporter, hardware
             bindings[f] = forests.Binding(constant=float(hardware[feature]))
             continue
         if feature in formulas:
-            log2, level = formulas[feature][1], program.levels[feature]
+            log2, level = formulas[feature].log2, program.levels[feature]
         elif feature in exporter.KERNEL_FEATURES:
             log2, level = False, "kernel"
         else:

@@ -1,7 +1,8 @@
 """Native (C++) fast paths for run-time dispatch, each beside its Python reference.
 
 forest.cpp evaluates a LightGBM forest (tilecast.runtime.native.forest); gemm_features.cpp fills the
-GEMM engine's feature matrix (tilecast.runtime.native.gemm_features); tilecast.runtime.native.scoring puts
+GEMM engine's feature matrix (tilecast.runtime.native.gemm_features) with formulas generated from
+the engine's own (tilecast.runtime.native.codegen); tilecast.runtime.native.scoring puts
 them together for the Dispatcher. Libraries are compiled on first use into a content-hash
 cache (tilecast.runtime.native.library); when that fails, the caller keeps its Python path.
 """

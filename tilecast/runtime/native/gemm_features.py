@@ -1,42 +1,52 @@
 """The GEMM engine's feature matrix for all candidates of one problem, filled by
 gemm_features.cpp; the numpy engine (tilecast.features.gemm) stays the reference.
 
-The native code was written for one engine version and its exact feature names (WRITTEN_FOR);
-NativeGemmFeatures refuses any other engine, so a change to gemm.py that is not carried into
-gemm_features.cpp switches the dispatcher back to the numpy engine instead of computing stale
-features.
+The formulas in C++ (gemm_features_formulas.hpp) are generated from the engine's own
+(tilecast.runtime.native.codegen). NativeGemmFeatures runs only the engine they were
+generated for (WRITTEN_FOR) and only while the checked-in header is what the formulas
+generate now: a change to gemm.py that was not regenerated switches the dispatcher back to
+the numpy engine instead of computing stale features.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Sequence
 
 import numpy as np
 
-from tilecast.features.hardware import hardware_vector
-from tilecast.runtime.native import library
+from tilecast.features import gemm as definition
+from tilecast.features.hardware import HARDWARE_FEATURES, hardware_vector
+from tilecast.runtime.native import codegen, library
 
+_ENGINE = definition.GemmFeatureEngine
 # (engine name, version, feature names) that gemm_features.cpp computes, in its column order
-WRITTEN_FOR = ("gemm", 2, (
-    "m", "n", "k", "log2_m", "log2_n", "log2_k", "log2_flops", "log2_bytes",
-    "log2_intensity", "log2_m_over_n", "log2_min_mn", "is_bf16", "a_col_major", "b_col_major",
-    "is_avx512", "mr", "nr", "mc", "nc", "kc", "tile_area", "par_m", "par_n", "par_k",
-    "pack_a", "prefetch", "log2_a_block_bytes", "log2_b_panel_bytes", "log2_b_micro_bytes",
-    "tile_loads_per_fma",
-    "m_tile_eff", "n_tile_eff", "tile_eff", "log2_m_tiles", "log2_n_tiles", "k_blocks",
-    "k_tail_frac", "m_blocks", "n_blocks", "log2_par_units", "par_balance", "par_busy_frac",
-    "log2_barriers", "log2_barriers_per_mflop", "k_per_thread", "a_block_l2_ratio",
-    "b_panel_l3_ratio", "b_micro_l1_ratio", "log2_flops_per_thread", "splitk_reduce_ratio",
-    "a_pack_traffic_ratio", "b_pack_traffic_ratio", "c_traffic_ratio", "a_strided_unpacked",
-    "a_col_unpacked", "log2_est_ms",
-    "hw_threads", "hw_simd_bits", "hw_l1d_kib", "hw_l2_kib", "hw_l3_kib", "hw_clock_mhz",
-    "hw_has_avx512", "hw_has_avx512_bf16"))
-SCALAR_LOGS, ROW_LOGS = 9, 6    # kScalarLogs, kRowLogs in gemm_features.cpp
+WRITTEN_FOR = (_ENGINE.name, _ENGINE.version, (
+    *definition.PROBLEM_FEATURES, *definition.KERNEL_FEATURES,
+    *definition.INTERACTION_FEATURES, *HARDWARE_FEATURES))
+LAYOUT = codegen.layout(codegen.gemm())
+SCALAR_LOGS, ROW_LOGS = len(LAYOUT.scalar_logs), len(LAYOUT.row_logs)
 MAX_DIM = 1 << 30               # kMaxDim: larger problems take the numpy engine
 
 
+@functools.lru_cache(maxsize=None)
+def _stale_header() -> str | None:
+    """Why the checked-in header cannot be used (it is not what the formulas generate), or
+    None when it can."""
+    family = codegen.gemm()
+    path = codegen.header_path(family)
+    try:
+        if path.read_text() == codegen.header(family):
+            return None
+    except OSError as err:
+        return f"cannot read {path.name}: {err}"
+    return (f"{path.name} is not what the formulas of tilecast.features.gemm generate; run "
+            "python -m tilecast.runtime.native.generate")
+
+
 class EngineMismatch(ValueError):
-    """The engine is not the one gemm_features.cpp was written for."""
+    """The engine is not the one gemm_features.cpp was generated for, or its generated
+    header is stale."""
 
 
 class NativeGemmFeatures:
@@ -52,6 +62,9 @@ class NativeGemmFeatures:
             raise EngineMismatch(f"engine {engine.name!r} version {engine.version} with "
                                  f"{len(engine.feature_names())} features is not the "
                                  f"{name!r} version {version} that gemm_features.cpp computes")
+        stale = _stale_header()
+        if stale is not None:
+            raise EngineMismatch(f"gemm_features.cpp cannot run: {stale}")
         kernel_matrix = np.asarray(kernel_matrix, dtype=np.float64)
         self.n_kernels = kernel_matrix.shape[0]
         self._kernel_columns = np.ascontiguousarray(kernel_matrix.T)
@@ -64,16 +77,24 @@ class NativeGemmFeatures:
         self._log_views: dict[int, np.ndarray] = {}
         lib = library.load("gemm_features.cpp")
         self._fill = lib.tc_gemm_features
-        self._fill.argtypes = [ctypes.c_int64] * 3 + [ctypes.c_int32] * 3 + [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        self._fill.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+            ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._fill.restype = ctypes.c_int
         self._put_logs = lib.tc_gemm_put_logs
         self._put_logs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                    ctypes.c_int64]
         self._put_logs.restype = None
+        built = lib.tc_gemm_layout
+        built.argtypes, built.restype = [ctypes.c_int64], ctypes.c_int64
+        expected = (len(names), len(LAYOUT.inputs), SCALAR_LOGS, ROW_LOGS)
+        if tuple(built(i) for i in range(4)) != expected:
+            raise EngineMismatch(f"gemm_features.cpp was built with columns, inputs and logs "
+                                 f"{tuple(built(i) for i in range(4))}, not {expected}")
+        self._inputs = np.zeros(len(LAYOUT.inputs), dtype=np.float64)
         self._pointers = (self._kernel_columns.ctypes.data, self._hardware.ctypes.data,
-                          self.columns.ctypes.data, self._logs.ctypes.data)
+                          self.columns.ctypes.data, self._logs.ctypes.data,
+                          self._inputs.ctypes.data)
         self.stride = self.columns.shape[1]
         self.columns_address = self.columns.ctypes.data
 
@@ -83,12 +104,11 @@ class NativeGemmFeatures:
         False (nothing written) when the problem is beyond what the native code handles."""
         if max(problem.m, problem.n, problem.k) > MAX_DIM or n_rows > self.n_kernels:
             return False
-        kernel_columns, hardware, columns, logs = self._pointers
+        kernel_columns, hardware, columns, logs, inputs = self._pointers
         copy_kernels = rows_address is not None or not self._kernels_of_all
-        if self._fill(problem.m, problem.n, problem.k, problem.dtype == "bf16",
-                      problem.layout_a == "col", problem.layout_b == "col", kernel_columns,
-                      self.n_kernels, rows_address, n_rows, copy_kernels, hardware, columns,
-                      self.stride, logs) != 0:
+        self._inputs[:] = tuple(definition.problem_values(problem).values())
+        if self._fill(inputs, kernel_columns, self.n_kernels, rows_address, n_rows,
+                      copy_kernels, hardware, columns, self.stride, logs) != 0:
             self._kernels_of_all = False
             return False
         self._kernels_of_all = rows_address is None and n_rows == self.n_kernels
