@@ -46,7 +46,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilecast.core import hardware, probe, tune  # noqa: E402
-from tilecast.core.config import load_config  # noqa: E402
+from tilecast.config import load_config  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
 from tilecast.stages import build, roofline  # noqa: E402
 

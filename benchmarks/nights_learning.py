@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilecast.core import dataset, hardware  # noqa: E402
-from tilecast.core.config import load_config  # noqa: E402
+from tilecast.config import load_config  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
 from tilecast.stages.evaluate import evaluate  # noqa: E402
 from tilecast.stages.train import ModelSpec, load_predictor, train_model  # noqa: E402

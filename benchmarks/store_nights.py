@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from tilecast.core.config import resolve_path
+from tilecast.config import resolve_path
 from tilecast.store.store import Store
 from tilecast.workflows import pipeline
 

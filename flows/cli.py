@@ -146,7 +146,7 @@ def _run_plain(args, workdir: Path) -> dict:
 
 def _run_flow(args, workdir: Path) -> dict:
     """The nightly flow under Prefect, on an embedded server unless PREFECT_API_URL names one."""
-    from tilecast.core.config import load_config
+    from tilecast.config import load_config
 
     prefect_env(workdir)
     load_config(args.config)  # a bad config fails here, with its message, before Prefect starts

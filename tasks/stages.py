@@ -14,7 +14,7 @@ import hashlib
 from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
 
-from tilecast.core.config import ConfigError, resolve_path
+from tilecast.config import ConfigError, resolve_path
 from tilecast.tasks.progress import StageProgress
 from tilecast.workflows import pipeline, rebench
 

@@ -191,7 +191,7 @@ def test_a_compile_error_of_every_candidate_names_its_first_error_line(tmp_path)
 def test_a_run_whose_builds_all_fail_stops_with_the_failures(tmp_path, hw, monkeypatch):
     """The pipeline's build stage and the stages after it (which read the events back) both
     end in the BuildError, never in a TypeError inside load_builds."""
-    from tilecast.core.config import load_config
+    from tilecast.config import load_config
     from tilecast.workflows import pipeline
 
     if not {"avx2", "fma"} <= set(hw["flags"]):

@@ -219,7 +219,7 @@ def test_evaluate_names_a_bad_problems_file_or_config(published, tmp_path):
 
 def test_read_problems_names_a_file_it_cannot_read(tmp_path):
     """The library function behind `evaluate --problems`, for callers without the CLI's checks."""
-    from tilecast.core.config import ConfigError
+    from tilecast.config import ConfigError
     from tilecast.workflows.user_eval import read_problems
 
     for path, message in [(tmp_path / "missing.yaml", "problems file {path} does not exist"),

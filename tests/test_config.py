@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilecast.core import config, schema
-from tilecast.core.config import (MAX_PROBLEMS, UNLIMITED_BUDGET, ConfigError, expand_problems,
+from tilecast.config import load as config, schema
+from tilecast.config import (MAX_PROBLEMS, UNLIMITED_BUDGET, ConfigError, expand_problems,
                                   load_config, read_problem_file)
 from tilecast.core.measure import Protocol
 from tilecast.families import FAMILIES, get_family
@@ -311,9 +311,9 @@ def test_check_config_file_also_asks_this_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "profile", lambda threads=None: {"flags": ["avx2", "fma"]})
     with pytest.raises(ConfigError, match=r"bad.yaml: families.gemm.candidates: the options "
                                           r".* allow no candidate kernel this CPU can run"):
-        schema.check_config_file(path)
+        config.check_config_file(path)
     monkeypatch.setattr(hardware, "profile", lambda threads=None: {"flags": ["avx2", "fma", "avx512f"]})
-    assert schema.check_config_file(path).name == "x"
+    assert config.check_config_file(path).name == "x"
 
 
 def test_missing_config_lists_the_available_ones():

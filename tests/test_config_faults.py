@@ -14,8 +14,8 @@ from faults import note_case
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tilecast.core.config import ConfigError, load_config
-from tilecast.core.schema import key_path, show
+from tilecast.config import ConfigError, load_config
+from tilecast.config.schema import key_path, show
 
 GEMM = ("families", "gemm")
 # a small valid config; every case below breaks one thing in it

@@ -20,7 +20,7 @@ import yaml
 from tilecast.stages import bench
 from tilecast.workflows import pipeline
 from tilecast.core import tune
-from tilecast.core.config import expand_problems, load_config
+from tilecast.config import expand_problems, load_config
 from tilecast.disco import compute_psi, csr_from_psi, native, reference
 from tilecast.disco.kpacked import kpack_psi
 from tilecast.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields

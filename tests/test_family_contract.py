@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tilecast.core.config import expand_problems
+from tilecast.config import expand_problems
 from tilecast.families import FAMILIES, FamilyError
 
 PROBLEM_SETS = Path(__file__).resolve().parents[1] / "configs" / "quick.yaml"

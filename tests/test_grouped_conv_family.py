@@ -16,7 +16,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilecast.core.config import expand_problems
+from tilecast.config import expand_problems
 from tilecast.families import FamilyError, get_family
 from tilecast.families.grouped_conv import GroupedConvFamily, geometry_reason
 from tilecast.families.grouped_conv_kernels import (

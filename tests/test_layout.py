@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tilecast.core.config import load_config
+from tilecast.config import load_config
 from tilecast.core.device import default_device, device_tag, lock_dir
 from tilecast.core.settings import Settings
 from tilecast.registry.cache import default_cache_dir as registry_cache_dir

@@ -207,7 +207,7 @@ def test_the_unpacked_wheel_runs_from_outside_the_checkout(wheel, tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
     where = _installed(site, away, "-c", "import json, tilecast.flows.cli; "
-                       "from tilecast.core import resources; from tilecast.core import config; "
+                       "from tilecast.core import resources; from tilecast import config; "
                        "r = resources.locate(); print(json.dumps([str(r.kernels), "
                        "str(r.checkout), str(config.resolve_path('tiny'))]))")
     assert where.returncode == 0, where.stderr[-3000:]

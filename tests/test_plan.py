@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tilecast.core import dataset
-from tilecast.core.config import ConfigError, FamilyConfig, NightSettings
+from tilecast.config import ConfigError, FamilyConfig, NightSettings
 from tilecast.core.measure import Protocol
 from tilecast.families import get_family
 from tilecast.store import labels, plan
@@ -200,7 +200,7 @@ def test_a_night_without_a_budget_is_refused():
 
 
 def test_the_config_s_night_section_and_workload_file_are_checked(tmp_path):
-    from tilecast.core.config import load_config
+    from tilecast.config import load_config
 
     base = tmp_path / "c.yaml"
     text = (Path(__file__).parent / "configs" / "tiny_night.yaml").read_text()
@@ -227,7 +227,7 @@ def test_the_config_s_night_section_and_workload_file_are_checked(tmp_path):
 
 
 def test_protocol_threads_may_list_the_counts_a_night_measures_with(tmp_path):
-    from tilecast.core.config import load_config
+    from tilecast.config import load_config
     from tilecast.core.hardware import cpu_count
 
     text = (Path(__file__).parent / "configs" / "tiny.yaml").read_text()

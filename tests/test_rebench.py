@@ -276,7 +276,7 @@ def test_a_truncated_history_is_a_clear_error(tmp_path):
 
 
 def test_config_sentinel_defaults_to_the_holdout_set(tmp_path):
-    from tilecast.core.config import ConfigError, load_config
+    from tilecast.config import ConfigError, load_config
 
     base = ("name: x\nfamilies:\n  gemm:\n    candidates: {}\n    problems:\n"
             "      train: [{list: [{m: 1, n: 2, k: 3}]}]\n      holdout: [{list: [{m: 4, n: 5, k: 6}]}]\n")

@@ -37,7 +37,7 @@ def _config_summary(config) -> str:
 
 def _cmd_config_check(args) -> int:
     # the schema module is imported only by the command that needs it
-    from tilecast.core.schema import check_config_file
+    from tilecast.config import check_config_file
 
     config = check_config_file(Path(config_arg(args.file)))
     print(f"ok: {_config_summary(config)}")
@@ -45,7 +45,7 @@ def _cmd_config_check(args) -> int:
 
 
 def _cmd_config_schema(args) -> int:
-    from tilecast.core.schema import config_json_schema
+    from tilecast.config.schema import config_json_schema
 
     print(json.dumps(config_json_schema(), indent=2))
     return 0

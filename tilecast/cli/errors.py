@@ -13,7 +13,7 @@ class CliError(Exception):
 #: error of a module that was never imported cannot have been raised.
 USER_ERRORS = (
     ("tilecast.cli.errors", "CliError"),                # bad arguments and paths
-    ("tilecast.core.config", "ConfigError"),            # configs and problem files
+    ("tilecast.config.run", "ConfigError"),            # configs and problem files
     ("tilecast.core.dataset", "DatasetError"),          # raw logs, CSVs, parquet datasets
     ("tilecast.families.base", "FamilyError"),          # kernel names, problems (ProblemError)
     ("tilecast.registry.base", "RegistryError"),        # registries, versions, aliases

@@ -84,7 +84,7 @@ class BenchSettings:
     @classmethod
     def from_config(cls, config, *, seed: int = 0, libraries: Mapping[str, Path] | None = None,
                     **overrides) -> "BenchSettings":
-        """The settings a run config (tilecast.core.config.RunConfig) asks for: every field
+        """The settings a run config (tilecast.config.RunConfig) asks for: every field
         of both (the protocol, the tune and bench keys) taken from the config, then `seed`,
         `libraries` and any `overrides` (a field name and its value, e.g. a rebenchmark's
         own protocol). An unknown override is a TypeError naming it."""

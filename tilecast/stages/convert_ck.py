@@ -21,7 +21,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from tilecast.core.config import PROBLEM_SETS
+from tilecast.config import PROBLEM_SETS
 from tilecast.stages.convert import (ConvertSummary, check_output, drop_repeats, records_frame,
                                      write_parquet)
 from tilecast.core.dataset import SCHEMA_VERSION, DatasetError

@@ -1,7 +1,7 @@
 """A night that spends its time where it learns most: what a budgeted night measures.
 
 With a store and `night.budget_minutes`, a night no longer measures the config's fixed
-problem lists. It fills its measuring budget in this order (tilecast.core.config.NightSettings
+problem lists. It fills its measuring budget in this order (tilecast.config.NightSettings
 holds the knobs):
 
 1. **labels to settle**, at most `remeasure_share` of the budget: held-out problems with fewer
@@ -42,7 +42,7 @@ import pandas as pd
 
 from tilecast.core import dataset
 from tilecast.core.atomic import atomic_write_json
-from tilecast.core.config import ConfigError, NightSettings, expand_problems
+from tilecast.config import ConfigError, NightSettings, expand_problems
 from tilecast.store import labels
 from tilecast.store.members import Members, predicted_seconds, regret
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
-from tilecast.core.config import ConfigError
+from tilecast.config import ConfigError
 from tilecast.core.device import default_device, exclusive
 from tilecast.families import get_family
 from tilecast.fleet import GRACE_S, LEASE_S, POLL_S, RETRIES, SHARD_DEPLOYMENT  # noqa: F401

@@ -19,7 +19,7 @@ import pandas as pd
 
 from tilecast.core import dataset, hardware, tune
 from tilecast.core.atomic import atomic_write_json
-from tilecast.core.config import PROBLEM_SETS, ConfigError, RunConfig, load_config
+from tilecast.config import PROBLEM_SETS, ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
 from tilecast.families import get_family
 from tilecast.registry import api as registry

@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 from tilecast.core import hardware, resources
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
-from tilecast.core.config import ConfigError, RunConfig, load_config
+from tilecast.config import ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
 from tilecast.core.measure import protocol_hash
 from tilecast.core.rawlog import read_records

@@ -229,7 +229,7 @@ def store_replay(location: str, config: str, family_name: str, *, policies: Sequ
     holds) under a config's candidates, model spec and held-out set, as printed lines."""
     from tilecast.core import hardware
     from tilecast.core.atomic import atomic_write_json
-    from tilecast.core.config import ConfigError, load_config
+    from tilecast.config import ConfigError, load_config
     from tilecast.families import get_family
     from tilecast.store import nights
     from tilecast.store.store import Store

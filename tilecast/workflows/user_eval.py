@@ -12,7 +12,7 @@ model's name in place of the family's:
     W/eval/<model>/metrics.json, per_problem.parquet     the published model on these problems
 
 The problems file is YAML (or JSON): `problems:` followed by the entries of a config's problem
-set (list / grid / random; see tilecast.core.config.expand_problems).
+set (list / grid / random; see tilecast.config.expand_problems).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import pandas as pd
 
 from tilecast.core import dataset, hardware, stats
 from tilecast.core.atomic import atomic_write_json
-from tilecast.core.config import load_config, read_problem_file
+from tilecast.config import load_config, read_problem_file
 from tilecast.core.device import default_device, exclusive
 from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher

@@ -1,6 +1,6 @@
 """Run configurations (configs/*.yaml): problem sets, candidate spaces, budgets, model specs.
 
-A config passes its schema (tilecast.core.schema) before anything is built or measured: an
+A config passes its schema (tilecast.config.schema) before anything is built or measured: an
 unknown, missing or malformed key is an error naming the file, the key path, the bad value and
 what is allowed, never a silently ignored, truncated or clamped setting. Then every problem is
 built through its family and weighed against this machine's memory, and each family's
@@ -21,85 +21,10 @@ import yaml
 from tilecast.core import resources
 from tilecast.core.hardware import cpu_count
 from tilecast.core.measure import AUTO_THREADS, Protocol, ProtocolError
+from tilecast.config.run import (  # noqa: F401  (the loader's names, as before)
+    CONFIG_SUFFIXES, CONFIGS_DIR, MAX_PROBLEMS, PROBLEM_SETS, SHOWN_ERRORS, UNLIMITED_BUDGET,
+    ConfigError, FamilyConfig, NightSettings, RunConfig)
 from tilecast.families import FAMILIES
-
-#: the shipped configs, in a checkout or an installed package (tilecast.core.resources)
-CONFIGS_DIR = resources.configs_dir()
-#: suffixes that make a --config value a file path rather than a shipped config's name
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-PROBLEM_SETS = ("train", "holdout")
-SHOWN_ERRORS = 20          # lines of a ConfigError; the rest are counted
-UNLIMITED_BUDGET = 10**9   # no `budget`: every candidate of the space
-# problems one problem set (or problems file) may expand to, counted before expanding
-MAX_PROBLEMS = 100_000
-
-
-class ConfigError(ValueError):
-    """A malformed run configuration or problems file."""
-
-
-@dataclass(frozen=True)
-class FamilyConfig:
-    """One family's part of a run: which candidates, on which problems, with which model."""
-    name: str
-    candidates: dict
-    budget: int
-    seed: int
-    problems: dict[str, list[dict]]
-    model: dict = field(default_factory=dict)
-    # continue training from this registry version (an alias or a number); None: from scratch
-    warm_start: str | None = None
-    # the rebenchmark's problems (`tilecast rebench`); the config's holdout set when absent
-    sentinel: list[dict] = field(default_factory=list)
-    # the problems the family's users run (its `workload` file), which a budgeted night
-    # measures where its model is least sure (tilecast.store.plan); none when absent
-    workload: list[dict] = field(default_factory=list)
-    # the problem sets' entries as written (grid / list / random): a budgeted night redraws
-    # the random ones to explore
-    entries: dict[str, list] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class NightSettings:
-    """`night:` of a config: how a night with a measurement store spends its time
-    (tilecast.store.plan). Without a budget, or without a store, a night measures the
-    config's problem lists as they are."""
-    budget_minutes: float | None = None   # measuring time a night; None: the fixed lists
-    policy: str = "active"        # new shapes where the model is least sure, or "random"
-    settle_nights: int = 3        # a label is contested until it has this many nights ...
-    contested_pct: float = 2.0    # ... while its runner-up is within this of its best
-    remeasure_share: float = 0.4  # at most this share of the budget re-measures labels
-    sentinels: int = 8            # drift sentinels measured every night (the sentinel set's first)
-    workload_share: float = 0.5   # of the new shapes' time, this share for the workload file's
-    explore: int = 2000           # exploration shapes drawn and scored a night
-    members: int = 5              # models fitted on resampled problems, whose disagreement guides
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """A whole run; see configs/quick.yaml for an annotated example."""
-    name: str
-    path: Path
-    protocol: Protocol
-    tie_threshold_pct: float
-    finalists: int
-    confirm_samples: int
-    build_jobs: int
-    problems_per_batch: int
-    rounds: int
-    families: dict[str, FamilyConfig]
-    retry_disturbed: int = 1
-    interleave: bool = True    # time a batch's candidates side by side (tilecast.core.interleave)
-    race_cycles: int = 16      # interleaved: more cycles for each problem's contenders
-    race_rounds: int = 3       # ... in this many rounds spread over the rest of the run
-    race_margin_pct: float = 25.0
-    race_keep_pct: float = 5.0  # after a race round, contenders this close to its best go on
-    race_fresh_process: bool = True   # each race round in a new worker, operands placed anew
-    night: NightSettings = NightSettings()
-    # protocol.threads as a list: every count a night measures with (the protocol holds the
-    # first); a single count otherwise
-    thread_counts: tuple[int, ...] = ()
-
 
 def _raise_if(errors: list[str]) -> None:
     """ConfigError listing `errors` (at most SHOWN_ERRORS of them), unless there are none."""
@@ -173,7 +98,7 @@ def expand_problems(where: str, entries: Any, family=None) -> list[dict]:
     The entries are checked against the schema first, with `family`'s problem fields and
     their types when given (any family's fields otherwise); ConfigError names `where`, the
     entry and the key."""
-    from tilecast.core import schema   # pydantic: see the schema module's docstring
+    from tilecast.config import schema   # pydantic: see the schema module's docstring
 
     adapter = schema.entries_adapter(None if family is None else family.name)
     _raise_if(schema.validate(adapter, entries, where)[1])
@@ -253,7 +178,7 @@ def _family_config(where: str, name: str, body: Mapping,
                    memory: int | None) -> tuple[FamilyConfig, list[str]]:
     """A schema-checked family section as a FamilyConfig, and the errors of its second pass:
     candidate space, problems built through the family and weighed, holdout kept apart."""
-    from tilecast.core import schema   # pydantic: see the schema module's docstring
+    from tilecast.config import schema   # pydantic: see the schema module's docstring
 
     family = FAMILIES[name]
     at = f"{where}: families.{name}"
@@ -297,7 +222,7 @@ def _workload(where: str, at: str, file: str, family, memory: int | None
               ) -> tuple[list[dict], list[str]]:
     """The field values of a workload file's problems (a problems file, relative to the
     config's directory), and the errors that keep them out."""
-    from tilecast.core import schema   # pydantic: see the schema module's docstring
+    from tilecast.config import schema   # pydantic: see the schema module's docstring
 
     path = Path(file).expanduser()
     path = path if path.is_absolute() else Path(where).parent / path
@@ -318,7 +243,7 @@ def _workload(where: str, at: str, file: str, family, memory: int | None
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate a run config (see the module docstring); ConfigError lists every
     error found, each naming the file, the key path, the bad value and what is allowed."""
-    from tilecast.core import schema   # pydantic: see the schema module's docstring
+    from tilecast.config import schema   # pydantic: see the schema module's docstring
 
     path = resolve_path(path)
     where = str(path)
@@ -362,7 +287,7 @@ def read_problem_file(path: str | Path, family) -> list:
     problem set; `tilecast evaluate --problems`), checked as a config's are: the schema, each
     problem built through the family and weighed against this machine's memory. ConfigError
     names the file, the key path, the bad value and what is allowed."""
-    from tilecast.core import schema   # pydantic: see the schema module's docstring
+    from tilecast.config import schema   # pydantic: see the schema module's docstring
 
     path = Path(path)
     prefix = f"problems file {path}: "
@@ -373,3 +298,20 @@ def read_problem_file(path: str | Path, family) -> list:
     built, errors = schema.check_problems(family, located, schema.memory_bytes())
     _raise_if(errors)
     return [problem for _, problem in built]
+
+
+def check_config_file(path: str | Path) -> RunConfig:
+    """Validate a run config without running anything (`tilecast config check`): everything
+    `load_config` checks, and that each family's candidates include a kernel this CPU runs.
+    ConfigError lists every problem found, one a line."""
+    from tilecast.config import schema   # pydantic: see the schema module's docstring
+    from tilecast.core import hardware   # reads /proc: only this command needs it
+
+    config = load_config(path)
+    profile = hardware.profile(config.protocol.threads)
+    found = [f"{config.path}: families.{name}.candidates: {message}"
+             for name, family_config in config.families.items()
+             for message in schema.candidate_errors(FAMILIES[name], family_config.candidates, profile)]
+    if found:
+        raise ConfigError("\n".join(found))
+    return config

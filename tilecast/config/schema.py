@@ -26,7 +26,7 @@ from pydantic import create_model, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from tilecast.core.config import MAX_PROBLEMS, ConfigError, NightSettings, RunConfig, load_config
+from tilecast.config.run import MAX_PROBLEMS, ConfigError, NightSettings, RunConfig
 from tilecast.core.measure import Protocol
 from tilecast.families import FAMILIES, disco_kernels, gemm, grouped_conv, grouped_conv_kernels
 from tilecast.families.disco import BASIS_ALIASES, DiscoFamily
@@ -613,19 +613,3 @@ def candidate_errors(family, options: Mapping, hardware: Mapping) -> list[str]:
         return []
     where = " this CPU can run" if hardware.get("flags") else ""
     return [f"the options {show(dict(options))} allow no candidate kernel{where}"]
-
-
-def check_config_file(path: str | Path) -> RunConfig:
-    """Validate a run config without running anything (`tilecast config check`): everything
-    `load_config` checks, and that each family's candidates include a kernel this CPU runs.
-    ConfigError lists every problem found, one a line."""
-    from tilecast.core import hardware   # reads /proc: only this command needs it
-
-    config = load_config(path)
-    profile = hardware.profile(config.protocol.threads)
-    found = [f"{config.path}: families.{name}.candidates: {message}"
-             for name, family_config in config.families.items()
-             for message in candidate_errors(FAMILIES[name], family_config.candidates, profile)]
-    if found:
-        raise ConfigError("\n".join(found))
-    return config
