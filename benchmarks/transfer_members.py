@@ -103,7 +103,7 @@ def conv_dataset(seed: int, filters: tuple[int, ...]) -> TableDataset:
 
 def dataset_of(space: str, seed: int, filters: tuple[int, ...]) -> TableDataset:
     if space == "gemm":
-        from transfer import synthetic
+        from synthetic_gemm import synthetic
         return synthetic(8, 24, seed=seed)
     if space == "clblast":
         from table_formulations import generate
