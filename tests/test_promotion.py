@@ -1,4 +1,4 @@
-"""The publish gate against production on the same holdout (tilecast.registry.gate), alias
+"""The publish gate against production on the same holdout (tilecast.runtime.gate), alias
 history, promote / rollback, and the `tilecast registry` command line."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from tilecast import cli
-from tilecast.registry import gate as promotion, api as registry
+from tilecast.registry import api as registry
+from tilecast.runtime import gate as promotion
 from tilecast.families import get_family
 
 GEMM = get_family("gemm")

@@ -29,12 +29,12 @@ TEMP_PREFIX = ".tmp-"
 # is dead, else once it is this old (a live publish never takes this long to copy its files).
 STALE_TEMP_S = 30 * 60
 
-# The promotion gate's thresholds (registry.api.default_gate on stored metrics, registry.gate
+# The promotion gate's thresholds (registry.api.default_gate on stored metrics, runtime.gate
 # on this run's holdout): the new model may lose at most this much against production.
 MEAN_TOLERANCE = 0.005
 MEDIAN_TOLERANCE = 0.005
 P10_TOLERANCE = 0.02
-MAX_PROBLEM_LOSS = 0.10   # per held-out problem (registry.gate)
+MAX_PROBLEM_LOSS = 0.10   # per held-out problem (runtime.gate)
 FLOAT_SLACK = 1e-12  # so a figure exactly on the threshold passes despite rounding
 MAX_CLAIM_ATTEMPTS = 10_000
 

@@ -14,7 +14,7 @@ so a 6-device dataset trains within minutes on two cores; their figures are ther
 little pessimistic.
 
 `publish_table` publishes the directory through registry.publish with those metrics and a
-gate that, like the built-in one (tilecast.registry.gate), scores production's choices on the
+gate that, like the built-in one (tilecast.runtime.gate), scores production's choices on the
 same measurements as the new model's and applies gate.compare: production's picks on the
 (device, problem) pairs of this dataset whose device production was not trained on, against
 the new model's out-of-fold picks there (both held out). When production saw every device of
@@ -341,7 +341,7 @@ def table_gate(root, model: str, dataset: TableDataset | None, held: pd.DataFram
     """A registry gate (module docstring): production's picks vs this model's out-of-fold
     picks on the (device, problem) pairs production was not trained on."""
     from tilecast.registry import api as registry
-    from tilecast.registry.gate import compare
+    from tilecast.runtime.gate import compare
 
     def fallback(production_metrics, new_metrics, why: str):
         promote, reason = registry.default_gate(production_metrics, new_metrics)

@@ -24,7 +24,7 @@ from tilecast.core.device import default_device, exclusive
 from tilecast.families import get_family
 from tilecast.registry import api as registry
 from tilecast.registry import classes as registry_classes
-from tilecast.registry import gate as promotion
+from tilecast.runtime import gate as promotion
 from tilecast.registry.api import normalize_root
 from tilecast.stages import build, layout, roofline
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
@@ -533,7 +533,7 @@ def registered_model(ctx: RunContext, name: str) -> str:
 
 def publish_stage(ctx: RunContext, name: str) -> dict:
     """A new registry version of the family's model; production moves only if the new model
-    passes the gate against production's choices on this run's holdout (tilecast.registry.gate)."""
+    passes the gate against production's choices on this run's holdout (tilecast.runtime.gate)."""
     family, _ = _family(ctx, name)
     model_dir, eval_dir = ctx.layout.model_dir(name), ctx.layout.eval_dir(name)
     files = {f: model_dir / f for f in layout.MODEL_FILES}
