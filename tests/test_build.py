@@ -6,6 +6,7 @@ libraries; build events read back whatever failed, and a family none of whose ca
 is one clear error naming the failures."""
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 import shutil
@@ -70,7 +71,7 @@ class _SourceFamily:
         return GEMM.kernel_name(cfg)
 
     def build_spec(self, cfg):
-        return replace(GEMM.build_spec(cfg), source=self.source)
+        return replace(GEMM.build_spec(cfg), source=self.source, unit=None)
 
 
 def test_compile_error_is_a_recorded_event(tmp_path, monkeypatch):
@@ -113,10 +114,74 @@ def test_shared_mode_keys_differ_and_an_older_tree_builds_executables_only(tmp_p
     tree = tmp_path / "kernels"
     shutil.copytree(KERNELS_DIR / "cpu", tree / "cpu")
     assert rebase_spec(spec, tree).library_source == tree / "cpu" / "gemm" / "gemm_lib.cpp"
+    assert rebase_spec(spec, tree).unit == tree / "cpu" / "gemm" / "gemm_variant.cpp"
     (tree / "cpu" / "gemm" / "gemm_lib.cpp").unlink()  # a revision before the in-process entry
+    (tree / "cpu" / "gemm" / "gemm_variant.cpp").unlink()   # ... and the one unit of both
     rebased = rebase_spec(spec, tree)
     assert rebased.library_source is None and rebased.source == tree / "cpu" / "gemm" / "gemm.cpp"
+    assert rebased.unit is None
 
+
+def test_executable_and_library_are_linked_from_one_compile_of_the_variant(tmp_path,
+                                                                         monkeypatch):
+    """A GEMM variant's unit (gemm_variant.cpp: its job runner and its in-process entry) is
+    compiled once; the executable and the shared library are links of that object, each
+    with its own key, and the library after the executable runs no compiler but the linker.
+    Both are the variant: the executable describes its parameters, the library reports them."""
+    spec = GEMM.build_spec(CFG)
+    assert spec.unit.name == "gemm_variant.cpp" and spec.unit.exists()
+    calls = []
+    real_run = compiling._run
+
+    def counting(command, *args, **kwargs):
+        calls.append(command)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(compiling, "_run", counting)
+    cache = tmp_path / "cache"
+    [executable] = build_candidates(GEMM, [CFG], cache, jobs=1)
+    compiles = [c for c in calls if str(spec.unit) in c]
+    assert len(compiles) == 1 and "-c" in compiles[0] and "-fPIC" in compiles[0]
+    calls.clear()
+    [library] = build_candidates(GEMM, [CFG], cache, jobs=1, shared=True)
+    assert len(calls) == 1 and not any(str(arg).endswith(".cpp") for arg in calls[0])
+    assert "-shared" in calls[0] and executable.event.status == library.event.status == "ok"
+    assert library.binary.suffix == ".so" and executable.cache_key != library.cache_key
+    [object_file] = cache.glob("*.o")
+    assert object_file.name.startswith(executable.kernel)
+    described = subprocess.run([str(executable.binary), "--describe"], capture_output=True,
+                               text=True, check=True).stdout
+    assert f"PARAM MR {CFG.mr}" in described and f"PARAM KC {CFG.kc}" in described
+    value = ctypes.c_longlong()
+    lib = ctypes.CDLL(str(library.binary))
+    assert lib.tilecast_kernel_param(b"NR", ctypes.byref(value)) == 0 and value.value == CFG.nr
+    # cached: nothing runs, the same files and keys
+    monkeypatch.setattr(compiling, "_run", real_run)
+    _forbid_compiler_runs(monkeypatch)
+    [again] = build_candidates(GEMM, [CFG], cache, jobs=1)
+    [library_again] = build_candidates(GEMM, [CFG], cache, jobs=1, shared=True)
+    assert again.cached and library_again.cached
+    assert (again.binary, again.cache_key) == (executable.binary, executable.cache_key)
+    assert (library_again.binary, library_again.cache_key) == (library.binary, library.cache_key)
+
+
+def test_a_link_key_follows_its_objects_keys_and_flags(tmp_path):
+    """A link's key is its objects' keys, the compiler and the flags: another object key (the
+    variant's sources changed) or another flag is another linked file, the same ones the same."""
+    obj = tmp_path / "a.o"
+    subprocess.run(["g++", "-c", "-fPIC", "-x", "c++", "-", "-o", str(obj)],
+                   input="int main() { return 3; }\n", text=True, check=True)
+    job = compiling.LinkJob(((obj, "k1"),), "g++", ("-O2",), "prog")
+    first = compiling.cached_link(job, tmp_path / "cache", 60)
+    assert first.ok and not first.cached and subprocess.run([str(first.artifact)]).returncode == 3
+    again = compiling.cached_link(job, tmp_path / "cache", 60)
+    assert again.cached and again.artifact == first.artifact
+    assert compiling.LinkJob(((obj, "k2"),), "g++", ("-O2",), "prog").key() != job.key()
+    assert compiling.LinkJob(((obj, "k1"),), "g++", ("-O3",), "prog").key() != job.key()
+    broken = compiling.cached_link(compiling.LinkJob(((tmp_path / "missing.o", "k3"),), "g++",
+                                                     (), "prog"), tmp_path / "cache", 60)
+    assert not broken.ok and broken.key == "" and "missing.o" in broken.log
+    assert not _staging_left(tmp_path / "cache")
 
 OTHER = GemmConfig("fp32", "avx2", 4, 24, 96, 504, 256, "k", False, False)
 
@@ -435,7 +500,9 @@ def test_in_process_kernels_and_native_libraries_compile_through_one_cached_comp
         disco_native.DiscoBuildError:
             lambda: disco_native.compile_library(tiny, directory=tmp_path / "disco"),
     }
-    sources = ["gemm_lib.cpp", "forest.cpp", "tiny.cpp"]
+    # the in-process GEMM library is linked from its variant's one compiled unit
+    sources = [GEMM.build_spec(CFG).unit.name, "forest.cpp", "tiny.cpp"]
+    assert sources[0] == "gemm_variant.cpp"
     stems = [GEMM.kernel_name(CFG), "forest", "tiny"]
 
     monkeypatch.setenv(library.COMPILER_ENV, str(_compiler(tmp_path, "kill -9 $$")))

@@ -103,8 +103,12 @@ def _jobs(target: str) -> list[tuple[str, Path, list[str]]]:
         spec = family.build_spec(config)
         defines = [f"-D{k}={v}" for k, v in spec.defines.items()]
         includes = [f"-I{d}" for d in spec.include_dirs]
-        sources = [spec.source]
-        if spec.library_source is not None and spec.library_source not in entries:
+        # what the build compiles: the one unit of executable and library where the family
+        # has one (both sources, with this config's defines), else the executable's source and
+        # the library's once
+        sources = [spec.unit] if spec.unit is not None else [spec.source]
+        if spec.unit is None and spec.library_source is not None \
+                and spec.library_source not in entries:
             entries.add(spec.library_source)
             sources.append(spec.library_source)
         for source in sources:

@@ -25,6 +25,13 @@ sees a whole file or none. Builders of one recipe hold an flock on `.deps/<stem>
 so a second builder waits and then finds the first one's artifact; where flock is not
 available, rename-wins still leaves one whole artifact.
 
+Links. A program or shared library linked from objects this cache compiled (a family's
+variant object, compiled once for its benchmark executable and its in-process library) is a
+`LinkJob`: its key hashes the objects' own keys, which cover every file they were compiled
+from, the compiler's identity and the link flags, so it is as content-addressed as a compile;
+it is published the same way, under a lock of its own. A link that fails is reported, never
+cached: its inputs were compiled already, so it is the machine's trouble.
+
 Failures. Only a compile error, where the compiler ran to completion and rejected the
 source, is cached: `<stem>-<key>.failed` holds the compiler's log, and the same inputs then
 fail from the cache. It is cached only when the compiler can list the files the source
@@ -454,3 +461,52 @@ def cached_compile(job: CompileJob, cache_dir: Path, timeout_s: float) -> Compil
     with _exclusive(recipe_dir / "lock"):
         found = _lookup(job, cache_dir, recipe)   # a concurrent builder may have finished it
         return found if found is not None else _compile(job, cache_dir, recipe, timeout_s)
+
+
+@dataclass(frozen=True)
+class LinkJob:
+    """`objects` ((file, its cache key) pairs, as cached_compile returned them) linked by
+    `compiler` with `flags` into the artifact `<stem>-<key><suffix>`."""
+    objects: tuple[tuple[Path, str], ...]
+    compiler: str
+    flags: tuple[str, ...]
+    stem: str
+    suffix: str = ""
+
+    def key(self) -> str:
+        """Hash of the objects' keys, the compiler's identity and the flags: what the linked
+        file is made of (an object's key covers every file it was compiled from)."""
+        payload = json.dumps({"link": [key for _, key in self.objects],
+                              "compiler": compiler_identity(self.compiler),
+                              "flags": list(self.flags)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:KEY_CHARS]
+
+
+def cached_link(job: LinkJob, cache_dir: Path, timeout_s: float) -> CompileResult:
+    """`job`'s linked file from `cache_dir`, linked unless cached (see the module's
+    docstring). A failed link is a result with the linker's log, never cached; OSError when
+    the cache cannot be written."""
+    cache_dir = Path(cache_dir)
+    key = job.key()
+    artifact = cache_dir / f"{job.stem}-{key}{job.suffix}"
+    if artifact.is_file():
+        return CompileResult("ok", artifact, key, cached=True)
+    lock_dir = cache_dir / DEPS_DIR / f"{job.stem}-{key}.link"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(lock_dir / "lock"):
+        if artifact.is_file():
+            return CompileResult("ok", artifact, key, cached=True)
+        staging = make_temp_dir(cache_dir, f".{job.stem}.")
+        try:
+            output = staging / f"{job.stem}{job.suffix}"
+            command = [job.compiler, *job.flags, *(str(path) for path, _ in job.objects),
+                       "-o", str(output)]
+            ran = _run(command, timeout_s, staging)
+            if ran.outcome == "ok" and output.is_file():
+                _publish(output, artifact)
+                return CompileResult("ok", artifact, key, ran.log, ran.seconds)
+            outcome = ran.outcome if ran.outcome != "ok" else "not_run"
+            return CompileResult(outcome, log=f"linking {job.stem}{job.suffix} failed "
+                                              f"({RETRIED})\n{ran.log}", seconds=ran.seconds)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

@@ -127,6 +127,7 @@ class GemmFamily(FamilyBase):
     CANDIDATE_OPTIONS = CANDIDATE_OPTIONS
     source = KERNELS_DIR / "cpu" / "gemm" / "gemm.cpp"
     library_source = KERNELS_DIR / "cpu" / "gemm" / "gemm_lib.cpp"
+    unit = KERNELS_DIR / "cpu" / "gemm" / "gemm_variant.cpp"   # both, compiled once
 
     # -- names --------------------------------------------------------------------------
     def kernel_name(self, cfg: GemmConfig) -> str:
@@ -185,11 +186,13 @@ class GemmFamily(FamilyBase):
 
     def build_spec(self, cfg: GemmConfig) -> BuildSpec:
         validate_config(cfg)
-        return BuildSpec(source=self.source, library_source=self.library_source, defines={
+        defines = {
             "TC_DTYPE": DTYPES[cfg.dtype].code, "TC_ISA": ISAS[cfg.isa].code, "TC_MR": cfg.mr,
             "TC_NR": cfg.nr, "TC_MC": cfg.mc, "TC_NC": cfg.nc, "TC_KC": cfg.kc,
             "TC_PACK_A": int(cfg.pack_a), "TC_PAR": PARALLEL[cfg.parallel],
-            "TC_PREFETCH": int(cfg.prefetch)})
+            "TC_PREFETCH": int(cfg.prefetch)}
+        return BuildSpec(source=self.source, defines=defines,
+                         library_source=self.library_source, unit=self.unit)
 
     # -- problems -----------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> GemmProblem:

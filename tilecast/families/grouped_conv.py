@@ -177,6 +177,7 @@ class GroupedConvFamily(FamilyBase):
     config_fields = tuple(f.name for f in fields(GroupedConvConfig))
     source = KERNELS_DIR / "cpu" / "grouped_conv" / "grouped_conv.cpp"
     library_source = KERNELS_DIR / "cpu" / "grouped_conv" / "grouped_conv_lib.cpp"
+    unit = KERNELS_DIR / "cpu" / "grouped_conv" / "grouped_conv_variant.cpp"   # both, compiled once
 
     def __init__(self, direction: str):
         self.direction = _choice(direction, DIRECTIONS, "direction", "GroupedConvFamily")
@@ -244,11 +245,13 @@ class GroupedConvFamily(FamilyBase):
             raise FamilyError(f"{kernel_name(cfg)} is a tile-engine kernel; tilecast builds "
                               "only its own grouped-conv variants")
         validate_config(cfg)
-        return BuildSpec(source=self.source, library_source=self.library_source, defines={
+        defines = {
             "TC_DIR": DIRECTIONS[cfg.direction], "TC_NDIM": cfg.ndim_spatial, "TC_BM": cfg.bm,
             "TC_BN": cfg.bn, "TC_BK": cfg.bk, "TC_PIPELINE": PIPELINES[cfg.pipeline],
             "TC_WAVE": WAVE_MODES[cfg.wave_mode], "TC_DSB": int(cfg.has_dsb),
-            "TC_SI": int(cfg.has_si)})
+            "TC_SI": int(cfg.has_si)}
+        return BuildSpec(source=self.source, defines=defines,
+                         library_source=self.library_source, unit=self.unit)
 
     # -- problems -----------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> GroupedConvProblem:

@@ -2,10 +2,12 @@
 through ctypes, so that tilecast.runtime.ops runs the very kernel the benchmark timed.
 
 A variant's library is its family's in-process entry (the BuildSpec's `library_source`,
-kernels/cpu/<family>/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry) built by
-tilecast.stages.build in shared mode (through tilecast.core.compile, like every compile of
-tilecast) into the build cache: `cache_dir` when given, else build.default_cache_dir()
-($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else ~/.cache/tilecast/build). The
+kernels/cpu/<family>/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry)
+built by tilecast.stages.build in shared mode, through tilecast.core.compile like every
+compile of tilecast (linked from the variant's one compiled object where the family has one
+unit for both, as gemm and grouped_conv do), into the build cache: `cache_dir` when given,
+else build.default_cache_dir() ($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else
+~/.cache/tilecast/build). The
 compiler is $TILECAST_CXX, else g++ (as for tilecast.runtime.native). `load` compiles on
 first use, checks that the library reports the variant's compiled parameters, and keeps it
 for the process: one library per (kernel name, cache directory, compiler), thread-safe, and

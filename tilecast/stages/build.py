@@ -15,6 +15,15 @@ BuildError naming the failures (`require_some_built`), since there is nothing to
 Shared mode compiles a variant's in-process entry (its BuildSpec's `library_source`: the same
 kernel code and defines, a C entry instead of the job runner) into `<name>-<key>.so` in the
 same cache, with the same key rules; tilecast.runtime.kernel_library loads it for tilecast.runtime.ops.
+
+A family whose BuildSpec has a `unit` (gemm, grouped_conv: the job runner and the C entry in
+one translation unit) compiles it once per variant, with -fPIC, into `<name>-<key>.o`; the
+executable and the shared library are links of that object (core.compile.cached_link), so a
+variant's kernel code is compiled once, not once for each, and the library runs the machine
+code the executable was validated with. A candidate's key is then its link's, which hashes
+the object's key (the unit, every header it read, the compiler, the flags, the defines).
+`build_families` builds several families' candidates in one pool, so that the cores stay busy
+from the first family's compiles to the last's.
 """
 from __future__ import annotations
 
@@ -38,6 +47,7 @@ log = logging.getLogger("tilecast.stages.build")
 
 DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG")
 SHARED_FLAGS = ("-shared", "-fPIC")   # appended in shared mode
+OBJECT_FLAGS = ("-fPIC", "-c")        # a unit's object, linked into an executable and a library
 
 
 def cache_root() -> Path:
@@ -113,18 +123,43 @@ def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist: the kernels tree {kernels_dir} has no "
                                 f"{Path(spec.source).name}")
-    # an older tree may predate the in-process entry: it then builds executables only
+    # an older tree may predate the in-process entry: it then builds executables only; or
+    # the one-unit build of both: it then compiles each from its own source
     library = moved(spec.library_source) if spec.library_source is not None else None
+    unit = moved(spec.unit) if spec.unit is not None else None
     return BuildSpec(source=source, defines=spec.defines,
                      include_dirs=tuple(moved(d) for d in spec.include_dirs),
-                     library_source=library if library is not None and library.exists() else None)
+                     library_source=library if library is not None and library.exists() else None,
+                     unit=unit if unit is not None and unit.exists() else None)
 
 
-def _event(name: str, result: compiling.CompileResult) -> BuildEvent:
+def _event(name: str, result: compiling.CompileResult, seconds: float | None = None) -> BuildEvent:
+    seconds = result.seconds if seconds is None else seconds
     if result.ok:
-        return BuildEvent(name, "ok", "", result.seconds, result.artifact.stat().st_size)
-    return BuildEvent(name, "failed", result.reason() or f"compile {result.outcome}",
-                      result.seconds, 0)
+        return BuildEvent(name, "ok", "", seconds, result.artifact.stat().st_size)
+    return BuildEvent(name, "failed", result.reason() or f"compile {result.outcome}", seconds, 0)
+
+
+def _compile_unit(name: str, config, spec: BuildSpec, cache_dir: Path, compiler: str,
+                  flags: Sequence[str], timeout_s: float, kernels_dir: Path | None,
+                  shared: bool) -> Built:
+    """A candidate whose executable and library share one unit: the unit compiled once
+    (cached) into an object, then the executable, or in shared mode the library, linked from
+    it. Its key is the link's, which covers the object's (core.compile.LinkJob)."""
+    unit = compiling.CompileJob(spec.unit, compiler, (*flags, *OBJECT_FLAGS), spec.defines,
+                                spec.include_dirs, stem=name, suffix=".o",
+                                root=source_root(spec.unit, kernels_dir))
+    compiled = compiling.cached_compile(unit, cache_dir, timeout_s)
+    if not compiled.ok:
+        return Built(name, config, _event(name, compiled), None, compiled.key, compiled.cached,
+                     compiled.outcome)
+    link_flags = (*flags, *SHARED_FLAGS) if shared else tuple(flags)
+    linked = compiling.cached_link(
+        compiling.LinkJob(((compiled.artifact, compiled.key),), compiler, link_flags, name,
+                          ".so" if shared else ""), cache_dir, timeout_s)
+    seconds = (0.0 if compiled.cached else compiled.seconds) + linked.seconds
+    return Built(name, config, _event(name, linked, seconds), linked.artifact, linked.key,
+                 compiled.cached and linked.cached, linked.outcome)
 
 
 def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str],
@@ -134,6 +169,10 @@ def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str
     if kernels_dir is not None:
         spec = rebase_spec(spec, kernels_dir)
     source = spec.source
+    if (spec.unit is not None and spec.unit.exists() and Path(source).exists()
+            and (not shared or spec.library_source is not None)):
+        return _compile_unit(name, config, spec, cache_dir, compiler, flags, timeout_s,
+                             kernels_dir, shared)
     if shared:
         if spec.library_source is None:
             raise ValueError(f"kernel {name!r} has no in-process entry (its build spec has no "
@@ -163,19 +202,35 @@ def build_candidates(family, configs: Sequence, cache_dir: Path, *, jobs: int = 
     `progress(done, total, message)` follows the candidates in order (e.g. log_progress);
     `kernels_dir` compiles from another copy of the kernels/ tree (see `rebase_spec`);
     `shared` builds the in-process shared libraries instead of the benchmark executables."""
+    return build_families([(family, configs)], cache_dir, jobs=jobs, compiler=compiler,
+                          flags=flags, timeout_s=timeout_s, progress=progress,
+                          kernels_dir=kernels_dir, shared=shared)[0]
+
+
+def build_families(requests: Sequence[tuple[object, Sequence]], cache_dir: Path, *,
+                   jobs: int = 2, compiler: str = "g++", flags: Sequence[str] = DEFAULT_FLAGS,
+                   timeout_s: float = 300.0,
+                   progress: Callable[[int, int, str], None] | None = None,
+                   kernels_dir: Path | None = None, shared: bool = False) -> list[list[Built]]:
+    """build_candidates of several (family, configs) requests in one pool of `jobs`
+    compilers, so that no core waits at the end of one family while another has compiles
+    left; one list of Built per request, in the order given. `progress` counts over all."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     compiler_version(compiler)  # fail early, with a clear message, if there is no compiler
-    results: list[Built] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(_compile, family, cfg, cache_dir, compiler, tuple(flags), timeout_s,
-                               kernels_dir, shared)
-                   for cfg in configs]
-        for index, future in enumerate(futures, 1):
-            built = future.result()
-            results.append(built)
-            if progress:
-                progress(index, len(futures), progress_line(index, len(futures), built))
+        futures = [[pool.submit(_compile, family, cfg, cache_dir, compiler, tuple(flags),
+                                timeout_s, kernels_dir, shared) for cfg in configs]
+                   for family, configs in requests]
+        total, done, results = sum(map(len, futures)), 0, []
+        for request in futures:
+            results.append([])
+            for future in request:
+                built = future.result()
+                results[-1].append(built)
+                done += 1
+                if progress:
+                    progress(done, total, progress_line(done, total, built))
     return results
 
 

@@ -28,6 +28,7 @@ from tilecast.runtime import gate as promotion
 from tilecast.registry.api import normalize_root
 from tilecast.stages import build, layout, roofline
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
+from tilecast.core.interleave import supports as interleave_supported
 from tilecast.stages.convert import convert_raw
 from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortlist_metrics,
                                       slice_metrics, static_best)
@@ -152,6 +153,41 @@ def build_stage(ctx: RunContext, name: str,
     log.info("build %s: %d candidates, %d parallel compiles", name, len(configs), ctx.config.build_jobs)
     builts = build.build_candidates(family, configs, ctx.build_cache, jobs=ctx.config.build_jobs,
                                     progress=progress)
+    return _record_builds(ctx, name, builts)
+
+
+def build_all(ctx: RunContext, names: Sequence[str] | None = None,
+              progress: Callable[[int, int, str], None] = build.log_progress) -> dict:
+    """build_stage of every family of the config (or `names`) before anything is measured,
+    their candidates in one pool of build_jobs compilers; with the interleaved protocol their
+    in-process libraries too, linked from the same objects, so that the benchmarks find them
+    built. Returns each family's build_stage summary; the first family none of whose
+    candidates built raises its build.BuildError once every family's events are written."""
+    names = list(ctx.config.families if names is None else names)
+    requests = [(_family(ctx, name)[0], select_candidates(ctx, name)) for name in names]
+    log.info("build %s: %d candidates, %d parallel compiles", ", ".join(names),
+             sum(len(configs) for _, configs in requests), ctx.config.build_jobs)
+    results = build.build_families(requests, ctx.build_cache, jobs=ctx.config.build_jobs,
+                                   progress=progress)
+    summaries, failure = {}, None
+    for name, builts in zip(names, results):
+        try:
+            summaries[name] = _record_builds(ctx, name, builts)
+        except build.BuildError as err:
+            failure = failure or err
+    if failure is not None:
+        raise failure
+    if ctx.config.interleave:
+        libraries = [(family, [b.config for b in builts if b.binary is not None])
+                     for (family, _), builts in zip(requests, results)
+                     if interleave_supported(family)]
+        build.build_families(libraries, ctx.build_cache, jobs=ctx.config.build_jobs, shared=True)
+    return summaries
+
+
+def _record_builds(ctx: RunContext, name: str, builts: Sequence[build.Built]) -> dict:
+    """A family's build events written to W/build/<family>/events.json, and its summary;
+    build.BuildError when none of its candidates built."""
     events = ctx.layout.build_events(name)
     build.write_events(events, builts)
     build.require_some_built(name, builts, events)
@@ -563,8 +599,9 @@ def run_all(ctx: RunContext, device: str | None = None) -> dict:
     benchmarks hold `device` (default: this host's CPU), as the flow's do."""
     device = device or default_device()
     stages, published = {}, {}
+    built = build_all(ctx)   # every family's compiles first, none beside a measurement
     for name in ctx.config.families:
-        stages[name] = {"build": build_stage(ctx, name), "bench": bench_stage(ctx, name, device),
+        stages[name] = {"build": built[name], "bench": bench_stage(ctx, name, device),
                         "convert": convert_stage(ctx, name), "train": train_stage(ctx, name),
                         "evaluate": evaluate_stage(ctx, name)}
     report = report_stage(ctx)

@@ -16,9 +16,6 @@ namespace tc::gemm {
 namespace {
 
 constexpr std::size_t kJobTokens = 9;
-// Dimensions beyond this overflow the int-sized counts of OpenMP loops and
-// the harness's file sizes long before they would fit in memory.
-constexpr long long kMaxDim = 1LL << 31;
 
 /// Parses a positive dimension token; throws naming the token and value.
 long long parse_dim(const char* name, const std::string& text) {

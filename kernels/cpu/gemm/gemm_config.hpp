@@ -114,6 +114,10 @@ using MicroVec = Vec;
 /// The steps a packed panel holds for a kc-deep block: k pairs for the bf16 dot, else kc.
 constexpr index_t packed_steps(index_t kc) { return kBf16Dot ? (kc + 1) / 2 : kc; }
 
+/// The largest M, N or K a job or an in-process call takes: beyond it the int-sized counts
+/// of OpenMP loops and the harness's file sizes overflow long before they would fit in memory.
+constexpr long long kMaxDim = 1LL << 31;
+
 constexpr int kMR = TC_MR;
 constexpr int kNR = TC_NR;
 constexpr index_t kMC = TC_MC;

@@ -19,9 +19,6 @@
 namespace tc::gemm {
 namespace {
 
-// gemm.cpp's limit: beyond it the int-sized counts of OpenMP loops overflow.
-constexpr long long kMaxDim = 1LL << 31;
-
 std::string dims_text(long long m, long long n, long long k) {
   return "M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k);
 }
