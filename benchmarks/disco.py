@@ -12,7 +12,7 @@ the layout), the ratio th/tilecast, GFLOP/s of the whole conv, and each module's
 against a float64 reference (tilecast.disco.reference on the same weights; "skipped" where that
 would take too long or too much memory). Then each contraction kernel alone (the CSR and
 kpacked forward, the transpose) against the peer's custom ops. Last, the bound the channel
-mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.core.probe) and torch's sgemm at
+mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.measurement.probe) and torch's sgemm at
 the fused path's block shape, both read in every round of the module timings, and the best
 ratio th/tilecast any implementation could reach that spends at least that long on the mix,
 with its sparse contractions for free. --mix-gemm runs the fused paths twice more: with their
@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilecast.core import probe  # noqa: E402
+from tilecast.measurement import probe  # noqa: E402
 from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
 from tilecast.disco.fused import block_rows  # noqa: E402
 from tilecast.disco.lines import regroup  # noqa: E402

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/fma_probe.py                     # a few seconds
     .venv/bin/python benchmarks/fma_probe.py --rounds 3 --shapes 96x256x512
 
-Each round reads the probe (tilecast.core.probe.fma_peak_gflops) and then times every GEMM
+Each round reads the probe (tilecast.measurement.probe.fma_peak_gflops) and then times every GEMM
 shape, so a machine that changes speed mid-run moves both alike. A GEMM does the probe's FMAs
 plus loads, so its rate should stay under the probe's: the last column is the GEMM's median
 over the highest probe of the run, and a figure above 1 points at a wrong flop count in the
@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilecast.core import hardware, probe  # noqa: E402
+from tilecast.core import hardware
+from tilecast.measurement import probe  # noqa: E402
 
 #: a cache-resident panel (the old test's), a square one past L2, and a skinny one
 DEFAULT_SHAPES = ("96x256x512", "512x512x512", "16x1024x1024")

@@ -8,7 +8,7 @@
 
 The variants are a config's GEMM candidates (default: the nightly's 64, those this CPU runs),
 built as in-process libraries like the benchmark stage builds them. Each round reads the
-memory read bandwidth (tilecast.core.probe), then per shape the FMA peak and the timings of every
+memory read bandwidth (tilecast.measurement.probe), then per shape the FMA peak and the timings of every
 variant, numpy's OpenBLAS (threadpoolctl pins its threads) and torch.matmul (MKL or its own
 BLAS), in a shuffled order, each on the same operands into its own output. Medians over the
 rounds; per shape the best variant, then the ratios the issue asks for: best / OpenBLAS, best
@@ -45,7 +45,8 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilecast.core import hardware, probe, tune  # noqa: E402
+from tilecast.core import hardware, tune
+from tilecast.measurement import probe  # noqa: E402
 from tilecast.config import load_config  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
 from tilecast.stages import build, roofline  # noqa: E402

@@ -43,9 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gemm_peers import variants  # noqa: E402  the same candidates as the peers benchmark
 
-from tilecast.core import hardware, interleave, stats  # noqa: E402
+from tilecast.core import hardware, stats
+from tilecast.measurement import interleave  # noqa: E402
 from tilecast.config import load_config  # noqa: E402
-from tilecast.core.measure import Protocol  # noqa: E402
+from tilecast.measurement.protocol import Protocol  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
 from tilecast.stages import build  # noqa: E402
 

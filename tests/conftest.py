@@ -60,7 +60,7 @@ def refused_samples(monkeypatch):
     """Every harness command line asks for `--samples 2.5`, which the real harness refuses
     (a usage error): what a config typo did before configs were checked. Gives the true
     `Protocol.argv`, for a test that fixes the typo midway."""
-    from tilecast.core.measure import Protocol
+    from tilecast.measurement.protocol import Protocol
 
     argv = Protocol.argv
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tilecast.core.measure import Protocol, run_binary
+from tilecast.measurement.protocol import Protocol, run_binary
 from tilecast.families import get_family
 from tilecast.stages.bench import _validate
 

@@ -12,7 +12,7 @@ import pytest
 
 import tilecast.families.gemm as gemm
 from gemm_checks import expect_gemm_matches_torch
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 from tilecast.families.base import KERNELS_DIR
 from tilecast.families.gemm import MicroKernel
 from tilecast.stages.build import DEFAULT_FLAGS, build_candidates, cache_key

@@ -11,8 +11,8 @@ from tilecast.stages.build import Built, build_candidates
 from tilecast.stages.convert import convert_raw
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
-from tilecast.core.measure import Protocol
-from tilecast.core.rawlog import read_records
+from tilecast.measurement.protocol import Protocol
+from tilecast.measurement.rawlog import read_records
 from tilecast.core.tune import BuildEvent
 
 GEMM = get_family("gemm")
@@ -64,7 +64,7 @@ def test_pairs_the_sync_guard_kept_wholly_apart_get_one_more_pass(tmp_path, buil
     (its 3 samples + 1), and none with the retry turned off."""
     from dataclasses import replace
 
-    from tilecast.core import measure
+    from tilecast.measurement import protocol as measure
 
     problems = _problems((16, 32, 64), (5, 7, 9))
     for retries, expected in ((1, 4), (0, 3)):
@@ -120,7 +120,7 @@ def test_faulty_and_failed_candidates_are_records_not_crashes(tmp_path, faulty_b
 
 def test_samples_are_spread_over_rounds_and_a_bad_round_is_final():
     from tilecast.stages.bench import _merge, _split
-    from tilecast.core.measure import JobOutcome
+    from tilecast.measurement.protocol import JobOutcome
 
     assert _split(7, 3) == [3, 2, 2] and _split(2, 3) == [1, 1, 0] and sum(_split(9, 3)) == 9
     merged = {}

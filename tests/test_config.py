@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tilecast.config import load as config, schema
 from tilecast.config import (MAX_PROBLEMS, UNLIMITED_BUDGET, ConfigError, expand_problems,
                                   load_config, read_problem_file)
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 from tilecast.families import FAMILIES, get_family
 from tilecast.families.gemm import DTYPES, ISAS, MICRO_KERNELS
 

@@ -29,7 +29,7 @@ from tilecast.families.disco import LINE_BLOCK, DiscoFamily
 from tilecast.families.disco_kernels import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
                                              UNUSED_TILE_FIELD, VARIANTS, DiscoConfig,
                                              kernel_name, parse_kernel_name)
-from tilecast.core.measure import Protocol, run_binary
+from tilecast.measurement.protocol import Protocol, run_binary
 
 pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 

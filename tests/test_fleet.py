@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 from tilecast.families import get_family
 from tilecast.fleet import lease as leases
 from tilecast.fleet.shards import Item, Shard, cut, list_items

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gemm_checks import expect_gemm_matches_torch
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 from tilecast.families.base import KERNELS_DIR
 from tilecast.families import get_family
 from tilecast.families.gemm import ISAS, GemmConfig, micro_tiles

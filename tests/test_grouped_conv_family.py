@@ -532,7 +532,7 @@ def built_conv(build_cache, hw):
 @pytest.mark.parametrize("direction", sorted(DIRECTIONS))
 def test_real_kernels_match_torch(direction, built_conv, tmp_path):
     from tilecast.stages.bench import _validate
-    from tilecast.core.measure import Protocol, run_binary
+    from tilecast.measurement.protocol import Protocol, run_binary
 
     family = FAMILIES[direction]
     protocol = Protocol(warmup_ms=0.2, min_sample_ms=0.2, samples=1, threads=2, timeout_s=60)

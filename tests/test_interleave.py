@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from tilecast.stages import bench
-from tilecast.core import interleave
+from tilecast.measurement import interleave
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
 from tilecast.stages.build import build_candidates
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
 from tilecast.families.grouped_conv import GroupedConvConfig
-from tilecast.core.measure import Protocol
-from tilecast.core.rawlog import read_records
+from tilecast.measurement.protocol import Protocol
+from tilecast.measurement.rawlog import read_records
 
 GEMM = get_family("gemm")
 PROTOCOL = Protocol(warmup_ms=1, min_sample_ms=1, samples=3, threads=2, timeout_s=20)

@@ -10,7 +10,7 @@ import pytest
 
 from tilecast.stages.bench import _validate
 from tilecast.families import get_family
-from tilecast.core.measure import (Protocol, ProtocolError, _parse_line, cpu_stall_us,
+from tilecast.measurement.protocol import (Protocol, ProtocolError, _parse_line, cpu_stall_us,
                                    is_usage_error, measure_callable, protocol_hash, run_binary)
 
 GEMM = get_family("gemm")
@@ -109,7 +109,7 @@ def test_sync_guard_keeps_samples_taken_while_the_cores_are_slow_to_meet(tmp_pat
     """A baseline far below any real barrier probe makes every probe "slow": every sample is
     kept apart as disturbed at once (not re-taken), and the fastest probe comes back on a SYNC
     line for the next process. With the guard off nothing is kept apart for that reason."""
-    from tilecast.core import measure
+    from tilecast.measurement import protocol as measure
 
     _, jobs = _jobs(tmp_path, [31])
     protocol = Protocol(warmup_ms=1, min_sample_ms=1, samples=4, threads=2, timeout_s=30,
@@ -131,7 +131,7 @@ def test_sync_guard_keeps_samples_taken_while_the_cores_are_slow_to_meet(tmp_pat
 
 
 def test_sync_baseline_tracks_the_fastest_probe_reported(tmp_path, faulty_binary, monkeypatch):
-    from tilecast.core import measure
+    from tilecast.measurement import protocol as measure
 
     _, jobs = _jobs(tmp_path, [31])
     baseline = measure.SyncBaseline()
@@ -151,7 +151,7 @@ def test_sync_limit_is_validated():
 def test_a_binary_from_before_the_sync_guard_runs_without_it(tmp_path, monkeypatch):
     """A rebenchmark of an older commit builds a harness that rejects --sync-limit (usage
     error, exit 2): run_binary runs it again without the guard's flags instead of failing."""
-    from tilecast.core import measure
+    from tilecast.measurement import protocol as measure
 
     monkeypatch.setattr(measure, "SYNC_BASELINE", measure.SyncBaseline())
     old = tmp_path / "old_harness"

@@ -11,7 +11,7 @@ import pytest
 
 from tilecast.core import dataset
 from tilecast.config import ConfigError, FamilyConfig, NightSettings
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 from tilecast.families import get_family
 from tilecast.store import labels, plan
 from tilecast.store.members import regret

@@ -1,4 +1,4 @@
-"""tilecast.core.probe: the FMA peak that the DISCO benchmark's mix bound divides by, and the
+"""tilecast.measurement.probe: the FMA peak that the DISCO benchmark's mix bound divides by, and the
 read bandwidth that GEMV-class kernels are judged against (benchmarks/gemm_peers.py).
 
 How the peak compares with torch's sgemm beside it is a timing against a timing, so it is a
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tilecast.core import probe
+from tilecast.measurement import probe
 
 #: no x86 core tilecast runs on clocks above this (GHz); with 2 FMA ports per core it caps
 #: what a correct flop count can read

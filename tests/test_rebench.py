@@ -15,7 +15,7 @@ from tilecast.workflows import rebench, regression
 from tilecast.core import stats
 from tilecast.workflows.regression import (IMPROVEMENT, NO_BASELINE, NOT_COMPARABLE, REGRESSION, UNCHANGED,
                                  RunRecords, compare, exit_status, render_markdown)
-from tilecast.core.rawlog import read_records
+from tilecast.measurement.rawlog import read_records
 from tilecast.core.stats import benjamini_hochberg, mann_whitney_p
 
 TINY = Path(__file__).parent / "configs" / "tiny.yaml"

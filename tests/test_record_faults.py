@@ -16,8 +16,8 @@ import pytest
 
 from faults import REPO_ROOT, cli, note_case, note_records
 from tilecast.cli import user_errors
-from tilecast.core.measure import Protocol
-from tilecast.core.rawlog import RawLogError, RawWriter, read_log, read_records
+from tilecast.measurement.protocol import Protocol
+from tilecast.measurement.rawlog import RawLogError, RawWriter, read_log, read_records
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
 from tilecast.stages.bench import BenchSettings, benchmark
@@ -36,7 +36,7 @@ SHAPES = [{"m": m, "n": n, "k": k} for m, n, k in
 VICTIM = """
 import json, sys
 from pathlib import Path
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 from tilecast.families import get_family
 from tilecast.stages.bench import BenchSettings, benchmark
 from tilecast.stages.build import build_candidates
@@ -115,7 +115,7 @@ def test_a_killed_benchmark_resumes_with_nothing_lost_or_duplicated(tmp_path, bu
 def test_a_torn_last_line_is_dropped_with_a_note_and_cut_off_by_the_next_writer(tmp_path, caplog):
     raw = tmp_path / "raw.jsonl"
     raw.write_text('{"a": 1}\n{"b": 2}\n{"c": 3, "sampl')
-    with caplog.at_level("INFO", logger="tilecast.core.rawlog"):
+    with caplog.at_level("INFO", logger="tilecast.measurement.rawlog"):
         log = read_log(raw)
     assert log.records == [{"a": 1}, {"b": 2}] and log.torn_line == 3 and not log.skipped_lines
     assert "dropped the torn last line 3" in caplog.text

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from tilecast.core import dataset
-from tilecast.core.measure import Protocol, is_usage_error, protocol_hash
-from tilecast.core.rawlog import read_records
+from tilecast.measurement.protocol import Protocol, is_usage_error, protocol_hash
+from tilecast.measurement.rawlog import read_records
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
 from tilecast.stages.bench import BenchSettings, benchmark

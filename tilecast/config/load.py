@@ -20,7 +20,7 @@ import yaml
 
 from tilecast.core import resources
 from tilecast.core.hardware import cpu_count
-from tilecast.core.measure import AUTO_THREADS, Protocol, ProtocolError
+from tilecast.measurement.protocol import AUTO_THREADS, Protocol, ProtocolError
 from tilecast.config.run import (  # noqa: F401  (the loader's names, as before)
     CONFIG_SUFFIXES, CONFIGS_DIR, MAX_PROBLEMS, PROBLEM_SETS, SHOWN_ERRORS, UNLIMITED_BUDGET,
     ConfigError, FamilyConfig, NightSettings, RunConfig)

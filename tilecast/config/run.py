@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tilecast.core import resources
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 
 #: the shipped configs, in a checkout or an installed package (tilecast.core.resources)
 CONFIGS_DIR = resources.configs_dir()
@@ -76,7 +76,7 @@ class RunConfig:
     rounds: int
     families: dict[str, FamilyConfig]
     retry_disturbed: int = 1
-    interleave: bool = True    # time a batch's candidates side by side (tilecast.core.interleave)
+    interleave: bool = True    # time a batch's candidates side by side (tilecast.measurement.interleave)
     race_cycles: int = 16      # interleaved: more cycles for each problem's contenders
     race_rounds: int = 3       # ... in this many rounds spread over the rest of the run
     race_margin_pct: float = 25.0

@@ -27,7 +27,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from tilecast.config.run import MAX_PROBLEMS, ConfigError, NightSettings, RunConfig
-from tilecast.core.measure import Protocol
+from tilecast.measurement.protocol import Protocol
 from tilecast.families import FAMILIES, disco_kernels, gemm, grouped_conv, grouped_conv_kernels
 from tilecast.families.disco import BASIS_ALIASES, DiscoFamily
 from tilecast.families.gemm import GemmFamily
@@ -374,7 +374,7 @@ THREADS = _rule(int | Literal["auto"] | list[int | Literal["auto"]],
                                                and all(map(_thread_count, v))
                                                and len(set(map(str, v))) == len(v)))
 
-# one per field of tilecast.core.measure.Protocol, whose defaults the section takes
+# one per field of tilecast.measurement.protocol.Protocol, whose defaults the section takes
 PROTOCOL_RULES = {
     "warmup_ms": POSITIVE, "min_sample_ms": POSITIVE, "samples": whole(1),
     "max_reps": whole(1), "flush_cache": FLAG, "threads": THREADS, "timeout_s": POSITIVE,

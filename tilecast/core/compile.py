@@ -2,7 +2,7 @@
 content-addressed cache. The build stage's variants (tilecast.stages.build), the in-process
 kernels (tilecast.runtime.kernel_library, through the build stage), the native dispatcher's
 libraries (tilecast.runtime.native.library) and the DISCO libraries (tilecast.disco.native,
-tilecast.disco.cuda, tilecast.core.probe) are all built by `cached_compile`.
+tilecast.disco.cuda, tilecast.measurement.probe) are all built by `cached_compile`.
 
 Key. A compile's recipe is the source's name and contents, the compiler's identity (its
 whole `--version`), the flags, the -D defines, the include directories, `toolchain` (what

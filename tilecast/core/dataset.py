@@ -17,7 +17,6 @@ from pathlib import Path
 import pandas as pd
 
 from tilecast.core import stats, tune
-from tilecast.core.measure import is_usage_error
 
 # 2: records say how their samples were timed (`timing`, one of TIMINGS); version 1 records
 # convert with a warning, as `isolated` (the only protocol there was)
@@ -28,6 +27,16 @@ SCHEMA_VERSION = 3
 
 # Status codes of a benchmark record: the single table; `ok` is the only one whose time counts.
 STATUSES = ("ok", "build_failed", "unsupported", "wrong_result", "timeout", "crashed")
+# The reason of a job the harness refused to run because its command line was bad (it exits
+# 2 and prints its usage): the record says `crashed`, but no kernel ran; see is_usage_error.
+USAGE_ERROR = "harness usage error"
+
+
+def is_usage_error(reason) -> bool:
+    """Whether an outcome's (or a record's) reason says the harness refused its command line:
+    nothing was measured, so such a record never stands for a measurement."""
+    return isinstance(reason, str) and reason.startswith(USAGE_ERROR)
+
 
 # Phases: `screen` measures every candidate; `confirm` re-measures finalists with fresh samples.
 PHASES = ("screen", "confirm")
@@ -38,7 +47,7 @@ ROLES = ("candidate", "peer")
 
 # How a record's samples were taken: `isolated` (the candidate's own process, rounds over
 # the batch), `interleaved` (the batch's candidates side by side in one process:
-# tilecast.core.interleave), `imported` (someone else's measurement: convert_ck).
+# tilecast.measurement.interleave), `imported` (someone else's measurement: convert_ck).
 TIMINGS = ("isolated", "interleaved", "imported")
 
 # Columns common to every family (problem fields and kernel config fields come from the family).

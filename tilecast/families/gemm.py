@@ -286,7 +286,7 @@ class GemmFamily(FamilyBase):
         return torch.empty(prepared.problem.m, prepared.problem.n, dtype=torch.float32)
 
     def timer(self, library: Path, prepared: PreparedProblem, threads: int, output):
-        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.core.interleave):
+        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.measurement.interleave):
         the variant's in-process library (`tilecast_gemm_time`: `reps` calls on one
         workspace) on the prepared operands, writing C into `output`."""
         entry = ctypes.CDLL(str(library)).tilecast_gemm_time

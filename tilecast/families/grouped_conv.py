@@ -377,7 +377,7 @@ class GroupedConvFamily(FamilyBase):
         return torch.zeros(prepared.reference.size + IN_PROCESS_SLACK, dtype=torch.float32)
 
     def timer(self, library: Path, prepared: PreparedProblem, threads: int, output):
-        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.core.interleave):
+        """time(reps) -> seconds per call, for the interleaved protocol (tilecast.measurement.interleave):
         the variant's in-process library (`tilecast_grouped_conv_time`: `reps` calls on one
         set of scratch buffers) on the prepared operands in kernel layout, into `output`."""
         import torch   # only preparing a problem needs torch: the family table stays light

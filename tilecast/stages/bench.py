@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from tilecast.stages import build
-from tilecast.core import interleave, stats, tune
+from tilecast.core import stats, tune
+from tilecast.measurement import interleave
 from tilecast.core.dataset import SCHEMA_VERSION
 from tilecast.families.base import PreparedProblem, norm_relative_error
-from tilecast.core.measure import (JobOutcome, Protocol, is_usage_error, measure_callable,
+from tilecast.measurement.protocol import (JobOutcome, Protocol, is_usage_error, measure_callable,
                                    protocol_hash, run_binary)
-from tilecast.core.rawlog import RawWriter, read_records
+from tilecast.measurement.rawlog import RawWriter, read_records
 
 log = logging.getLogger("tilecast.stages.bench")
 
@@ -57,7 +58,7 @@ class BenchSettings:
     # guard kept apart (measure.Protocol.sync_limit): the spell that disturbed them has
     # usually passed by then
     retry_disturbed: int = 1
-    # the interleaved protocol (tilecast.core.interleave) for families with an in-process timer:
+    # the interleaved protocol (tilecast.measurement.interleave) for families with an in-process timer:
     # kernel -> its in-process library; a kernel without one is timed the isolated way
     libraries: Mapping[str, Path] = field(default_factory=dict)
     interleave: bool = True
@@ -468,7 +469,7 @@ def _execute(family, tasks: list[_Task], peers: list[str], keys, prepare, rec, p
     """Time the tasks' pairs. Where the family has an in-process timer and every kernel its
     library, each pair is first run alone in its candidate's process (one sample: crash,
     hang and wrong result are caught there), then the batch's valid pairs are timed side by
-    side (tilecast.core.interleave). Otherwise, or if that worker fails, samples are taken in
+    side (tilecast.measurement.interleave). Otherwise, or if that worker fails, samples are taken in
     `settings.rounds` isolated passes over the batch, each pass in a rotated order, so that
     a slow spell of the machine lands in one pass of a few candidates; a pair left with no
     undisturbed sample gets `settings.retry_disturbed` more passes at the end."""

@@ -18,7 +18,7 @@ from typing import Sequence
 import pandas as pd
 
 from tilecast.core.dataset import PHASES, RECORD_COLUMNS, ROLES, SCHEMA_VERSION, STATUSES, TIMINGS, DatasetError
-from tilecast.core.rawlog import read_log
+from tilecast.measurement.rawlog import read_log
 
 log = logging.getLogger("tilecast.stages.convert")
 

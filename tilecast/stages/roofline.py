@@ -1,5 +1,5 @@
 """The roofline of a family's held-out problems: the chosen kernel's, the measured best's and
-the peer's GFLOP/s against the machine's ceilings (tilecast.core.probe), measured when the
+the peer's GFLOP/s against the machine's ceilings (tilecast.measurement.probe), measured when the
 report is written, since a shared machine's speed drifts from one hour to the next.
 
 A problem's roof is min(FMA peak, read bandwidth x FLOP per compulsory byte); the bandwidth is
@@ -15,7 +15,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from tilecast.core import probe, stats
+from tilecast.core import stats
+from tilecast.measurement import probe
 
 READS = 3                        # each ceiling is the median of this many probe reads
 L3_MULTIPLE = 4                  # the bandwidth buffer is at least this many L3s ...

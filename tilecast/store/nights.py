@@ -86,7 +86,7 @@ def add_workdir(store: Store, workdir: str | Path,
     """Every family a workdir measured, as nights of `store` (created when new)."""
     from tilecast.families import get_family
     from tilecast.stages.convert import drop_repeats, records_frame
-    from tilecast.core.rawlog import read_records
+    from tilecast.measurement.rawlog import read_records
 
     workdir = Path(workdir)
     work = layout.Workdir(workdir)

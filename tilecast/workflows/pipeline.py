@@ -28,7 +28,7 @@ from tilecast.runtime import gate as promotion
 from tilecast.registry.api import normalize_root
 from tilecast.stages import build, layout, roofline
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
-from tilecast.core.interleave import supports as interleave_supported
+from tilecast.measurement.interleave import supports as interleave_supported
 from tilecast.stages.convert import convert_raw
 from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortlist_metrics,
                                       slice_metrics, static_best)

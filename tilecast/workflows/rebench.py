@@ -42,8 +42,8 @@ from tilecast.core import hardware, resources
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
 from tilecast.config import ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
-from tilecast.core.measure import protocol_hash
-from tilecast.core.rawlog import read_records
+from tilecast.measurement.protocol import protocol_hash
+from tilecast.measurement.rawlog import read_records
 from tilecast.families import get_family
 from tilecast.families.base import KERNELS_DIR, FamilyError
 from tilecast.runtime.dispatch import parse_problem

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tilecast.core.dataset import DatasetError
 
-log = logging.getLogger("tilecast.core.rawlog")
+log = logging.getLogger("tilecast.measurement.rawlog")
 
 # How many bad line numbers an error message lists before "...".
 SHOWN_LINES = 10

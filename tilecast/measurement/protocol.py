@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from tilecast.core.dataset import USAGE_ERROR, is_usage_error  # noqa: F401  (as before)
 from tilecast.core.hardware import cpu_count
 
 
@@ -32,9 +33,6 @@ class ProtocolError(ValueError):
     """An invalid measurement protocol setting."""
 
 
-# The reason of a job the harness refused to run because its command line was bad (it exits
-# 2 and prints its usage): the record says `crashed`, but no kernel ran; see is_usage_error.
-USAGE_ERROR = "harness usage error"
 # how harness.hpp's usage text starts (detail::kUsage)
 _HARNESS_USAGE = "usage: <binary>"
 
@@ -125,12 +123,6 @@ def protocol_hash(protocol: Protocol) -> str:
     values = {f.name: canonical(getattr(protocol, f.name)) for f in fields(protocol)}
     payload = json.dumps({"protocol_hash": 1, **values}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def is_usage_error(reason) -> bool:
-    """Whether an outcome's (or a record's) reason says the harness refused its command line:
-    nothing was measured, so such a record never stands for a measurement."""
-    return isinstance(reason, str) and reason.startswith(USAGE_ERROR)
 
 
 @dataclass

@@ -45,7 +45,7 @@ import numpy as np
 
 from tilecast.families import get_family
 from tilecast.families.base import norm_relative_error
-from tilecast.core.measure import Protocol, cpu_stall_us
+from tilecast.measurement.protocol import Protocol, cpu_stall_us
 
 
 class InterleaveError(RuntimeError):
@@ -285,7 +285,7 @@ def _sample(time_calls, timing: PairTiming, protocol: Protocol, cycle: int,
 
 
 class Worker:
-    """A worker process (`python -m tilecast.core.interleave`) serving plans one after another,
+    """A worker process (`python -m tilecast.measurement.interleave`) serving plans one after another,
     so a benchmark pays Python's and torch's start-up (about 3 s here) once, not per batch.
     Started at the first plan; one that died or hung is ended and started afresh at the next.
     Use it as a context manager, or call `close`."""
@@ -310,7 +310,7 @@ class Worker:
         self._stderr_path = Path(name)
         with os.fdopen(handle, "wb") as stderr:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tilecast.core.interleave"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "tilecast.measurement.interleave"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=stderr, env=self.protocol.env(),
                 start_new_session=True)
         self._buffer = b""
