@@ -5,7 +5,7 @@ table models against the defaults a user would otherwise run.
 
 Unzips the zips of DATA into OUT/raw, imports them (`tilecast import --from autoheuristic`;
 the files name no device: A100-SXM4-80GB and H100-SXM5-80GB, the parts the data's README
-names), and evaluates as `tilecast evaluate --dataset` does, every choice among the ones each
+names), and evaluates as `tilecast transfer --dataset` does, every choice among the ones each
 problem was offered:
 
   per device, problem folds      a{100,h100}_mm.txt, --split problems
@@ -78,6 +78,29 @@ def line(name: str, device: str, block: dict) -> str:
             f"{block['incumbent']['model_alone']:.4f} | {block['incumbent']['share']:.3f}")
 
 
+def ablate(args) -> None:
+    """The ablation switches: features left out, LightGBM parameters overridden."""
+    import json
+    import re
+
+    from tilecast.table import features, model
+
+    if args.params:
+        params, base = json.loads(args.params), model.lgb_params
+        model.lgb_params = lambda *a, **k: {**base(*a, **k), **params}
+    if args.blank:
+        pattern = re.compile(args.blank)
+        engine = features.TableFeatures
+        for name in ("rows", "grid"):
+            method = getattr(engine, name)
+
+            def blanked(self, *a, _method=method, **k):
+                matrix = _method(self, *a, **k)
+                matrix[:, [i for i, n in enumerate(self.names) if pattern.search(n)]] = float("nan")
+                return matrix
+            setattr(engine, name, blanked)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", type=Path, help="the directory of a100_mm.zip and h100_mm.zip")
@@ -89,6 +112,11 @@ def main() -> int:
                         help="train with this formulation (tilecast.table.model.FORMULATIONS)")
     parser.add_argument("--no-parts", action="store_true",
                         help="without the choice-part features (what they give)")
+    parser.add_argument("--params", default=None,
+                        help="LightGBM parameters over the model's, as JSON (an ablation)")
+    parser.add_argument("--blank", default=None,
+                        help="a regular expression: features whose names match it are left "
+                             "missing in every row (an ablation, e.g. '^choice$' or 'stride')")
     parser.add_argument("--only", default=None,
                         help="comma-separated evaluations: problems, workloads, devices")
     args = parser.parse_args()
@@ -98,6 +126,7 @@ def main() -> int:
         from tilecast.table import features
 
         features.CHOICE_PARTS = False
+    ablate(args)
     if args.formulation:
         from tilecast.table import model
 

@@ -1,4 +1,4 @@
-"""Cross-hardware evaluation at a size: how long `tilecast evaluate --dataset` takes and what it
+"""Cross-hardware evaluation at a size: how long `tilecast transfer --dataset` takes and what it
 reports, on an imported dataset or on a synthetic one whose times follow a rule of the devices'
 real figures (shipped hardware table).
 

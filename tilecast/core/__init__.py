@@ -1,1 +1,3 @@
-"""What every stage and workflow shares: the machine (hardware, device lock), the measurement protocols (measure, interleave, probe), statistics, the tuning policy, the record schema (dataset, rawlog), run configs and atomic file writes."""
+"""The ground floor, importing nothing of tilecast above it: the machine (hardware, device
+lock, settings, resources), the record schema (dataset), statistics, the tuning policy,
+compiling kernels, a model artifact's files and kinds, and atomic file writes."""
