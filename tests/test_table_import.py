@@ -18,12 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tilecast.cli import main
-from tilecast.table.dataset import ROWS_FILE, TableDataError, read_dataset
+from tilecast.table.dataset import (ROWS_FILE, Column, TableDataError, TableSchema, finish_frame,
+                                    read_dataset)
 from tilecast.table.devices import SHIPPED
 from tilecast.table.formats import READERS, reader
 from tilecast.table.formats.ck_csv import GEMM_CONFIG, gemm_fields
 from tilecast.table.formats.common import collapse_repeats
 from tilecast.table.importing import import_files
+from tilecast.table.train import data_hash, same_data
 
 FIXTURES = Path(__file__).parent / "fixtures" / "table"
 KT_A100, KT_H100 = FIXTURES / "kt_a100.json", FIXTURES / "kt_h100.json.gz"
@@ -82,9 +84,9 @@ def test_kernel_tuner_caches_of_two_devices(tmp_path):
     failures = {(r.device, r.row): (r.status, r.reason) for r in frame.itertuples()
                 if r.status != "ok"}
     assert failures == {
-        ("A100-SXM4-80GB", "16,4,1,2"): ("compile_failed", "CompilationFailedConfig"),
-        ("A100-SXM4-80GB", "64,4,2,2"): ("runtime_failed", "RuntimeFailedConfig"),
-        ("A100-SXM4-80GB", "64,8,2,4"): ("invalid", "InvalidConfig"),
+        ("A100-SXM4-80GB", "16,4,1,2"): ("build_failed", "CompilationFailedConfig"),
+        ("A100-SXM4-80GB", "64,4,2,2"): ("crashed", "RuntimeFailedConfig"),
+        ("A100-SXM4-80GB", "64,8,2,4"): ("unsupported", "InvalidConfig"),
         ("H100-SXM5-80GB", "64,8,2,4"): ("failed", "time 1e+20: an old Kernel Tuner's failure "
                                                    "marker")}
     assert frame.loc[frame["status"] != "ok", "time_s"].isna().all()
@@ -144,8 +146,8 @@ def test_t4_results_take_the_device_of_their_metadata(tmp_path):
     first = _row(frame, row="results[0]")
     assert first["time_s"] == pytest.approx(results[0]["measurements"][0]["value"] / 1e3)
     assert first["repeats"] == 5
-    assert _row(frame, row="results[3]")["status"] == "compile_failed"
-    assert _row(frame, row="results[6]")["status"] == "invalid"
+    assert _row(frame, row="results[3]")["status"] == "build_failed"
+    assert _row(frame, row="results[6]")["status"] == "unsupported"
     # units are honoured: the same time in microseconds and seconds
     for unit, scale in (("us", 1e3), ("s", 1e-3)):
         document = json.loads((T4_DIR / "results.json").read_text())
@@ -186,7 +188,7 @@ def test_autoheuristic_default_log_path_names_the_device(tmp_path):
     assert seen_twice["time_s"] == pytest.approx((0.041814 + 0.0418) / 2 * 1e-3)
     assert seen_twice["spread"] == pytest.approx(0.041814 / 0.0418)
     failed = _row(frame, m=64, choice="extern_fallback_mixed_mm")
-    assert failed["status"] == "runtime_failed" and failed["repeats"] == 2
+    assert failed["status"] == "crashed" and failed["repeats"] == 2
     assert math.isnan(failed["time_s"]) and "inf" in failed["reason"]
 
 
@@ -369,7 +371,7 @@ def test_ck_grouped_conv_csv(tmp_path):
     assert dataset.schema.problem_names[:3] == ("direction", "dtype", "ndim")
     assert set(frame["Di"]) == {1} and set(frame["pad_d"]) == {0}    # blank 2D depth fields
     wrong = _row(frame, Hi=28, kernel_name="grouped_conv_forward_bf16_2d_128x64x32_basic_async_v1")
-    assert wrong["status"] == "failed" and "non_zero" in wrong["reason"]
+    assert wrong["status"] == "wrong_result" and "non_zero" in wrong["reason"]
     assert wrong["wave_mode"] == "none" and wrong["block"] == 128
     fast = _row(frame, Hi=28, kernel_name="grouped_conv_forward_bf16_2d_256x128x128_mem_interwave")
     assert fast["time_s"] == pytest.approx(0.074e-3) and fast["has_dsb"] == 0
@@ -383,7 +385,7 @@ def test_table_with_mapping_csv_and_parquet(tmp_path):
     frame = _rows(out)
     assert sorted(frame["device"].unique()) == ["A100-PCIE-40GB", "L4"]
     timeout = _row(frame, device="L4", m=2048, tile_m=128, tile_n=128)
-    assert (timeout["status"], timeout["reason"]) == ("failed", "state=timeout")
+    assert (timeout["status"], timeout["reason"]) == ("timeout", "state=timeout")
     first = _row(frame, device="A100-PCIE-40GB", m=512, tile_m=64)
     assert first["time_s"] == pytest.approx(0.006e-3) and first["row"] == "2"
     assert first["kernel"] == "tile_m=64,tile_n=64,algo=splitk"
@@ -393,6 +395,46 @@ def test_table_with_mapping_csv_and_parquet(tmp_path):
                                  device=None)
     by_row = {r["row"]: r for r in again.rows}
     assert by_row["0"]["time_s"] == pytest.approx(0.006e-3) and by_row["0"]["tile_m"] == 64
+
+
+def test_table_status_values_tilecast_names_old_names_and_others(tmp_path):
+    """A status value that is one of tilecast's is kept, one of the older vocabulary is
+    renamed, anything else is `failed` with the value as the reason."""
+    states = ["ok", "wrong_result", "compile_failed", "invalid", "runtime_failed", "segfault"]
+    path = tmp_path / "states.csv"
+    path.write_text("cfg,latency,state\n" + "".join(f"{i},0.5,{state}\n"
+                                                    for i, state in enumerate(states)))
+    mapping = {"config": ["cfg"], "time": {"column": "latency", "unit": "ms"},
+               "device": {"value": "L4"}, "status": {"column": "state", "ok": ["ok"]}}
+    rows = reader("table").read([path], mapping=mapping, device=None).rows
+    frame = finish_frame(rows, TableSchema(problem=(), config=(Column("cfg", "numeric"),)))
+    assert list(zip(frame["status"], frame["reason"])) == [
+        ("ok", ""), ("wrong_result", "state=wrong_result"),
+        ("build_failed", "state=compile_failed"), ("unsupported", "state=invalid"),
+        ("crashed", "state=runtime_failed"), ("failed", "state=segfault")]
+
+
+def test_a_dataset_written_in_the_old_status_vocabulary_still_reads(tmp_path):
+    """measurements.parquet of a dataset imported before the one vocabulary holds
+    compile_failed, runtime_failed and invalid: it reads as build_failed, crashed and
+    unsupported, every other column as written."""
+    out = tmp_path / "ds"
+    import_files("kernel-tuner", [KT_A100, KT_H100], out)
+    current = read_dataset(out).frame
+    old_names = {"build_failed": "compile_failed", "crashed": "runtime_failed",
+                 "unsupported": "invalid"}
+    written = pd.read_parquet(out / ROWS_FILE)
+    written["status"] = written["status"].replace(old_names)
+    assert set(old_names.values()) <= set(written["status"])
+    written.to_parquet(out / ROWS_FILE, index=False)
+    read = read_dataset(out).frame
+    pd.testing.assert_frame_equal(read, current)
+    assert {"build_failed", "crashed", "unsupported", "failed"} <= set(read["status"])
+    # a model trained on it before the rename recorded the old spelling's hash: still the same
+    # data for the publish gate; other data is not
+    assert data_hash(written) != data_hash(read) and same_data(read, data_hash(written))
+    changed = written.assign(time_s=written["time_s"] * 1.01)
+    assert not same_data(read, data_hash(changed))
 
 
 @pytest.mark.parametrize("mapping, needle", [

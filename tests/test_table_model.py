@@ -35,9 +35,9 @@ def status_of(entry: dict, config: dict) -> str:
     """Big tiles with wide vectors do not fit a small shared memory; AMD rejects column layout
     with 4-wide vectors at compile time."""
     if config["tile_m"] * config["tile_n"] * config["vec"] > 16384 * entry["shared_memory_kib"] / 64:
-        return "invalid"
+        return "unsupported"
     if entry["vendor"] == "amd" and config["layout"] == "col" and config["vec"] == 4:
-        return "compile_failed"
+        return "build_failed"
     return "ok"
 
 

@@ -63,7 +63,7 @@ def _rows(devices=DEVICES, seed: int = 0) -> list[dict]:
                    "time_s": _time(entry, m, n, block, unroll, layout)
                    * math.exp(rng.normal(0.0, 0.02))}
             if block == 256 and unroll == 4 and entry["shared_memory_kib"] < 100:
-                row.update(status="compile_failed", time_s=math.nan)
+                row.update(status="build_failed", time_s=math.nan)
             rows.append(row)
     return rows
 

@@ -281,6 +281,20 @@ def test_score_usable_property():
 # --- value objects -----------------------------------------------------------
 
 
+def test_every_status_vocabulary_comes_from_the_one_table():
+    from tilecast.core import dataset
+    from tilecast.table import dataset as table_dataset
+
+    names = [s.name for s in dataset.STATUS_TABLE]
+    assert len(set(names)) == len(names) and all(s.meaning for s in dataset.STATUS_TABLE)
+    assert dataset.STATUSES == ("ok", "build_failed", "unsupported", "wrong_result", "timeout",
+                                "crashed")
+    assert table_dataset.STATUSES == dataset.TABLE_STATUSES == dataset.STATUSES + ("failed",)
+    assert set(dataset.LEGACY_STATUSES.values()) <= set(dataset.TABLE_STATUSES)
+    assert not set(dataset.LEGACY_STATUSES) & set(names)
+    assert tune.BUILD_STATUSES is dataset.BUILD_STATUSES
+
+
 def test_build_event_status_comes_from_the_table():
     assert tune.BUILD_STATUSES == ("ok", "failed", "rejected")
     for status in tune.BUILD_STATUSES:

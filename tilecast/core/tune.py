@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilecast.core import stats
+from tilecast.core.dataset import BUILD_STATUSES   # the one table of status codes
 
 __all__ = [
     "BUILD_STATUSES",
@@ -31,8 +32,6 @@ __all__ = [
     "stratified_order",
     "tie_set",
 ]
-
-BUILD_STATUSES = ("ok", "failed", "rejected")
 
 # (relative uncertainty upper bound, multiplier of the base confirmation count);
 # anything above the last bound, inf and nan included, gets _MAX_CONFIRMATION_MULTIPLIER.

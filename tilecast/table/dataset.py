@@ -28,15 +28,17 @@ import numpy as np
 import pandas as pd
 
 from tilecast.core.atomic import atomic_write_json, make_temp_dir
+from tilecast.core.dataset import TABLE_STATUSES, current_statuses
 
 FORMAT = "tilecast-table-dataset"
 VERSION = 1
 ROWS_FILE = "measurements.parquet"
 MANIFEST_FILE = "dataset.json"
 
-# What happened to one configuration on one device: `ok` is the only status whose time counts.
-# The others are kept so that a model never chooses what failed or was invalid there.
-STATUSES = ("ok", "invalid", "compile_failed", "runtime_failed", "failed")
+# What happened to one configuration on one device: tilecast's one vocabulary
+# (core.dataset.STATUS_TABLE), the names a table row may hold. `ok` is the only status whose
+# time counts; the others are kept so that a model never chooses what failed there.
+STATUSES = TABLE_STATUSES
 KINDS = ("numeric", "categorical")
 
 ROW_COLUMNS = ("device", "device_label", "dims_key", "kernel", "time_s", "status", "reason",
@@ -204,7 +206,8 @@ class TableDataset:
 def finish_frame(rows: Sequence[Mapping[str, Any]], schema: TableSchema) -> pd.DataFrame:
     """The dataset frame of `rows` (dicts with the problem and configuration columns, `device`,
     `time_s`, `status`, and optionally `device_label`, `reason`, `repeats`, `spread`, `source`,
-    `row`): keys computed, types fixed, checked by `check_frame`."""
+    `row`): keys computed, types fixed, statuses of the old vocabulary renamed
+    (core.dataset.current_statuses), checked by `check_frame`."""
     frame = pd.DataFrame(list(rows))
     if frame.empty:
         raise TableDataError("no measurements: the input holds no rows")
@@ -233,6 +236,7 @@ def finish_frame(rows: Sequence[Mapping[str, Any]], schema: TableSchema) -> pd.D
     frame["spread"] = frame["spread"].astype(float)
     for name in ("device", "device_label", "status", "reason", "source", "row"):
         frame[name] = frame[name].astype(str)
+    frame["status"] = current_statuses(frame["status"])
     order = list(ROW_COLUMNS) + [n for n in schema.problem_names + schema.config_names]
     frame = frame[order]
     check_frame(frame, schema)
@@ -276,7 +280,9 @@ def check_frame(frame: pd.DataFrame, schema: TableSchema) -> None:
 
 
 def read_dataset(path: str | Path) -> TableDataset:
-    """The dataset in directory `path`, checked; TableDataError saying what is wrong."""
+    """The dataset in directory `path`, checked; TableDataError saying what is wrong. A dataset
+    written before the one status vocabulary reads with its statuses renamed
+    (core.dataset.current_statuses: `compile_failed` is `build_failed`, ...)."""
     path = Path(path)
     manifest_path, rows_path = path / MANIFEST_FILE, path / ROWS_FILE
     if not manifest_path.is_file() or not rows_path.is_file():
@@ -300,6 +306,7 @@ def read_dataset(path: str | Path) -> TableDataset:
     if len(frame) != manifest.get("rows"):
         raise TableDataError(f"{rows_path} holds {len(frame)} rows, its manifest says "
                              f"{manifest.get('rows')}: the dataset is damaged; import again")
+    frame["status"] = current_statuses(frame["status"])
     check_frame(frame, schema)
     return TableDataset(frame=frame, schema=schema, manifest=manifest)
 

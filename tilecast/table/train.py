@@ -35,6 +35,7 @@ import pandas as pd
 
 from tilecast.core.artifact import CALIBRATION_FILE, ModelArtifactError, git_sha, library_versions
 from tilecast.core.atomic import atomic_write_json
+from tilecast.core.dataset import LEGACY_STATUSES
 from tilecast.stages.layout import MANIFEST_FILE, Workdir
 from tilecast.table.dataset import TableDataError, TableDataset, read_dataset
 from tilecast.table.model import (DEFAULT_FORMULATION, FORMULATIONS, ROW_BUDGET, TableModel,
@@ -306,6 +307,16 @@ def data_hash(frame: pd.DataFrame) -> str:
     return hashlib.sha256(rows.to_csv(index=False).encode()).hexdigest()
 
 
+def same_data(frame: pd.DataFrame, recorded: str) -> bool:
+    """Whether `recorded` (a manifest's data_hash) is the hash of `frame`: as read, or, for a
+    model trained before the one status vocabulary, with the renamed statuses spelled as that
+    dataset held them (LEGACY_STATUSES; read_dataset renames them)."""
+    if data_hash(frame) == recorded:
+        return True
+    old_names = {new: old for old, new in LEGACY_STATUSES.items()}
+    return data_hash(frame.assign(status=frame["status"].replace(old_names))) == recorded
+
+
 # -- publish --------------------------------------------------------------------------------
 
 def published_files(directory: Path) -> dict[str, Path]:
@@ -427,7 +438,7 @@ def publish_table(workdir, root, model: str):
         log.warning("the training dataset is not readable (%s): the gate compares stored "
                     "metrics", err)
         dataset = None
-    if dataset is not None and data_hash(dataset.frame) != manifest["data_hash"]:
+    if dataset is not None and not same_data(dataset.frame, manifest["data_hash"]):
         log.warning("the dataset at %s changed since training: the gate compares stored "
                     "metrics", manifest["dataset"])
         dataset = None

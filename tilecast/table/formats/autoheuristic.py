@@ -6,7 +6,7 @@ Problem columns are the feature columns in header order: categorical when the me
 them as categorical features (or their values are not numbers), else numeric (True/False as
 1/0). The one configuration column is `choice` (categorical). `feedback` is the choice's time
 in milliseconds (Inductor's benchmarker's unit); `inf` marks a choice that failed to run:
-`runtime_failed`. AutoHeuristic appends a line every time it sees an input, so one (features,
+`crashed`. AutoHeuristic appends a line every time it sees an input, so one (features,
 choice) can appear many times in a file: the lines become one row, with the median time as
 AutoHeuristic's own trainer takes it, their count as `repeats` and max/min as `spread`.
 
@@ -116,7 +116,7 @@ def _rows(raw: RawFile, frame: pd.DataFrame, label: str) -> pd.DataFrame:
     out[CHOICE] = frame[CHOICE].str.strip()
     out["device"] = label
     out["time_s"] = feedback.where(~failed) * MS
-    out["status"] = failed.map({True: "runtime_failed", False: "ok"})
+    out["status"] = failed.map({True: "crashed", False: "ok"})
     out["reason"] = failed.map({True: "feedback inf: the choice failed to run", False: ""})
     out["source"] = str(raw.path)
     out["row"] = lines.astype(str)

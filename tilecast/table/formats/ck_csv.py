@@ -13,7 +13,7 @@ their header, LAYOUTS):
 - `grouped-conv`: the grouped-convolution benchmark's CSV (tilecast.stages.convert_ck's
   CK_COLUMNS). Problem columns: direction, dtype and ndim from the kernel name, then the shape
   columns (blank 2D depth fields take the 2D values); `non_zero` false (an all-zero output)
-  is `failed`. --device names the device.
+  is `wrong_result`. --device names the device.
 
 The configuration is the kernel's name, `kernel_name`, followed by the parameters it encodes
 when every name of the import parses: for GEMM (`<op>_<dtype>_<layout>_<pipeline>_<epilogue>_
@@ -258,7 +258,7 @@ def _read_grouped_conv(raw: RawFile, frame: pd.DataFrame, device: str | None) ->
     wrong = truth.isin(FALSE_VALUES)
     out = _finish(raw, frame, problem_frame, names,
                   _devices(raw, frame, None, device, "grouped-conv"),
-                  (latency * MS).where(~wrong), wrong.map({True: "failed", False: "ok"}),
+                  (latency * MS).where(~wrong), wrong.map({True: "wrong_result", False: "ok"}),
                   wrong.map({True: "all-zero output (non_zero false)", False: ""}))
     return Parsed(out, problem, "grouped-conv")
 

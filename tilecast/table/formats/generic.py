@@ -9,8 +9,10 @@ through a YAML mapping that names its columns:
 
 A column is numeric when every value is a number (or true/false), else categorical. With a
 status mapping, a row whose status is not one of `ok` is not timed: its status is the value
-itself where that is one of tilecast's (invalid, compile_failed, ...), else `failed`, and the
-value is kept as the reason. Rows are named by CSV line (the header is line 1) or parquet row
+itself where that is one of tilecast's (core.dataset.STATUS_TABLE: build_failed, unsupported,
+wrong_result, timeout, crashed; the older names invalid, compile_failed and runtime_failed are
+read as unsupported, build_failed and crashed), else `failed`, and the value is kept as the
+reason. Rows are named by CSV line (the header is line 1) or parquet row
 index. The mapping is checked whole first (TableMapping: unknown or missing keys, a unit that
 is not one of the four, a column named twice), each message naming the file and the key.
 """
@@ -23,12 +25,15 @@ from typing import Literal, Mapping, Sequence
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tilecast.core.dataset import LEGACY_STATUSES
 from tilecast.table.dataset import STATUSES, TableDataError, TableSchema
 from tilecast.table.formats.common import (SECONDS_PER_UNIT, Imported, RawFile, check_names,
                                            numbers, read_csv_text, read_raw, require_columns,
                                            source_entry, typed_column)
 
 FORMAT = "table"
+# the status values a row may give as they are (finish_frame renames the older ones)
+NAMED_FAILURES = frozenset(STATUSES) - {"ok"} | frozenset(LEGACY_STATUSES)
 WHAT = "a CSV or parquet table"
 PARQUET_MAGIC = b"PAR1"
 
@@ -169,7 +174,7 @@ def _rows(raw: RawFile, frame: pd.DataFrame, lines: pd.Series, spec: TableMappin
     if spec.status:
         value = frame[spec.status.column].astype(str).str.strip()
         ok = value.isin(spec.status.ok)
-        out["status"] = value.where(value.isin(STATUSES[1:]), "failed").mask(ok, "ok")
+        out["status"] = value.where(value.isin(NAMED_FAILURES), "failed").mask(ok, "ok")
         out["reason"] = (spec.status.column + "=" + value).where(~ok, "")
     out["time_s"] = float("nan")
     if ok.any():

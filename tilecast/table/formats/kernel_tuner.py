@@ -9,7 +9,8 @@ categorical `kernel_name` only when the files of one import differ in it (files 
 keep the kernel's name out of every key). Configuration columns are `tune_params_keys`, in that
 order. `time` is in milliseconds (Kernel Tuner's unit); `times` gives `repeats` and `spread`.
 A failed configuration is a marker string in `time` (InvalidConfig, CompilationFailedConfig,
-RuntimeFailedConfig); old Kernel Tuners wrote a huge time (>= 1e20) instead: `failed`.
+RuntimeFailedConfig: `unsupported`, `build_failed`, `crashed`); old Kernel Tuners wrote a huge
+time (>= 1e20) instead, which does not say how it failed: `failed`.
 
 T4 results file: configuration columns are the keys of `configuration`; no problem columns (T4
 records none). The time is the `time` measurement in its unit (s, ms, us, ns); `invalidity`
@@ -34,13 +35,14 @@ FORMAT = "kernel-tuner"
 WHAT = "a Kernel Tuner cache file or T4 results file"
 MS = 1e-3
 # Kernel Tuner's failure markers (util.ErrorConfig subclasses, stored by class name) -> status
-FAILURE_MARKERS = {"InvalidConfig": "invalid", "CompilationFailedConfig": "compile_failed",
-                   "RuntimeFailedConfig": "runtime_failed"}
+# (core.dataset.STATUS_TABLE)
+FAILURE_MARKERS = {"InvalidConfig": "unsupported", "CompilationFailedConfig": "build_failed",
+                   "RuntimeFailedConfig": "crashed"}
 # before the markers, a failed configuration was stored with a huge time
 OLD_FAILURE_TIME = 1e20
 # T4 `invalidity` -> status
-T4_INVALIDITY = {"correct": "ok", "compile": "compile_failed", "runtime": "runtime_failed",
-                 "timeout": "runtime_failed", "constraints": "invalid", "correctness": "failed"}
+T4_INVALIDITY = {"correct": "ok", "compile": "build_failed", "runtime": "crashed",
+                 "timeout": "timeout", "constraints": "unsupported", "correctness": "wrong_result"}
 # where a T4 metadata file's device query names the device, lower-cased rocm-smi keys
 ROCM_NAME_KEYS = ("card series", "device name", "card model", "marketing name")
 
