@@ -4,12 +4,16 @@ is one row."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from faults import note_case, note_records
-from tilecast.core import dataset
+from tilecast.core import dataset, stats
 from tilecast.stages.convert import convert_raw
 from tilecast.core.dataset import DatasetError, RECORD_COLUMNS
 
@@ -183,3 +187,48 @@ def test_a_raw_log_corrupt_before_its_last_line_is_an_error_unless_skipped(tmp_p
     assert not (tmp_path / "out.parquet").exists()
     summary = convert_raw([raw], tmp_path / "out.parquet", skip_corrupt=True)
     assert (summary.rows, summary.skipped_lines) == (3, 2)
+
+
+# -- the one repeat collapser ----------------------------------------------------------------
+
+def test_collapse_repeats_known_answer():
+    """Slots in first-seen order; usable times are the samples; a failed row or no usable
+    time leaves the slot without a median, MAD or spread."""
+    measurements = pd.DataFrame({
+        "k": ["a", "b", "a", "c", "a", "b", "a"],
+        "time_s": [1.0, 2.0, 4.0, math.nan, -1.0, 4.0, 2.0],
+        "status": ["ok", "ok", "ok", "ok", "ok", "wrong_result", "ok"]})
+    slots = dataset.collapse_repeats(measurements, ["k"]).set_index("k")
+    assert list(slots.index) == ["a", "b", "c"]
+    a, b, c = (slots.loc[key] for key in "abc")
+    assert (a["first"], a["rows"], a["failed"], a["samples_s"]) == (0, [0, 2, 4, 6], [],
+                                                                     [1.0, 4.0, 2.0])
+    assert (a["median_s"], a["mad_s"], a["spread"]) == (2.0, 1.0, 4.0)
+    assert (b["rows"], b["failed"], b["samples_s"]) == ([1, 5], [5], [2.0, 4.0])
+    assert (c["rows"], c["failed"], c["samples_s"]) == ([3], [], [])
+    for slot in (b, c):
+        assert math.isnan(slot["median_s"]) and math.isnan(slot["mad_s"]) \
+            and math.isnan(slot["spread"])
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.one_of(st.floats(1e-6, 1.0),
+                                                               st.just(float("nan"))),
+                          st.booleans()), min_size=1, max_size=40))
+@settings(max_examples=80, deadline=None)
+def test_collapse_repeats_is_the_statistics_of_each_slot(measurements):
+    frame = pd.DataFrame({"k": [k for k, _, _ in measurements],
+                          "time_s": [t for _, t, _ in measurements],
+                          "status": ["ok" if ok else "crashed" for _, _, ok in measurements]})
+    slots = dataset.collapse_repeats(frame, ["k"])
+    assert list(slots["k"]) == list(dict.fromkeys(frame["k"]))
+    for slot in slots.itertuples():
+        rows = frame[frame["k"] == slot.k]
+        samples = [t for t in rows["time_s"] if math.isfinite(t)]
+        assert slot.rows == list(rows.index) and slot.samples_s == samples
+        assert slot.failed == list(rows.index[rows["status"] != "ok"])
+        if samples and not slot.failed:
+            assert slot.median_s == stats.median(samples)
+            assert slot.mad_s == stats.mad(samples)
+            assert slot.spread == max(samples) / min(samples)
+        else:
+            assert math.isnan(slot.median_s) and math.isnan(slot.spread)

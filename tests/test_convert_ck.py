@@ -14,6 +14,8 @@ from tilecast.cli import main
 from tilecast.stages.convert_ck import CK_COLUMNS, convert_ck_csv
 from tilecast.core.dataset import DatasetError
 from tilecast.families import get_family
+from tilecast.table.dataset import read_dataset
+from tilecast.table.importing import import_files
 
 FWD_2D = "grouped_conv_forward_bf16_2d_64x64x64_compv3_intrawave_dsb_si"
 FWD_2D_MEM = "grouped_conv_forward_bf16_2d_256x128x128_mem_interwave"
@@ -178,3 +180,36 @@ def test_the_same_csv_twice_is_read_once_and_never_overwritten(tmp_path):
         convert_ck_csv(src, src)
     note_case("clear")
     assert src.read_bytes() == before
+
+
+def test_both_ck_readers_collapse_repeats_alike(tmp_path):
+    """One CSV measuring slots several times (the tile engine appends each run), through the
+    family pipeline (convert_ck) and into a table dataset (import --from ck-csv): one
+    collapser, so each slot has the same status in both, the table's time is the record's
+    median and its repeats the record's sample count."""
+    rows = [_row(FWD_2D, 0, 0.50), _row(FWD_2D, 1, 0.70), _row(FWD_2D, 2, 0.90),
+            _row(FWD_2D, 3, 0.40),                                    # four runs: median 0.6
+            _row(FWD_2D_MEM, 0, 0.30), _row(FWD_2D_MEM, 1, 0.20),
+            _row(FWD_2D_MEM, 2, 0.25, non_zero="False"),              # failed once: not ok
+            _row(FWD_2D, 0, 1.10, Hi=14, Wi=14)]                      # another problem
+    src = _write(tmp_path / "runs.csv", rows)
+    convert_ck_csv(src, tmp_path / "out.parquet")
+    records = dataset.load(tmp_path / "out.parquet").set_index(["kernel", "Hi"])
+    import_files("ck-csv", [src], tmp_path / "ds", device="MI300X")
+    table = read_dataset(tmp_path / "ds").frame.set_index(["kernel_name", "Hi"])
+    assert set(records.index) == set(table.index) == {(FWD_2D, 28), (FWD_2D_MEM, 28),
+                                                       (FWD_2D, 14)}
+    for slot in records.index:
+        record, row = records.loc[slot], table.loc[slot]
+        assert record["status"] == row["status"]
+        assert len(record["samples_s"]) == row["repeats"]
+        if record["status"] == "ok":
+            assert record["median_s"] == row["time_s"]
+        else:
+            assert pd.isna(record["median_s"]) and pd.isna(row["time_s"])
+    assert records.loc[(FWD_2D, 28), "median_s"] == pytest.approx(0.6e-3)
+    assert records.loc[(FWD_2D, 28), "mad_s"] == pytest.approx(0.15e-3)
+    assert table.loc[(FWD_2D, 28), "spread"] == pytest.approx(0.9 / 0.4)
+    failed = records.loc[(FWD_2D_MEM, 28)]
+    assert failed["status"] == "wrong_result" and "CSV rows [8]" in failed["reason"]
+    assert sorted(failed["samples_s"]) == pytest.approx([0.2e-3, 0.25e-3, 0.3e-3])

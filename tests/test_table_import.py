@@ -23,7 +23,7 @@ from tilecast.table.dataset import (ROWS_FILE, Column, TableDataError, TableSche
 from tilecast.table.devices import SHIPPED
 from tilecast.table.formats import READERS, reader
 from tilecast.table.formats.ck_csv import GEMM_CONFIG, gemm_fields
-from tilecast.table.formats.common import collapse_repeats
+from tilecast.table.formats.common import collapse_rows
 from tilecast.table.importing import import_files
 from tilecast.table.train import data_hash, same_data
 
@@ -604,7 +604,7 @@ def test_collapse_repeats_is_median_count_and_ratio(measurements):
     frame = pd.DataFrame({"key": [k for k, _ in measurements],
                           "time_s": [t for _, t in measurements], "status": "ok", "reason": "",
                           "row": [str(i) for i in range(len(measurements))]})
-    collapsed = collapse_repeats(frame, ["key"]).set_index("key")
+    collapsed = collapse_rows(frame, ["key"]).set_index("key")
     for key, times in frame.groupby("key")["time_s"]:
         assert collapsed.at[key, "time_s"] == pytest.approx(float(np.median(times)))
         assert collapsed.at[key, "repeats"] == len(times)

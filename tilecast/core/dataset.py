@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
 from tilecast.core import stats
@@ -133,6 +135,43 @@ def load(path: str | Path) -> pd.DataFrame:
     if missing:
         raise DatasetError(f"dataset {path} lacks columns {missing}")
     return frame
+
+
+def collapse_repeats(measurements: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """One row per distinct `keys` of `measurements` (one row per measurement, with `time_s`
+    and `status`), in the order each first appears: a source that appends every run (a tile
+    engine's CSV, an AutoHeuristic log) measures one slot several times. Columns: the keys,
+    `first` (the position of its first row), `rows` and `failed` (the positions of its rows,
+    and of those whose status is not ok), `samples_s` (every usable time: positive and
+    finite, in row order), and `median_s`, `mad_s` and `spread` (max/min) of the samples, NaN
+    when a row failed (a configuration that failed once is not safe to choose) or there is
+    no usable time. The one place repeated measurements of one slot become one."""
+    keys = list(keys)
+    times = pd.to_numeric(measurements["time_s"], errors="coerce").to_numpy(dtype=float)
+    usable = np.isfinite(times) & (times > 0)
+    failed = (measurements["status"] != "ok").to_numpy()
+    slot = measurements.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+    positions = pd.Series(np.arange(len(measurements)))
+    by_slot = positions.groupby(slot)
+    usable_times = pd.Series(np.where(usable, times, np.nan))
+    median = usable_times.groupby(slot).median()
+    deviation = (usable_times - median.reindex(slot).to_numpy()).abs()
+    out = pd.DataFrame({
+        "first": by_slot.min(),
+        "rows": by_slot.agg(list),
+        "failed": positions[failed].groupby(slot[failed]).agg(list),
+        "samples_s": pd.Series(times[usable]).groupby(slot[usable]).agg(list),
+        "median_s": median,
+        "mad_s": deviation.groupby(slot).median(),
+        "spread": usable_times.groupby(slot).max() / usable_times.groupby(slot).min(),
+    })
+    out["failed"] = [value if isinstance(value, list) else [] for value in out["failed"]]
+    out["samples_s"] = [value if isinstance(value, list) else [] for value in out["samples_s"]]
+    no_time = np.array([bool(f) for f in out["failed"]]) | out["median_s"].isna().to_numpy()
+    out.loc[no_time, ["median_s", "mad_s", "spread"]] = np.nan
+    out = out.sort_values("first", kind="stable")
+    first_rows = measurements.iloc[out["first"].to_numpy()][keys].reset_index(drop=True)
+    return pd.concat([first_rows, out.reset_index(drop=True)], axis=1)
 
 
 def final_table(records: pd.DataFrame) -> pd.DataFrame:

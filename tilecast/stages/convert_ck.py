@@ -24,6 +24,7 @@ import pandas as pd
 from tilecast.config import PROBLEM_SETS
 from tilecast.stages.convert import (ConvertSummary, check_output, drop_repeats, records_frame,
                                      write_parquet)
+from tilecast.core import dataset
 from tilecast.core.dataset import SCHEMA_VERSION, DatasetError
 from tilecast.families import get_family
 from tilecast.families.base import FamilyError
@@ -115,11 +116,14 @@ def _rows(lines: list[tuple[int, object]]) -> str:
 
 
 def _records(path: Path, frame: pd.DataFrame, problem_set: str) -> tuple[list[dict], int]:
-    """One record per (family, dims_key, kernel), every usable latency of it kept as a
-    sample; and how many rows had none (reported here, with their line numbers)."""
+    """One record per (family, dims_key, kernel), its repeats collapsed as everywhere
+    (dataset.collapse_repeats: every usable latency kept as a sample, a row with non_zero
+    false failing the slot); and how many rows had no usable latency (reported here, with
+    their line numbers)."""
     run_id = f"ck-csv:{path.name}"
     written = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
-    groups: dict[tuple[str, str, str], dict] = {}
+    slots: dict[tuple[str, str, str], dict] = {}
+    measurements: list[dict] = []              # one per CSV row, in the file's order
     unusable: list[tuple[int, object]] = []    # (CSV line, latency_ms as written)
     for line, row in zip(frame.index, frame.itertuples(index=False)):
         where = f"{path} row {line + 2}"     # header is line 1
@@ -134,36 +138,36 @@ def _records(path: Path, frame: pd.DataFrame, problem_set: str) -> tuple[list[di
         except (FamilyError, TypeError, ValueError) as err:
             raise DatasetError(f"{where}: bad shape field ({err})") from None
         key = (family.name, family.dims_key(problem), row.kernel)
-        entry = groups.setdefault(key, {"family": family, "problem": problem, "config": cfg,
-                                        "latencies_s": [], "bad": [], "unusable": [],
-                                        "source_tflops": []})
+        slot = slots.setdefault(key, {"id": len(slots), "family": family, "problem": problem,
+                                      "config": cfg, "source_tflops": []})
         latency_s = _number(row.latency_ms) / 1e3
-        if latency_s > 0 and math.isfinite(latency_s):
-            entry["latencies_s"].append(latency_s)
-        else:
+        if not (latency_s > 0 and math.isfinite(latency_s)):
             unusable.append((line + 2, row.latency_ms))
-            entry["unusable"].append(line + 2)
-        if not _truth(row.non_zero, where):
-            entry["bad"].append(line + 2)
+        measurements.append({"slot": slot["id"], "line": line + 2, "time_s": latency_s,
+                             "status": "ok" if _truth(row.non_zero, where) else "wrong_result"})
         source_tflops = _number(row.tflops)
         if math.isfinite(source_tflops):
-            entry["source_tflops"].append(source_tflops)
+            slot["source_tflops"].append(source_tflops)
     if len(unusable) == len(frame):
         raise DatasetError(f"{path}: no row has a usable latency_ms (a positive number of "
                            f"milliseconds): rows {_rows(unusable)}; no file written")
     if unusable:
         log.warning("%s: %d row(s) without a usable latency_ms (not a positive finite number) "
                     "left out: CSV line(s) %s", path, len(unusable), _rows(unusable))
+    rows = pd.DataFrame(measurements)
+    lines = rows["line"].to_numpy()
     records = []
-    for (family_name, dims_key, kernel), entry in groups.items():
-        family, problem, samples = entry["family"], entry["problem"], entry["latencies_s"]
+    for ((family_name, dims_key, kernel), slot), collapsed in zip(
+            slots.items(), dataset.collapse_repeats(rows, ["slot"]).itertuples()):
+        family, problem, samples = slot["family"], slot["problem"], collapsed.samples_s
         status, reason = "ok", ""
-        if entry["bad"]:
+        if collapsed.failed:
             status, reason = "wrong_result", (f"tile engine reported an all-zero output "
-                                              f"(non_zero false, CSV rows {entry['bad']})")
+                                              f"(non_zero false, CSV rows "
+                                              f"{lines[collapsed.failed].tolist()})")
         elif not samples:
             status, reason = "crashed", (f"no positive finite latency_ms in the CSV (rows "
-                                         f"{entry['unusable']})")
+                                         f"{lines[collapsed.rows].tolist()})")
         record = {
             "schema_version": SCHEMA_VERSION, "timing": "imported", "run_id": run_id,
             "time": written, "git_sha": None,
@@ -173,15 +177,14 @@ def _records(path: Path, frame: pd.DataFrame, problem_set: str) -> tuple[list[di
             "samples_s": samples, "reps_per_sample": 0, "median_s": None, "mad_s": None,
             "tflops": None, "gbps": None, "max_error": None, "threads": None,
             "protocol_hash": None, "build_key": None,
-            "source_tflops": (statistics.median(entry["source_tflops"])
-                              if entry["source_tflops"] else None),
+            "source_tflops": (statistics.median(slot["source_tflops"])
+                              if slot["source_tflops"] else None),
         }
-        for field, value in family.config_dict(entry["config"]).items():
+        for field, value in family.config_dict(slot["config"]).items():
             record.setdefault(field, value)   # problem fields (direction, dtype) are equal
         if status == "ok":
-            median_s = statistics.median(samples)
-            record.update(median_s=median_s,
-                          mad_s=statistics.median(abs(s - median_s) for s in samples),
+            median_s = collapsed.median_s
+            record.update(median_s=median_s, mad_s=collapsed.mad_s,
                           tflops=family.flops(problem) / median_s / 1e12,
                           gbps=family.bytes_moved(problem) / median_s / 1e9)
         records.append(record)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from tilecast.table.dataset import Column, TableDataError, TableSchema
 from tilecast.table.formats.common import (Imported, RawFile, as_numeric_column, check_names,
-                                           collapse_repeats, numbers, read_csv_text, read_raw,
+                                           collapse_rows, numbers, read_csv_text, read_raw,
                                            same_columns, source_entry, union_columns)
 
 FORMAT = "autoheuristic"
@@ -72,7 +72,7 @@ def read(paths: Sequence[Path], *, mapping: Mapping | None, device: str | None) 
         problem.append(Column(name, "categorical" if numeric is None else "numeric",
                               name in partial))
     schema = TableSchema(problem=tuple(problem), config=(Column(CHOICE, "categorical"),))
-    frame = collapse_repeats(frame, ["device", *names, CHOICE])
+    frame = collapse_rows(frame, ["device", *names, CHOICE])
     return Imported(schema=schema, rows=frame.to_dict("records"), sources=sources,
                     notes=notes)
 

@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Sequence
 import pandas as pd
 
 from tilecast.table.dataset import Column, TableDataError, TableSchema
-from tilecast.table.formats.common import (Imported, RawFile, check_names, collapse_repeats,
+from tilecast.table.formats.common import (Imported, RawFile, check_names, collapse_rows,
                                            log, numbers, read_csv_text, read_raw,
                                            require_columns, same_columns, source_entry,
                                            typed_column)
@@ -100,7 +100,7 @@ def read(paths: Sequence[Path], *, mapping: Mapping | None, device: str | None) 
     problem = tuple(typed_column(frame, name) for name in problem)
     config_columns, config = _config(frame, parsed[0].grammar)
     frame = pd.concat([frame, config], axis=1)
-    frame = collapse_repeats(frame, ["device", *(c.name for c in problem), KERNEL])
+    frame = collapse_rows(frame, ["device", *(c.name for c in problem), KERNEL])
     schema = TableSchema(problem=problem, config=config_columns)
     return Imported(schema=schema, rows=frame.to_dict("records"), sources=sources)
 

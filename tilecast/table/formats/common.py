@@ -1,6 +1,6 @@
 """What the format readers share: the reader's answer (Imported), time units, reading a file's
 bytes (gzip detected by its magic bytes) and CSV text with one-line errors, and collapsing the
-repeated measurements a tool appends to one row each.
+repeated measurements a tool appends to one row each (core.dataset.collapse_repeats).
 
 A reader reports each bad value with its file, row (a line number or a cache key) and column;
 nothing here writes anything.
@@ -11,7 +11,6 @@ import gzip
 import hashlib
 import io
 import logging
-import math
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from tilecast.core.dataset import collapse_repeats
 from tilecast.table.dataset import SHOWN, Column, TableDataError, TableSchema
 
 log = logging.getLogger("tilecast.table.import")
@@ -177,41 +177,27 @@ def typed_column(frame: pd.DataFrame, name: str) -> Column:
     return Column(name, "categorical" if numeric is None else "numeric")
 
 
-def collapse_repeats(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """One row per distinct `keys` (the columns naming device, problem and configuration) of a
-    frame with `time_s`, `status`, `reason` and `row` columns: a tool that appends each run to
-    its file records one configuration several times. An `ok` group's time is the median of
-    its times, `repeats` how many there were and `spread` max/min; a group with any failed
-    row keeps the first failure (a configuration that failed once is not safe to choose).
-    `row` lists the rows merged."""
+def collapse_rows(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """One dataset row per distinct `keys` (the columns naming device, problem and
+    configuration) of a frame with `time_s`, `status`, `reason` and `row` columns: a tool that
+    appends each run to its file records one configuration several times. The repeats collapse
+    as everywhere in tilecast (core.dataset.collapse_repeats): an `ok` group's time is the
+    median of its times, `repeats` how many rows there were and `spread` max/min; a group with
+    any failed row keeps the first failure's status and reason (a configuration that failed
+    once is not safe to choose). `row` lists the rows merged."""
     frame = frame.reset_index(drop=True)
-    groups = frame.groupby(list(keys), sort=False, dropna=False)
-    failed = frame["status"] != "ok"
-    ok_times = frame["time_s"].where(~failed)
-    first = groups.head(1).index
-    out = frame.loc[first].copy()
-    group_ids = groups.ngroup()
-    order = group_ids.loc[first].to_numpy()
-    stats = pd.DataFrame({"group": group_ids, "time": ok_times, "failed": failed})
-    by_group = stats.groupby("group")
-    median = by_group["time"].median().reindex(order).to_numpy()
-    counts = by_group.size().reindex(order).to_numpy()
-    spread = (by_group["time"].max() / by_group["time"].min()).reindex(order).to_numpy()
-    any_failed = by_group["failed"].any().reindex(order).to_numpy()
-    rows_of = frame["row"].astype(str).groupby(group_ids).agg(",".join).reindex(order).to_numpy()
-    out["time_s"] = np.where(any_failed, math.nan, median)
-    out["repeats"] = counts
-    out["spread"] = np.where(any_failed, math.nan, spread)
-    out["row"] = rows_of
-    if any_failed.any():
-        first_failure = frame[failed].groupby(group_ids[failed]).head(1)
-        failure_of = dict(zip(group_ids[first_failure.index], first_failure.index))
-        for position, group in enumerate(order):
-            if any_failed[position]:
-                source_row = failure_of[group]
-                out.iloc[position, out.columns.get_loc("status")] = frame.at[source_row, "status"]
-                out.iloc[position, out.columns.get_loc("reason")] = frame.at[source_row, "reason"]
-    return out.reset_index(drop=True)
+    slots = collapse_repeats(frame, keys)
+    failure = [failed[0] if failed else first
+               for first, failed in zip(slots["first"], slots["failed"])]
+    out = frame.iloc[slots["first"].to_numpy()].reset_index(drop=True)
+    out["status"] = frame["status"].to_numpy()[failure]
+    out["reason"] = frame["reason"].to_numpy()[failure]
+    out["time_s"] = slots["median_s"].to_numpy()
+    out["repeats"] = [len(rows) for rows in slots["rows"]]
+    out["spread"] = slots["spread"].to_numpy()
+    named = frame["row"].astype(str).to_numpy()
+    out["row"] = [",".join(named[rows]) for rows in slots["rows"]]
+    return out
 
 
 def check_names(names: Sequence[str], path: Path) -> None:
