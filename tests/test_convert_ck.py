@@ -14,7 +14,7 @@ from tilecast.cli import main
 from tilecast.stages.convert_ck import CK_COLUMNS, convert_ck_csv
 from tilecast.core.dataset import DatasetError
 from tilecast.families import get_family
-from tilecast.table.dataset import read_dataset
+from tilecast.table.dataset import TableDataError, read_dataset
 from tilecast.table.importing import import_files
 
 FWD_2D = "grouped_conv_forward_bf16_2d_64x64x64_compv3_intrawave_dsb_si"
@@ -213,3 +213,68 @@ def test_both_ck_readers_collapse_repeats_alike(tmp_path):
     failed = records.loc[(FWD_2D_MEM, 28)]
     assert failed["status"] == "wrong_result" and "CSV rows [8]" in failed["reason"]
     assert sorted(failed["samples_s"]) == pytest.approx([0.2e-3, 0.25e-3, 0.3e-3])
+
+
+BAD_ROW = {   # one bad field on CSV line 3, and what both readers say of it
+    "non_zero": ({"non_zero": "maybe"}, r"column non_zero: not a boolean \(true/false/1/0\) at "
+                                        r"row\(s\) 3 \(maybe\)"),
+    "shape": ({"N": "two"}, r"row 3: bad shape field \(N='two' is not a whole number\)"),
+    "kernel": ({"kernel": "grouped_conv_forward_bf16_2d_64x64x64_compv9x_intrawave"},
+               r"1 unknown kernel name\(s\), e.g. \['grouped_conv_forward_bf16_2d_64x64x64_"
+               r"compv9x_intrawave'\] \(first: .*unknown pipeline 'compv9x'"),
+    "blank kernel": ({"kernel": ""}, r"column kernel: blank kernel name at row\(s\) 3 \(\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ROW))
+def test_both_ck_readers_name_a_bad_row_alike(tmp_path, case):
+    """One parser: a bad field is the same error, naming the file, line and column, whether
+    the CSV is converted into records or imported into a table dataset."""
+    change, needle = BAD_ROW[case]
+    src = _write(tmp_path / "bad.csv", [ROWS[0], {**ROWS[3], **change}])
+    with pytest.raises(DatasetError, match=needle):
+        convert_ck_csv(src, tmp_path / "out.parquet")
+    with pytest.raises(TableDataError, match=needle):
+        import_files("ck-csv", [src], tmp_path / "ds", device="MI300X")
+    assert not (tmp_path / "out.parquet").exists() and not (tmp_path / "ds").exists()
+    note_case("clear")
+    note_case("clear")
+
+
+def test_a_latency_that_is_not_a_time_converts_without_the_row_and_refuses_the_import(tmp_path):
+    src = _write(tmp_path / "fast.csv", [ROWS[0], _row(FWD_2D_MEM, 1, "fast")])
+    summary = convert_ck_csv(src, tmp_path / "out.parquet")
+    assert summary.bad_rows == 1 and summary.statuses == {"ok": 1, "crashed": 1}
+    with pytest.raises(TableDataError, match=r"fast.csv: column latency_ms: not a positive "
+                                             r"number at row\(s\) 3 \('fast'\)"):
+        import_files("ck-csv", [src], tmp_path / "ds", device="MI300X")
+    note_case("clear")
+
+
+def test_depth_fields_are_filled_for_a_2d_kernel_only(tmp_path):
+    """A 2D kernel's blank depth fields are the 2D values in both readers; a 3D kernel's are
+    missing, which both refuse (the importer once filled them with the 2D values)."""
+    blank_depth = {"Di": "", "Z": "", "stride_d": "", "pad_d": "", "dilation_d": ""}
+    src = _write(tmp_path / "2d.csv", [{**ROWS[0], **blank_depth}])
+    record = dataset.load(convert_ck_csv(src, tmp_path / "out.parquet").out_path).iloc[0]
+    import_files("ck-csv", [src], tmp_path / "ds", device="MI300X")
+    row = read_dataset(tmp_path / "ds").frame.iloc[0]
+    for field, value in (("Di", 1), ("Z", 1), ("stride_d", 1), ("pad_d", 0), ("dilation_d", 1)):
+        assert record[field] == row[field] == value
+    src = _write(tmp_path / "3d.csv", [{**_row(FWD_3D, 0, 1.0, **SHAPE_3D), **blank_depth}])
+    with pytest.raises(DatasetError, match=r"3d.csv row 2: bad shape field .*missing field\(s\) "
+                                           r"\['Di', 'Z'\]"):
+        convert_ck_csv(src, tmp_path / "out3.parquet")
+    with pytest.raises(TableDataError, match=r"3d.csv: column Di: blank at row\(s\) \[2\]"):
+        import_files("ck-csv", [src], tmp_path / "ds3", device="MI300X")
+    note_case("clear")
+    note_case("clear")
+
+
+def test_problem_idx_and_tflops_are_not_needed(tmp_path):
+    """The parser reads the columns it uses: a CSV without problem_idx and tflops converts,
+    without the tile engine's own figure."""
+    columns = [c for c in CK_COLUMNS if c not in ("problem_idx", "tflops")]
+    src = _write(tmp_path / "lean.csv", ROWS, columns)
+    frame = dataset.load(convert_ck_csv(src, tmp_path / "out.parquet").out_path)
+    assert len(frame) == 5 and frame["source_tflops"].isna().all() and (frame["tflops"] > 0).any()

@@ -10,10 +10,12 @@ their header, LAYOUTS):
 - `sweep`: the CSV of the tile engine's Python sweep (`export_csv`): `name`, `problem` (a dict
   of the problem's fields, as Python prints it), `time_ms`; a `time_ms` of 0 is the sweep's mark
   of a kernel that gave no result: `failed`. --device names the device.
-- `grouped-conv`: the grouped-convolution benchmark's CSV (tilecast.stages.convert_ck's
-  CK_COLUMNS). Problem columns: direction, dtype and ndim from the kernel name, then the shape
-  columns (blank 2D depth fields take the 2D values); `non_zero` false (an all-zero output)
-  is `wrong_result`. --device names the device.
+- `grouped-conv`: the grouped-convolution benchmark's CSV, read by the one parser of it
+  (tilecast.stages.convert_ck_rows, which `tilecast convert --from ck-csv` uses too). Problem
+  columns: direction, dtype and ndim from the kernel name, then the shape columns (a 2D
+  kernel's blank depth fields take the 2D values); `non_zero` false (an all-zero output) is
+  `wrong_result`; a latency that is not a positive number refuses the file. --device names
+  the device.
 
 The configuration is the kernel's name, `kernel_name`, followed by the parameters it encodes
 when every name of the import parses: for GEMM (`<op>_<dtype>_<layout>_<pipeline>_<epilogue>_
@@ -35,9 +37,8 @@ import pandas as pd
 
 from tilecast.table.dataset import Column, TableDataError, TableSchema
 from tilecast.table.formats.common import (Imported, RawFile, check_names, collapse_rows,
-                                           log, numbers, read_csv_text, read_raw,
-                                           require_columns, same_columns, source_entry,
-                                           typed_column)
+                                           log, named_rows, numbers, read_csv_text, read_raw,
+                                           same_columns, source_entry, typed_column)
 
 FORMAT = "ck-csv"
 WHAT = "a CK tile-engine benchmark CSV"
@@ -62,8 +63,6 @@ GEMM_CONFIG = (("pipeline", "categorical"), ("epilogue", "categorical"),
 CONV_CONFIG = (("block", "numeric"), ("tile_m", "numeric"), ("tile_n", "numeric"),
                ("pipeline", "categorical"), ("wave_mode", "categorical"),
                ("has_dsb", "numeric"), ("has_si", "numeric"))
-# blank depth fields of a 2D grouped-conv row: the values a 2D convolution has
-CONV_2D_DEPTH = {"Di": 1, "Z": 1, "stride_d": 1, "pad_d": 0, "dilation_d": 1}
 
 
 @dataclass(frozen=True)
@@ -224,41 +223,36 @@ def _read_sweep(raw: RawFile, frame: pd.DataFrame, device: str | None) -> Parsed
 
 
 def _read_grouped_conv(raw: RawFile, frame: pd.DataFrame, device: str | None) -> Parsed:
-    from tilecast.families.base import FamilyError
-    from tilecast.families.grouped_conv_kernels import TileEngineConvConfig, parse_kernel_name
-    from tilecast.stages.convert_ck import FALSE_VALUES, SHAPE_COLUMNS, TRUE_VALUES
+    from tilecast.core.dataset import DatasetError
+    from tilecast.families.grouped_conv_kernels import TileEngineConvConfig
+    from tilecast.stages.convert_ck_rows import SHAPE_COLUMNS, parse_conv_csv
 
-    require_columns(frame, ("kernel", *SHAPE_COLUMNS, "latency_ms", "non_zero"), raw.path,
-                    "a CK tile-engine grouped-conv CSV")
-    names = _kernel_names(raw, frame, "kernel")
-    configs = {}
-    for name in dict.fromkeys(names):
-        try:
-            configs[name] = parse_kernel_name(name)
-        except FamilyError as err:
-            raise TableDataError(f"{raw.path}: column kernel: {err}") from None
-        if not isinstance(configs[name], TileEngineConvConfig):
-            raise TableDataError(f"{raw.path}: column kernel: {name!r} is one of tilecast's own "
-                                 "kernels, not the tile engine's; use `tilecast convert`")
-    shapes = frame[list(SHAPE_COLUMNS)].copy()
-    for column, value in CONV_2D_DEPTH.items():
-        shapes[column] = shapes[column].mask(shapes[column].str.strip() == "", str(value))
-    derived = pd.DataFrame({
-        "direction": [configs[n].direction for n in names],
-        "dtype": [configs[n].dtype for n in names],
-        "ndim": [str(configs[n].ndim_spatial) for n in names]}, index=frame.index)
+    try:   # the one parser of these CSVs, which `tilecast convert --from ck-csv` reads with
+        parsed = parse_conv_csv(raw.path, frame)
+    except DatasetError as err:
+        raise TableDataError(str(err).removesuffix("; no file written")) from None
+    own = [name for name, cfg in parsed.configs.items()
+           if not isinstance(cfg, TileEngineConvConfig)]
+    if own:
+        raise TableDataError(f"{raw.path}: column kernel: {own[0]!r} is one of tilecast's own "
+                             "kernels, not the tile engine's; use `tilecast convert`")
+    rows = parsed.rows.set_index(frame.index)
+    unusable = parsed.unusable()
+    if unusable:
+        raise TableDataError(f"{raw.path}: column latency_ms: not a positive number at row(s) "
+                             f"{named_rows(*zip(*unusable))}")
+    configs = [parsed.configs[name] for name in rows["kernel"]]
+    derived = pd.DataFrame({"direction": [cfg.direction for cfg in configs],
+                            "dtype": [cfg.dtype for cfg in configs],
+                            "ndim": [str(cfg.ndim_spatial) for cfg in configs]},
+                           index=frame.index)
+    shapes = rows[list(SHAPE_COLUMNS)].map(lambda value: "" if value is None else str(value))
     problem = ("direction", "dtype", "ndim", *SHAPE_COLUMNS)
     problem_frame = _problem_frame(raw, pd.concat([derived, shapes], axis=1), problem)
-    latency = numbers(frame, "latency_ms", raw.path, _lines(frame), positive=True)
-    truth = frame["non_zero"].astype(str).str.strip().str.lower()
-    unknown = ~truth.isin(TRUE_VALUES | FALSE_VALUES)
-    if unknown.any():
-        raise TableDataError(f"{raw.path}: column non_zero: not true/false at row(s) "
-                             f"{list(_lines(frame)[unknown][:5])}")
-    wrong = truth.isin(FALSE_VALUES)
-    out = _finish(raw, frame, problem_frame, names,
+    wrong = ~rows["non_zero"]
+    out = _finish(raw, frame, problem_frame, rows["kernel"],
                   _devices(raw, frame, None, device, "grouped-conv"),
-                  (latency * MS).where(~wrong), wrong.map({True: "wrong_result", False: "ok"}),
+                  rows["latency_s"].where(~wrong), wrong.map({True: "wrong_result", False: "ok"}),
                   wrong.map({True: "all-zero output (non_zero false)", False: ""}))
     return Parsed(out, problem, "grouped-conv")
 

@@ -132,7 +132,8 @@ def require_columns(frame: pd.DataFrame, columns: Sequence[str], path: Path, wha
                              f"{', '.join(columns)}")
 
 
-def _rows_named(lines: Sequence[Any], values: Sequence[Any]) -> str:
+def named_rows(lines: Sequence[Any], values: Sequence[Any]) -> str:
+    """`line ('value'), ...` of at most SHOWN rows, then how many more."""
     shown = ", ".join(f"{line} ({value!r})" for line, value in list(zip(lines, values))[:SHOWN])
     return shown + (f" and {len(lines) - SHOWN} more" if len(lines) > SHOWN else "")
 
@@ -150,7 +151,7 @@ def numbers(frame: pd.DataFrame, column: str, path: Path, lines: pd.Series, *,
     if bad.any():
         rule = "a positive number" if positive else "a number"
         raise TableDataError(f"{path}: column {column}: not {rule} at row(s) "
-                             f"{_rows_named(list(lines[bad]), list(text[bad]))}")
+                             f"{named_rows(list(lines[bad]), list(text[bad]))}")
     return values.astype(float)
 
 
