@@ -46,7 +46,7 @@ def synthetic(devices: int, problems: int, seed: int = 0) -> TableDataset:
                 failed = block == 256 and stages == 4 and entry["shared_memory_kib"] < 100
                 rows.append({"device": device, "m": m, "n": n, "k": k, "block": block,
                              "unroll": unroll, "stages": stages, "layout": layout,
-                             "status": "compile_failed" if failed else "ok",
+                             "status": "build_failed" if failed else "ok",
                              "time_s": math.nan if failed else time_s})
     return TableDataset(frame=finish_frame(rows, SCHEMA), schema=SCHEMA)
 

@@ -108,7 +108,7 @@ def device_times(entry: dict, problem: tuple, c: pd.DataFrame, rng) -> tuple[np.
     traffic = 4.0 * k * (m * np.ceil(n / nwg) + n * np.ceil(m / mwg)) * (1 + (cached - 1) * l2_relief)
     memory = traffic / (entry["memory_bandwidth_gbs"] * 1e9)
     seconds = (np.maximum(compute, memory) + 4e-6)
-    status = np.where(smem > limit, "invalid", "ok").astype(object)
+    status = np.where(smem > limit, "unsupported", "ok").astype(object)
     return seconds, status
 
 
@@ -130,11 +130,11 @@ def generate(seed: int = 0, devices=DEVICES, sizes=SIZES) -> TableDataset:
         entry = table.entry(device)
         quirk = dict(zip(sorted(set(tile)), rng.lognormal(0, 0.10, tile.nunique())))
         factor = tile.map(quirk).to_numpy() * style.map(vendor_quirk[entry["vendor"]]).to_numpy()
-        compile_failed = rng.random(len(configs)) < 0.01
+        build_failed = rng.random(len(configs)) < 0.01
         for problem in sizes:
             seconds, status = device_times(entry, problem, configs, rng)
             seconds = seconds * factor * rng.lognormal(0, 0.02, len(configs))
-            status = np.where(compile_failed, "compile_failed", status)
+            status = np.where(build_failed, "build_failed", status)
             frame = configs.assign(m=problem[0], n=problem[1], k=problem[2], device=device,
                                    status=status,
                                    time_s=np.where(status == "ok", seconds, np.nan))

@@ -57,16 +57,16 @@ def conv_time(entry: dict, config: tuple, filter_size: int, noise: float) -> tup
     shared = (bx * tx + filter_size - 1 + pad) * (by * ty + filter_size - 1) * 4
     shared_limit = entry["shared_memory_kib"] * 1024
     if threads > 1024 or threads < warp or shared > min(shared_limit, 64 * 1024 + amd * 1e9):
-        return "invalid", math.nan
+        return "unsupported", math.nan
     registers = 20 + 3 * tx * ty
     if registers > 255:
-        return "compile_failed", math.nan
+        return "build_failed", math.nan
     max_threads = 2560 if amd else 2048
     register_file = (entry.get("registers_kib") or 256) * 256
     resident = min(max_threads // threads, int(shared_limit // shared),
                    int(register_file // (registers * threads)), 32)
     if resident < 1:
-        return "runtime_failed", math.nan
+        return "crashed", math.nan
     occupancy = resident * threads / max_threads
     blocks = math.ceil(IMAGE / (bx * tx)) * math.ceil(IMAGE / (by * ty))
     waves = blocks / (resident * entry["compute_units"])
