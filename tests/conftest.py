@@ -8,7 +8,7 @@ import pytest
 
 from tilecast.core import hardware
 from tilecast.stages.build import DEFAULT_FLAGS
-from tilecast.families.base import KERNELS_DIR
+from tilecast.core.family import KERNELS_DIR
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = Path(__file__).parent / "configs"

@@ -13,7 +13,7 @@ import pytest
 import tilecast.families.gemm as gemm
 from gemm_checks import expect_gemm_matches_torch
 from tilecast.measurement.protocol import Protocol
-from tilecast.families.base import KERNELS_DIR
+from tilecast.core.family import KERNELS_DIR
 from tilecast.families.gemm import MicroKernel
 from tilecast.stages.build import DEFAULT_FLAGS, build_candidates, cache_key
 

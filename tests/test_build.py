@@ -25,7 +25,7 @@ from tilecast.stages.build import (SHARED_FLAGS, BuildError, build_candidates, c
                                    first_error_line, read_events, rebase_spec, require_some_built,
                                    source_root, write_events)
 from tilecast.families import get_family
-from tilecast.families.base import KERNELS_DIR, BuildSpec
+from tilecast.core.family import KERNELS_DIR, BuildSpec
 from tilecast.families.gemm import GemmConfig
 
 GEMM = get_family("gemm")

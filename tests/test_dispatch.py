@@ -19,7 +19,7 @@ from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import (MAX_FIELD_VALUE, Dispatcher, NoKernelError, ProblemError,
                                        parse_problem, parse_problem_string)
 from tilecast.families import get_family
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 from tilecast.families.gemm import MAX_OPERAND_BYTES
 from tilecast.registry.api import RegistryError
 

@@ -15,7 +15,7 @@ from test_dispatch import (BF16_STATIC_BEST, HARDWARE, METRICS, PARAMS, publish_
                            synthetic_tflops)
 from tilecast.cli import main
 from tilecast.families import get_family
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 from tilecast.registry import api as registry
 from tilecast.registry.api import RegistryError
 from tilecast.runtime import export, shortlist as shortlists

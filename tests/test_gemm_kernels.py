@@ -10,7 +10,7 @@ import pytest
 
 from gemm_checks import expect_gemm_matches_torch
 from tilecast.measurement.protocol import Protocol
-from tilecast.families.base import KERNELS_DIR
+from tilecast.core.family import KERNELS_DIR
 from tilecast.families import get_family
 from tilecast.families.gemm import ISAS, GemmConfig, micro_tiles
 from tilecast.stages.build import DEFAULT_FLAGS, build_candidates

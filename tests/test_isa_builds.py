@@ -26,7 +26,7 @@ import pytest
 from tilecast.core.settings import settings
 from tilecast.disco import native as disco_native
 from tilecast.families import get_family
-from tilecast.families.base import KERNELS_DIR
+from tilecast.core.family import KERNELS_DIR
 from tilecast.families.gemm import GemmConfig
 from tilecast.families.disco_kernels import DiscoConfig
 from tilecast.families.grouped_conv_kernels import GroupedConvConfig

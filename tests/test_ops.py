@@ -23,7 +23,7 @@ from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher
 from tilecast.disco.mix import Mixer
 from tilecast.families import get_family
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 from tilecast.families.gemm import GemmConfig
 from tilecast.families.grouped_conv_kernels import GroupedConvConfig
 

@@ -17,7 +17,7 @@ import pytest
 
 import tilecast
 from tilecast.core import resources
-from tilecast.families.base import KERNELS_DIR
+from tilecast.core.family import KERNELS_DIR
 from tilecast.stages import train
 from tilecast.workflows import rebench
 

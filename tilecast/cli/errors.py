@@ -15,7 +15,7 @@ USER_ERRORS = (
     ("tilecast.cli.errors", "CliError"),                # bad arguments and paths
     ("tilecast.config.run", "ConfigError"),            # configs and problem files
     ("tilecast.core.dataset", "DatasetError"),          # raw logs, CSVs, parquet datasets
-    ("tilecast.families.base", "FamilyError"),          # kernel names, problems (ProblemError)
+    ("tilecast.core.family", "FamilyError"),          # kernel names, problems (ProblemError)
     ("tilecast.registry.base", "RegistryError"),        # registries, versions, aliases
     ("tilecast.runtime.dispatch", "NoKernelError"),     # a problem no kernel of a model runs
     ("tilecast.runtime.export", "ExportError"),         # a model version export cannot carry

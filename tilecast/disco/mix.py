@@ -42,7 +42,7 @@ def _check_choice(gemm: Any) -> None:
         return
     names = [gemm] if isinstance(gemm, str) else list(gemm) if isinstance(gemm, (list, tuple)) else []
     if names and all(isinstance(name, str) and name for name in names):
-        from tilecast.families.base import FamilyError
+        from tilecast.core.family import FamilyError
         from tilecast.runtime.ops.gemm_ops import GEMM
 
         for name in names:

@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any
 
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 from tilecast.registry.base import RegistryError
 
 log = logging.getLogger("tilecast.disco.selector")

@@ -1,7 +1,7 @@
 """Kernel families, registered by name in one explicit table."""
 from __future__ import annotations
 
-from tilecast.families.base import Family, FamilyError
+from tilecast.core.family import Family, FamilyError
 from tilecast.families.disco import DiscoFamily
 from tilecast.families.gemm import FAMILY as GEMM
 from tilecast.families.grouped_conv import GroupedConvFamily

@@ -49,7 +49,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
+from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
                                     PreparedProblem, reject_unknown, table_choice)
 from tilecast.families.disco_kernels import (BASES, DIRECTIONS, ELEMENT_BYTES, ISA_FLAGS, ISAS,
                                              LAT_BLOCKS, PRECISIONS, TILES, UNUSED_TILE_FIELD,

@@ -12,7 +12,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from tilecast.families.base import FamilyError, table_choice
+from tilecast.core.family import FamilyError, table_choice
 
 DIRECTIONS = {"forward": 0, "backward": 1}          # name -> TC_DISCO_DIR
 

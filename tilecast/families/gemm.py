@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
+from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
                                     PreparedProblem, integer_field, library_timer,
                                     reject_unknown, table_choice)
 from tilecast.families.gemm_isa import DTYPES, ISAS, LAYOUTS, PARALLEL, Dtype, Isa  # noqa: F401

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from tilecast.families.base import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError, PreparedProblem,
+from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError, PreparedProblem,
                                     integer_field, library_timer, reject_unknown, table_choice)
 from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, GEMM_PIPELINES, NDIMS,
                                                     PIPELINE_VARIANTS, PIPELINES, REQUIRED_FLAGS,

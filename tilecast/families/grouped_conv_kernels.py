@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tilecast.families.base import FamilyError, table_choice
+from tilecast.core.family import FamilyError, table_choice
 
 DIRECTIONS = {"forward": 0, "bwd_data": 1, "bwd_weight": 2}   # name -> TC_DIR
 NDIMS = (2, 3)

@@ -44,7 +44,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from tilecast.families import get_family
-from tilecast.families.base import norm_relative_error
+from tilecast.core.family import norm_relative_error
 from tilecast.measurement.protocol import Protocol, cpu_stall_us
 
 

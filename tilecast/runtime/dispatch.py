@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from tilecast.families import get_family
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
 from tilecast.core import kinds

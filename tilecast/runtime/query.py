@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 
 #: memoized rankings a dispatcher keeps (least recently used go first)
 DEFAULT_CACHE_SIZE = 65536

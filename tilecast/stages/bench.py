@@ -31,7 +31,7 @@ from tilecast.stages import build
 from tilecast.core import stats, tune
 from tilecast.measurement import interleave
 from tilecast.core.dataset import SCHEMA_VERSION
-from tilecast.families.base import PreparedProblem, norm_relative_error
+from tilecast.core.family import PreparedProblem, norm_relative_error
 from tilecast.measurement.protocol import (JobOutcome, Protocol, is_usage_error, measure_callable,
                                    protocol_hash, run_binary)
 from tilecast.measurement.rawlog import RawWriter, read_records

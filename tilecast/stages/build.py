@@ -41,7 +41,7 @@ from tilecast.core.atomic import atomic_write_json
 from tilecast.core.compile import compiler_version  # also tilecast.disco.cuda's
 from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.tune import BuildEvent
-from tilecast.families.base import KERNELS_DIR, BuildSpec, FamilyError
+from tilecast.core.family import KERNELS_DIR, BuildSpec, FamilyError
 
 log = logging.getLogger("tilecast.stages.build")
 

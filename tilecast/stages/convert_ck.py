@@ -28,7 +28,7 @@ from tilecast.core.dataset import SCHEMA_VERSION, DatasetError
 from tilecast.stages.convert import (ConvertSummary, check_output, drop_repeats, records_frame,
                                      write_parquet)
 from tilecast.families import get_family
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 from tilecast.stages.convert_ck_rows import (CK_COLUMNS, SHAPE_COLUMNS, ConvCsv, parse_conv_csv,
                                              read_conv_csv, rows_named)
 

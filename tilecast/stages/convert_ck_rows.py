@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from tilecast.core.dataset import DatasetError
-from tilecast.families.base import FamilyError
+from tilecast.core.family import FamilyError
 from tilecast.families.grouped_conv import SPATIAL_D_DEFAULTS
 from tilecast.families.grouped_conv_kernels import parse_kernel_name
 

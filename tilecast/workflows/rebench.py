@@ -45,7 +45,7 @@ from tilecast.core.device import default_device, exclusive
 from tilecast.measurement.protocol import protocol_hash
 from tilecast.measurement.rawlog import read_records
 from tilecast.families import get_family
-from tilecast.families.base import KERNELS_DIR, FamilyError
+from tilecast.core.family import KERNELS_DIR, FamilyError
 from tilecast.runtime.dispatch import parse_problem
 from tilecast.stages import build, layout
 from tilecast.stages.bench import BenchSettings, benchmark

@@ -1,4 +1,5 @@
-"""The protocol every kernel family implements, and the value objects the stages pass around."""
+"""The protocol every kernel family implements (tilecast.families holds the families), and the
+value objects the stages pass around: the ground floor's contract, importing nothing above it."""
 from __future__ import annotations
 
 import operator
