@@ -92,7 +92,8 @@ def cache_key(source: Path, defines: dict, flags: Sequence[str], compiler: str,
     """The key a build of `source` with these inputs gets now (tilecast.core.compile): the
     compiler lists the files it includes, nothing is compiled. Follows the source, every
     included header, the compiler's identity, the flags, the defines and `toolchain` (and,
-    with -march=native, the target it resolves to here)."""
+    with -march=native, the target it resolves to here). A candidate built from its family's
+    one unit is keyed by its link instead (`_compile_unit`), over the unit object's key."""
     return compiling.current_key(compiling.CompileJob(
         source, compiler, tuple(flags), defines, tuple(include_dirs), toolchain=toolchain,
         root=source_root(source)))
