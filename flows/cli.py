@@ -15,6 +15,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from tilecast import cli
+from tilecast.cli.extras import require_pipeline
 from tilecast.core.atomic import atomic_write_bytes
 from tilecast.core.settings import EMBEDDED_SERVER_ENV, settings
 from tilecast.flows.embedded_server import EmbeddedServer
@@ -112,6 +113,7 @@ def _cmd_run(args) -> int:
     """`tilecast run`: the whole DAG, as a Prefect flow or (--plain) as library calls."""
     from tilecast.workflows import pipeline
 
+    _require_pipeline(args)
     if args.dask_address:
         raise cli.CliError("--dask-address is retired: a remote Dask cluster's workers would "
                            "measure their own hardware under this machine's paths. One night "
@@ -127,6 +129,17 @@ def _cmd_run(args) -> int:
     summary = _run_plain(args, workdir) if args.plain else _run_flow(args, workdir)
     print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def _require_pipeline(args) -> None:
+    """The pipeline extra's modules this run imports: the report's plots always, Prefect and
+    the progress bar under the flow, prefect-dask for its Dask runner."""
+    modules = ["matplotlib"]
+    if not args.plain:
+        modules += ["prefect", "rich"]
+        if args.task_runner == "dask":
+            modules.append("prefect_dask")
+    require_pipeline(*modules)
 
 
 def _run_plain(args, workdir: Path) -> dict:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tilecast import cli
+from tilecast.cli.extras import require_pipeline
 from tilecast.flows.cli import (drain_prefect_workers, positive_minutes, prefect_env,
                                 quiet_user_error_tracebacks)
 
@@ -87,6 +88,7 @@ def _cmd_fleet(args) -> int:
     from tilecast import fleet
     from tilecast.workflows import pipeline
 
+    require_pipeline("prefect", "rich", "matplotlib")   # the flows, then the report
     if not os.environ.get("PREFECT_API_URL"):
         raise cli.CliError("a fleet night needs the Prefect server its workers reach: set "
                            "PREFECT_API_URL (docs/guide/fleet.md)")
@@ -125,6 +127,7 @@ def _cmd_fleet(args) -> int:
 def _cmd_worker(args) -> int:
     """`tilecast worker`: this process becomes a Prefect worker of `--pool` taking one run at a
     time; with --cpus, on the first free slot of this host's CPUs (tilecast.fleet.slots)."""
+    require_pipeline("prefect", "rich")   # the shard flows it runs
     if not os.environ.get("PREFECT_API_URL"):
         raise cli.CliError("a worker needs the Prefect server of its pool: set PREFECT_API_URL")
     env = dict(os.environ)

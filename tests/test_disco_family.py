@@ -26,7 +26,7 @@ from tilecast.disco.kpacked import kpack_psi
 from tilecast.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields
 from tilecast.families import FamilyError, get_family
 from tilecast.families.disco import LINE_BLOCK, DiscoFamily
-from tilecast.families.disco_kernels import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
+from tilecast.spaces.disco import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
                                              UNUSED_TILE_FIELD, VARIANTS, DiscoConfig,
                                              kernel_name, parse_kernel_name)
 from tilecast.measurement.protocol import Protocol, run_binary
@@ -374,6 +374,15 @@ def test_every_tile_of_this_cpu_matches_the_reference(tiny_run, direction):
         assert measured == {family.dims_key(p) for p in problems if family.applicable(cfg, p)}
     packed = {r["kernel"] for r in candidates if r["variant"] == "kpacked"}
     assert len(packed) == (len(TILES[("forward", "kpacked", isa)]) if direction == "forward" else 0)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_torch_harmonics_ran_as_the_peer(tiny_run, direction):
+    """Beside the tiles, torch-harmonics' optimized contraction was measured as the peer, ok."""
+    pytest.importorskip("torch_harmonics", reason="torch-harmonics is not installed (it needs "
+                        "Python >= 3.11; the README's set-up installs it with --no-deps)")
+    ctx, _ = tiny_run
+    records = _records(ctx, f"disco_{direction}")
     peers = [r for r in records if r["role"] == "peer"]
     assert peers and all(r["status"] == "ok" and r["kernel"].startswith("torch_harmonics")
                          for r in peers)

@@ -195,7 +195,7 @@ def test_a_registry_choice_of_the_lines_kernel_runs_it_whatever_the_fill(chosen,
     the CSR transpose's gradients exactly; a chosen CSR tile runs CSR."""
     from dataclasses import asdict
 
-    from tilecast.families.disco_kernels import LANES, TILES, DiscoConfig, kernel_name
+    from tilecast.spaces.disco import LANES, TILES, DiscoConfig, kernel_name
 
     isa = {lanes: name for name, lanes in LANES.items()}[native.lanes()]
     if chosen == "lines":

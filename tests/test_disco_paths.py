@@ -11,7 +11,7 @@ import torch
 from tilecast.disco import DiscoConvS2, compute_psi, fused, native, ops, reference, variants
 from tilecast.disco.blocks import restrict_psi, split_rows
 from tilecast.disco.kpacked import kpack_psi
-from tilecast.families.disco_kernels import LANES, TILES, UNUSED_TILE_FIELD, VARIANTS, DiscoConfig
+from tilecast.spaces.disco import LANES, TILES, UNUSED_TILE_FIELD, VARIANTS, DiscoConfig
 
 # torch-harmonics-style conventions: harmonic bases share their support (kpacked-eligible),
 # piecewise-linear ones do not

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tilecast.config import expand_problems
 from tilecast.families import FamilyError, get_family
 from tilecast.families.grouped_conv import GroupedConvFamily, geometry_reason
-from tilecast.families.grouped_conv_kernels import (
+from tilecast.spaces.grouped_conv import (
     DIRECTIONS, PIPELINE_VARIANTS, REQUIRED_FLAGS, GroupedConvConfig, TileEngineConvConfig, kernel_name,
     parse_kernel_name, validate_config)
 

@@ -28,8 +28,8 @@ from tilecast.disco import native as disco_native
 from tilecast.families import get_family
 from tilecast.core.family import KERNELS_DIR
 from tilecast.families.gemm import GemmConfig
-from tilecast.families.disco_kernels import DiscoConfig
-from tilecast.families.grouped_conv_kernels import GroupedConvConfig
+from tilecast.spaces.disco import DiscoConfig
+from tilecast.spaces.grouped_conv import GroupedConvConfig
 from tilecast.runtime.native import library as runtime_native
 from tilecast.stages.build import DEFAULT_FLAGS
 

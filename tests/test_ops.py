@@ -25,7 +25,7 @@ from tilecast.disco.mix import Mixer
 from tilecast.families import get_family
 from tilecast.core.family import FamilyError
 from tilecast.families.gemm import GemmConfig
-from tilecast.families.grouped_conv_kernels import GroupedConvConfig
+from tilecast.spaces.grouped_conv import GroupedConvConfig
 
 GEMM = get_family("gemm")
 CPU_FLAGS = set(hardware.profile(1)["flags"])

@@ -1,6 +1,8 @@
 """tilecast as an installed package: the resource locator on both layouts, the rebenchmark and
 the training lineage without a checkout, and a wheel built from this tree (its file list, and
-the package unpacked and run from a directory that is not the checkout)."""
+the package unpacked and run from a directory that is not the checkout), and its dependencies:
+ranges in pyproject.toml, the tested versions in constraints.txt, the slim install without the
+pipeline extra."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -9,13 +11,20 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10: the test extra's tomli
+    import tomli as tomllib
 
 import tilecast
+from tilecast.cli import extras
 from tilecast.core import resources
 from tilecast.core.family import KERNELS_DIR
 from tilecast.stages import train
@@ -225,3 +234,122 @@ def test_the_unpacked_wheel_runs_from_outside_the_checkout(wheel, tmp_path):
     message = refused.stderr.strip().splitlines()[-1]
     assert message.startswith("tilecast rebench: error: git ref 'HEAD' needs a git repository")
     assert "installed package" in message and "--repo" in message
+
+
+# -- dependencies: ranges, the tested set, the slim install -------------------------------------
+
+
+#: distributions only the DAG needs: never a requirement of the slim install
+PIPELINE_ONLY = {"prefect", "prefect-dask", "dask", "distributed", "matplotlib", "rich"}
+#: modules the slim install must serve without importing
+PIPELINE_IMPORTS = ("prefect", "prefect_dask", "dask", "distributed", "matplotlib", "rich")
+
+
+def _requirements(lines) -> dict[str, Requirement]:
+    return {canonicalize_name(r.name): r for r in map(Requirement, lines)}
+
+
+def _constraints() -> dict[str, str]:
+    """constraints.txt: distribution -> its exact version."""
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"constraints.txt: {line!r} is not an exact pin (name==version)"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def _set_up_line(text: str) -> str:
+    return next(line.split("#")[0].strip() for line in text.splitlines()
+                if line.startswith("python3 -m venv .venv"))
+
+
+def test_the_core_dependencies_are_ranges_without_the_pipeline():
+    core = _requirements(PYPROJECT["project"]["dependencies"])
+    assert not PIPELINE_ONLY & set(core), sorted(PIPELINE_ONLY & set(core))
+    exact = [str(r) for r in core.values() if any(s.operator in ("==", "===") for s in r.specifier)]
+    assert not exact, f"pins in pyproject.toml's dependencies (they belong in constraints.txt): {exact}"
+    assert core["torch"].specifier.contains("2.4.0") and not core["torch"].specifier.contains("2.3.1")
+
+
+def test_the_pipeline_extra_is_what_the_commands_check_for():
+    pipeline = _requirements(PYPROJECT["project"]["optional-dependencies"]["pipeline"])
+    assert set(pipeline) == {canonicalize_name(d) for d in extras.PIPELINE_MODULES.values()}
+    test = _requirements(PYPROJECT["project"]["optional-dependencies"]["test"])
+    assert "pipeline" in test["tilecast"].extras   # the tests run the DAG
+
+
+def test_constraints_pin_every_requirement_inside_its_range():
+    pins = _constraints()
+    assert pins["torch"] == "2.13.0"
+    project = PYPROJECT["project"]
+    requirements = [*project["dependencies"],
+                    *(line for name in ("pipeline", "s3", "test")
+                      for line in project["optional-dependencies"][name])]
+    for requirement in _requirements(requirements).values():
+        if requirement.name == "tilecast" or requirement.marker is not None:
+            continue   # the extras themselves; a backport for another Python than CI's
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"constraints.txt has no tested version of {requirement}"
+        assert requirement.specifier.contains(pins[name]), \
+            f"constraints.txt's {name}=={pins[name]} is outside pyproject.toml's {requirement}"
+
+
+def test_the_readme_s_set_up_is_what_ci_runs():
+    readme = _set_up_line((REPO / PYPROJECT["project"]["readme"]).read_text())
+    assert readme == _set_up_line((REPO / ".ci" / "run").read_text())
+    assert "-c constraints.txt" in readme and "'.[pipeline,test]'" in readme
+
+
+def test_serving_imports_nothing_of_the_pipeline():
+    """The dispatcher, select/export's command module, the ops, export and the console
+    script's module load without Prefect, Dask, matplotlib or rich."""
+    loaded = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, json\n"
+         "import tilecast.runtime.dispatch, tilecast.runtime.ops, tilecast.runtime.export\n"
+         "import tilecast.cli.dispatch, tilecast.flows.cli\n"
+         "tilecast.flows.cli.build_parser()\n"
+         f"print(json.dumps(sorted(m for m in {PIPELINE_IMPORTS!r} if m in sys.modules)))"],
+        capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert json.loads(loaded.stdout.splitlines()[-1]) == []
+
+
+def _without_pipeline(*args: str) -> subprocess.CompletedProcess:
+    """The console script's main with the pipeline's modules absent (as in the slim install)."""
+    code = ("import sys\n"
+            f"for name in {PIPELINE_IMPORTS!r}: sys.modules[name] = None\n"
+            "from tilecast.flows.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("command", [["run", "--config", "tiny"],
+                                     ["run", "--plain", "--config", "tiny"],
+                                     ["fleet", "--store", "store"],
+                                     ["worker", "--pool", "pool"]])
+def test_the_dag_s_commands_name_the_extra_when_it_is_missing(command, tmp_path):
+    refused = _without_pipeline(*command, *(["--workdir", str(tmp_path / "w")]
+                                            if command[0] == "run" else []))
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"tilecast {command[0]}: error: needs the pipeline extra")
+    assert lines[0].endswith("pip install 'tilecast[pipeline]'")
+    assert "prefect" in lines[0] or command[1] == "--plain"
+    assert not (tmp_path / "w").exists()   # refused before any work
+
+
+def test_the_version_answers_without_the_pipeline():
+    answered = _without_pipeline("--version")
+    assert answered.returncode == 0, answered.stderr[-3000:]
+    assert answered.stdout.startswith(f"tilecast {tilecast.__version__}")
+
+
+def test_an_unknown_pipeline_module_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown pipeline modules \\['pandas'\\]"):
+        extras.missing("pandas")

@@ -28,7 +28,8 @@ from pydantic_core import PydanticCustomError
 
 from tilecast.config.run import MAX_PROBLEMS, ConfigError, NightSettings, RunConfig
 from tilecast.measurement.protocol import Protocol
-from tilecast.families import FAMILIES, disco_kernels, gemm, grouped_conv, grouped_conv_kernels
+from tilecast.families import FAMILIES, gemm, grouped_conv
+from tilecast.spaces import disco as disco_kernels, grouped_conv as grouped_conv_kernels
 from tilecast.families.disco import BASIS_ALIASES, DiscoFamily
 from tilecast.families.gemm import GemmFamily
 from tilecast.families.grouped_conv import GroupedConvFamily

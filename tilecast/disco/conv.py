@@ -18,7 +18,7 @@ switches as the seed prescribes (fused=None, the default, decides the first swit
     neither           ops.disco_contraction, then the mix
 
 The unfused paths run their variant through the table of tilecast.disco.variants (one row per
-variant of the kernel space, tilecast.families.disco_kernels), never an if on its name.
+variant of the kernel space, tilecast.spaces.disco), never an if on its name.
 
 The unfused paths' backward runs the line-blocked transpose where psi's transpose has that
 layout (CPU, tilecast.disco.lines: dense filters such as the downsampling ones; built at the

@@ -1,10 +1,10 @@
 """What runs each variant of the DISCO kernel space in DiscoConvS2's unfused paths.
 
-The kernel space (tilecast.families.disco_kernels: VARIANTS, TILES) names each direction's
+The kernel space (tilecast.spaces.disco: VARIANTS, TILES) names each direction's
 variants; FORWARD and BACKWARD here hold one row per variant, the op that runs it, and
 DiscoConvS2 dispatches through them, never on names: a new variant is its rows there and one
 row here (tests/test_disco_paths.py checks that both name the same variants). This table
-cannot live in disco_kernels.py itself: the ops import torch, the kernel space must not.
+cannot live in tilecast/spaces/disco.py itself: the ops import torch, the kernel space must not.
 
     FORWARD[variant](x, psi, packed, kernel_size, nlat_out, nlon_out, tile, gradient)
         x (B, C, nlat_in, nlon_in) -> (B, C, K, nlat_out, nlon_out) on that variant's kernel:
@@ -25,7 +25,7 @@ from torch import Tensor
 from tilecast.disco import ops
 from tilecast.disco.kpacked import KPacked
 from tilecast.disco.lines import LineBlocked
-from tilecast.families.disco_kernels import VARIANTS
+from tilecast.spaces.disco import VARIANTS
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ no sparsity), the activations stored as fp32, bf16 or fp16 (computed in float32)
 precision is a problem field: one binary serves all three.
 
 A kernel is a row of TILES (direction, variant, ISA -> the register tiles the library
-instantiates; tilecast/families/disco_kernels.py) and a latitude block (latitudes per OpenMP
+instantiates; tilecast/spaces/disco.py) and a latitude block (latitudes per OpenMP
 work item, a run-time argument of the kernels). Variants:
 
   csr      psi in CSR, one row per basis function; tile BT channels x NV vectors of output
@@ -32,7 +32,7 @@ runtime runs the same tile through the tilecast.disco.native entry RUNTIME names
 there, and tests/test_disco_family.py checks they agree). Adding a variant is a row of VARIANTS
 and TILES, its layout in `prepare`, and its branch in disco_bench.cpp.
 
-The problem (DiscoProblem), the precisions and the bases are in disco_kernels.py, which the
+The problem (DiscoProblem), the precisions and the bases are in tilecast/spaces/disco.py, which the
 feature engine reads too. tilecast.disco (psi, grids, bases, the reference) and torch are
 imported inside the functions that build psi or inputs: importing this module (tilecast.families
 does, for the dispatcher and the CLI) must not import torch.
@@ -51,7 +51,8 @@ import numpy as np
 
 from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
                                     PreparedProblem, reject_unknown, table_choice)
-from tilecast.families.disco_kernels import (BASES, DIRECTIONS, ELEMENT_BYTES, ISA_FLAGS, ISAS,
+from tilecast.features.disco import DiscoFeatureEngine
+from tilecast.spaces.disco import (BASES, DIRECTIONS, ELEMENT_BYTES, ISA_FLAGS, ISAS,
                                              LAT_BLOCKS, PRECISIONS, TILES, UNUSED_TILE_FIELD,
                                              VARIANTS, DiscoConfig, DiscoProblem, kernel_name,
                                              kernel_size, parse_kernel_name, shape_tuple,
@@ -67,7 +68,7 @@ NORM_MODE = "mean"
 LINE_BLOCK = 4
 
 
-# -- problems (DiscoProblem: tilecast/families/disco_kernels.py) ---------------------------
+# -- problems (DiscoProblem: tilecast/spaces/disco.py) ---------------------------
 
 _choice = table_choice
 
@@ -465,8 +466,4 @@ class DiscoFamily(FamilyBase):
                     stored, *th_psi, psi.kernel_size, p.nlat_in, p.nlon_in))
 
     def feature_engine(self, hardware: Mapping):
-        # not at the top: tilecast.features.disco imports tilecast.families.disco_kernels,
-        # whose package (tilecast/families/__init__.py) imports this module
-        from tilecast.features.disco import DiscoFeatureEngine
-
         return DiscoFeatureEngine(hardware)

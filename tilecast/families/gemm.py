@@ -12,7 +12,8 @@ from typing import Any, Mapping, Sequence
 from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
                                     PreparedProblem, integer_field, library_timer,
                                     reject_unknown, table_choice)
-from tilecast.families.gemm_isa import DTYPES, ISAS, LAYOUTS, PARALLEL, Dtype, Isa  # noqa: F401
+from tilecast.features.gemm import GemmFeatureEngine
+from tilecast.spaces.gemm import DTYPES, ISAS, LAYOUTS, PARALLEL, Dtype, Isa  # noqa: F401
 
 
 @dataclass(frozen=True, order=True)
@@ -312,9 +313,6 @@ class GemmFamily(FamilyBase):
         return "torch.matmul", lambda: torch.matmul(a, b, out=out)
 
     def feature_engine(self, hardware: Mapping):
-        # here, not at the top: features -> families/__init__ -> this module
-        from tilecast.features.gemm import GemmFeatureEngine
-
         return GemmFeatureEngine(hardware)
 
 

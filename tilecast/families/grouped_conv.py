@@ -6,7 +6,7 @@ a 2D problem has Di = Z = 1, stride_d = dilation_d = 1 and pad_d = 0. Kernels ar
 direction is registered; they share this module's tables and those of the kernel space.
 
 Two kernel-name flavours are read by one parser driven by `NAME_FLAVOURS`
-(tilecast/families/grouped_conv_kernels.py, with the table of valid variants): tilecast's own
+(tilecast/spaces/grouped_conv.py, with the table of valid variants): tilecast's own
 variants (`GroupedConvConfig`) and the CK tile engine's (`TileEngineConvConfig`), whose
 benchmark CSVs `tilecast.stages.convert_ck` imports. Only tilecast's own variants can be built.
 """
@@ -20,7 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError, PreparedProblem,
                                     integer_field, library_timer, reject_unknown, table_choice)
-from tilecast.families.grouped_conv_kernels import (DIRECTIONS, DTYPES, GEMM_PIPELINES, NDIMS,
+from tilecast.features.grouped_conv import GroupedConvFeatureEngine
+from tilecast.spaces.grouped_conv import (DIRECTIONS, DTYPES, GEMM_PIPELINES, NDIMS,
                                                     PIPELINE_VARIANTS, PIPELINES, REQUIRED_FLAGS,
                                                     TILE_ENGINE_DTYPES, WAVE_MODES,
                                                     GroupedConvConfig, kernel_name,
@@ -422,9 +423,6 @@ class GroupedConvFamily(FamilyBase):
             list(mask))
 
     def feature_engine(self, hardware: Mapping):
-        # here, not at the top: features -> families/__init__ -> this module
-        from tilecast.features.grouped_conv import GroupedConvFeatureEngine
-
         return GroupedConvFeatureEngine(hardware)
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tilecast.families.disco_kernels import (BASES, ELEMENT_BYTES, LANES, PRECISIONS, VARIANTS,
+from tilecast.spaces.disco import (BASES, ELEMENT_BYTES, LANES, PRECISIONS, VARIANTS,
                                              DiscoConfig, DiscoProblem)
 from tilecast.features.hardware import HARDWARE_FEATURES, EngineBase
 

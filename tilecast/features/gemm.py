@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tilecast.families.gemm_isa import DTYPES, ISAS, LAYOUTS
+from tilecast.spaces.gemm import DTYPES, ISAS, LAYOUTS
 from tilecast.features.formula import (Evaluator, Formula, apply, hardware_field,
                                        kernel_column, problem_field)
 from tilecast.features.hardware import EngineBase, names

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tilecast.families.grouped_conv_kernels import GroupedConvConfig, TileEngineConvConfig
+from tilecast.spaces.grouped_conv import GroupedConvConfig, TileEngineConvConfig
 from tilecast.features.hardware import EngineBase, evaluate, names
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "bf8": 1}

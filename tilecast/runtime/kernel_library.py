@@ -27,8 +27,8 @@ from typing import Callable
 
 from tilecast.core import hardware
 from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, COMPILER_ENV
-from tilecast.families.gemm_isa import DTYPES, ISAS
-from tilecast.families.grouped_conv_kernels import REQUIRED_FLAGS
+from tilecast.spaces.gemm import DTYPES, ISAS
+from tilecast.spaces.grouped_conv import REQUIRED_FLAGS
 from tilecast.stages import build
 from tilecast.runtime.native.library import compiler
 

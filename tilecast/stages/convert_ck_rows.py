@@ -24,7 +24,7 @@ import pandas as pd
 from tilecast.core.dataset import DatasetError
 from tilecast.core.family import FamilyError
 from tilecast.families.grouped_conv import SPATIAL_D_DEFAULTS
-from tilecast.families.grouped_conv_kernels import parse_kernel_name
+from tilecast.spaces.grouped_conv import parse_kernel_name
 
 CK_COLUMNS = ("kernel", "problem_idx", "N", "C", "K", "G", "Di", "Hi", "Wi", "Z", "Y", "X",
               "stride_d", "stride_h", "stride_w", "pad_d", "pad_h", "pad_w", "dilation_d",

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from tilecast.families import get_family
 from tilecast.families.grouped_conv import JOB_FIELDS, geometry_reason
-from tilecast.families.grouped_conv_kernels import DIRECTIONS
+from tilecast.spaces.grouped_conv import DIRECTIONS
 from tilecast.runtime.ops.choice import load_kernel, needs_custom_op, select
 
 CONV = {direction: get_family(f"grouped_conv_{direction}") for direction in DIRECTIONS}

@@ -224,7 +224,7 @@ def _read_sweep(raw: RawFile, frame: pd.DataFrame, device: str | None) -> Parsed
 
 def _read_grouped_conv(raw: RawFile, frame: pd.DataFrame, device: str | None) -> Parsed:
     from tilecast.core.dataset import DatasetError
-    from tilecast.families.grouped_conv_kernels import TileEngineConvConfig
+    from tilecast.spaces.grouped_conv import TileEngineConvConfig
     from tilecast.stages.convert_ck_rows import SHAPE_COLUMNS, parse_conv_csv
 
     try:   # the one parser of these CSVs, which `tilecast convert --from ck-csv` reads with
@@ -286,7 +286,7 @@ def gemm_fields(name: str) -> dict | None:
 
 def conv_fields(name: str) -> dict:
     """The configuration fields of a tile-engine grouped-conv kernel name."""
-    from tilecast.families.grouped_conv_kernels import parse_kernel_name
+    from tilecast.spaces.grouped_conv import parse_kernel_name
 
     cfg = parse_kernel_name(name)
     return {"block": cfg.block, "tile_m": cfg.tile_m, "tile_n": cfg.tile_n,
