@@ -1,8 +1,6 @@
 """The benchmark dataset: record schema, status codes and the derived tables every stage reads.
 
-The status codes are tilecast's one vocabulary (STATUS_TABLE): a benchmark record's, an
-imported table dataset's (tilecast.table.dataset) and, beside them, a build's outcome
-(BUILD_STATUSES, a different thing: what happened to a candidate's compilation).
+The status codes are tilecast's one vocabulary, in tilecast.core.status (re-exported here).
 
 One row per benchmark record (a kernel measured on a problem in one phase). Stages after
 `convert` read the parquet file through `load` and derive what they need here, so the
@@ -22,7 +20,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from tilecast.core import stats
+from tilecast.core import stats, tune
+from tilecast.core.status import (  # noqa: F401  (the record's vocabulary, read from here too)
+    BUILD_STATUSES, LEGACY_STATUSES, STATUS_TABLE, STATUSES, TABLE_STATUSES, USAGE_ERROR, Status,
+    current_statuses, is_usage_error)
 
 # 2: records say how their samples were timed (`timing`, one of TIMINGS); version 1 records
 # convert with a warning, as `isolated` (the only protocol there was)
@@ -30,60 +31,6 @@ from tilecast.core import stats
 # `build_key` (the build cache key of the candidate's binary; None for peers and imports).
 # Older records convert with a warning, both None; a resumed benchmark never reuses them.
 SCHEMA_VERSION = 3
-
-
-@dataclass(frozen=True)
-class Status:
-    """One status code: what it means, and whether a benchmark record (`record`) and an
-    imported table dataset's row (`table`) may hold it."""
-    name: str
-    meaning: str
-    record: bool = True
-    table: bool = True
-
-
-# What happened to one kernel (configuration) on one problem: the single table of status
-# codes. `ok` is the only one whose time counts; the others are kept so that nothing that
-# failed or could not run there is ever chosen there.
-STATUS_TABLE = (
-    Status("ok", "it ran, its output checked, and its time counts"),
-    Status("build_failed", "it did not compile"),
-    Status("unsupported", "it cannot run this problem (its constraints, or the harness "
-                          "refused the problem)"),
-    Status("wrong_result", "it ran, but its output was wrong"),
-    Status("timeout", "it ran past its time limit"),
-    Status("crashed", "it ran and died, or gave no usable time"),
-    Status("failed", "the source says it failed without saying how (its reason keeps what "
-                     "the source said); tilecast's own records always know how", record=False),
-)
-# A benchmark record's statuses (convert checks them) and an imported table row's.
-STATUSES = tuple(s.name for s in STATUS_TABLE if s.record)
-TABLE_STATUSES = tuple(s.name for s in STATUS_TABLE if s.table)
-# Names table datasets written before the one vocabulary hold; `current_statuses` reads them.
-LEGACY_STATUSES = {"invalid": "unsupported", "compile_failed": "build_failed",
-                   "runtime_failed": "crashed"}
-
-# What the build made of one candidate (tune.BuildEvent): `ok` (a binary), `failed` (the
-# compiler refused it or died; its records say `build_failed`), `rejected` (examined and
-# turned down before compiling, e.g. by its constraints). A build's outcome, not a measurement's.
-BUILD_STATUSES = ("ok", "failed", "rejected")
-
-# The reason of a job the harness refused to run because its command line was bad (it exits
-# 2 and prints its usage): the record says `crashed`, but no kernel ran; see is_usage_error.
-USAGE_ERROR = "harness usage error"
-
-
-def is_usage_error(reason) -> bool:
-    """Whether an outcome's (or a record's) reason says the harness refused its command line:
-    nothing was measured, so such a record never stands for a measurement."""
-    return isinstance(reason, str) and reason.startswith(USAGE_ERROR)
-
-
-def current_statuses(statuses: pd.Series) -> pd.Series:
-    """`statuses` with the names of the vocabulary before STATUS_TABLE (LEGACY_STATUSES:
-    `compile_failed`, `invalid`, `runtime_failed`) spelled as today's; the one place an old
-    dataset's statuses are read."""
-    return statuses.replace(LEGACY_STATUSES)
 
 
 # Phases: `screen` measures every candidate; `confirm` re-measures finalists with fresh samples.
@@ -260,7 +207,6 @@ def winners(final: pd.DataFrame, tie_threshold_pct: float,
     if secondary is None and "binary_bytes" in final.columns:
         sizes = final.dropna(subset=["binary_bytes"]).drop_duplicates("kernel")
         secondary = dict(zip(sizes["kernel"], sizes["binary_bytes"].astype(float)))
-    from tilecast.core import tune   # tune reads BUILD_STATUSES from here
 
     secondary = secondary or {}
     result: dict[str, Winner] = {}

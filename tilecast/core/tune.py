@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tilecast.core import stats
-from tilecast.core.dataset import BUILD_STATUSES   # the one table of status codes
+from tilecast.core.status import BUILD_STATUSES   # the one table of status codes
 
 __all__ = [
     "BUILD_STATUSES",
