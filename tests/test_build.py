@@ -122,6 +122,21 @@ def test_shared_mode_keys_differ_and_an_older_tree_builds_executables_only(tmp_p
     assert rebased.unit is None
 
 
+def test_a_tree_from_before_the_family_folders_rebases_to_its_flat_files(tmp_path):
+    """A revision from before kernels/cpu/<family>/ (tilecast rebench --base): its sources
+    and include directory are the flat kernels/cpu/ files of the same names."""
+    spec = GEMM.build_spec(CFG)
+    flat = tmp_path / "kernels" / "cpu"
+    flat.mkdir(parents=True)
+    for path in (KERNELS_DIR / "cpu").glob("*/*"):
+        shutil.copy(path, flat / path.name)
+    spec = replace(spec, include_dirs=(KERNELS_DIR / "cpu" / "gemm",))
+    rebased = rebase_spec(spec, tmp_path / "kernels")
+    assert rebased.source == flat / spec.source.name
+    assert rebased.library_source == flat / spec.library_source.name
+    assert rebased.include_dirs == (flat,)
+
+
 def test_executable_and_library_are_linked_from_one_compile_of_the_variant(tmp_path,
                                                                          monkeypatch):
     """A GEMM variant's unit (gemm_variant.cpp: its job runner and its in-process entry) is

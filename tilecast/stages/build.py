@@ -115,10 +115,18 @@ def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
     binary and an identical one shares the project's."""
     def moved(path: Path) -> Path:
         try:
-            return Path(kernels_dir) / Path(path).resolve().relative_to(KERNELS_DIR.resolve())
+            relative = Path(path).resolve().relative_to(KERNELS_DIR.resolve())
         except ValueError:
             raise ValueError(f"build source {path} is not under {KERNELS_DIR}: it cannot be "
                              f"taken from another kernels tree ({kernels_dir})") from None
+        target = Path(kernels_dir) / relative
+        directory = Path(path).is_dir()
+        if not target.exists() and len(relative.parts) > (1 if directory else 2):
+            # a tree from before kernels/cpu/<family>/: every CPU file in kernels/cpu itself
+            flat = Path(kernels_dir) / relative.parts[0]
+            flat = flat if directory else flat / relative.name
+            return flat if flat.exists() else target
+        return target
 
     source = moved(spec.source)
     if not source.exists():
