@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tilecast.core import hardware  # noqa: E402
 from tilecast.config import load_config  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
-from tilecast.stages import build  # noqa: E402
+from tilecast.core import build  # noqa: E402
 from tilecast.workflows.pipeline import budgeted  # noqa: E402
 
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")

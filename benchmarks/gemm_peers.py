@@ -49,7 +49,8 @@ from tilecast.core import hardware, tune
 from tilecast.measurement import probe  # noqa: E402
 from tilecast.config import load_config  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
-from tilecast.stages import build, roofline  # noqa: E402
+from tilecast.core import build  # noqa: E402
+from tilecast.stages import roofline  # noqa: E402
 
 GEMM = get_family("gemm")
 DEFAULT_SHAPES = ("512x512x512", "1024x1024x1024", "2048x2048x2048", "512x2048x1024",

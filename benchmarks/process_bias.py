@@ -48,7 +48,7 @@ from tilecast.measurement import interleave  # noqa: E402
 from tilecast.config import load_config  # noqa: E402
 from tilecast.measurement.protocol import Protocol  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
-from tilecast.stages import build  # noqa: E402
+from tilecast.core import build  # noqa: E402
 
 GEMM = get_family("gemm")
 ROBUST = 1.4826   # MAD to sd for normal data

@@ -28,7 +28,8 @@ from rich.console import Console
 from rich.file_proxy import FileProxy
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
 
-from tilecast.stages import bench, build
+from tilecast.core import build
+from tilecast.stages import bench
 
 log = logging.getLogger("tilecast.progress")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tilecast.core import hardware
-from tilecast.stages.build import DEFAULT_FLAGS
+from tilecast.core.build import DEFAULT_FLAGS
 from tilecast.core.family import KERNELS_DIR
 
 FIXTURES = Path(__file__).parent / "fixtures"

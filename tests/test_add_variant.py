@@ -15,7 +15,7 @@ from gemm_checks import expect_gemm_matches_torch
 from tilecast.measurement.protocol import Protocol
 from tilecast.core.family import KERNELS_DIR
 from tilecast.families.gemm import MicroKernel
-from tilecast.stages.build import DEFAULT_FLAGS, build_candidates, cache_key
+from tilecast.core.build import DEFAULT_FLAGS, build_candidates, cache_key
 
 GEMM = gemm.FAMILY
 NEW_ROW = MicroKernel("avx2", 5, 16)       # 5*2 + 2 + 1 = 13 of AVX2's 16 registers

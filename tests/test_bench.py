@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tilecast.stages.bench import BenchSettings, benchmark
-from tilecast.stages.build import Built, build_candidates
+from tilecast.core.build import Built, build_candidates
 from tilecast.stages.convert import convert_raw
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig

@@ -21,7 +21,7 @@ import pytest
 from faults import note_case
 from tilecast.cli import user_errors
 from tilecast.core import compile as compiling
-from tilecast.stages.build import (SHARED_FLAGS, BuildError, build_candidates, cache_key,
+from tilecast.core.build import (SHARED_FLAGS, BuildError, build_candidates, cache_key,
                                    first_error_line, read_events, rebase_spec, require_some_built,
                                    source_root, write_events)
 from tilecast.families import get_family

@@ -22,7 +22,7 @@ import sys
 import pytest
 import torch
 
-from tilecast.stages import build
+from tilecast.core import build
 from tilecast.disco import DiscoConvS2, compute_psi, csr_from_psi, cuda, ops, reference
 
 NVCC = shutil.which(os.environ.get(cuda.NVCC_ENV) or "nvcc")

@@ -13,7 +13,7 @@ from tilecast.measurement.protocol import Protocol
 from tilecast.core.family import KERNELS_DIR
 from tilecast.families import get_family
 from tilecast.families.gemm import ISAS, GemmConfig, micro_tiles
-from tilecast.stages.build import DEFAULT_FLAGS, build_candidates
+from tilecast.core.build import DEFAULT_FLAGS, build_candidates
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -518,7 +518,7 @@ def built_conv(build_cache, hw):
         pytest.skip(f"{KERNEL_SOURCE} is not written yet")
     if not set(REQUIRED_FLAGS) <= set(hw["flags"]):
         pytest.skip(f"the grouped-conv kernels need {', '.join(REQUIRED_FLAGS)}, which this CPU lacks")
-    from tilecast.stages.build import build_candidates
+    from tilecast.core.build import build_candidates
 
     by_direction = {}
     results = build_candidates(FORWARD, KERNEL_VARIANTS, build_cache, jobs=2)

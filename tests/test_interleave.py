@@ -14,7 +14,7 @@ import torch
 from tilecast.stages import bench
 from tilecast.measurement import interleave
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
-from tilecast.stages.build import build_candidates
+from tilecast.core.build import build_candidates
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
 from tilecast.families.grouped_conv import GroupedConvConfig

@@ -31,7 +31,7 @@ from tilecast.families.gemm import GemmConfig
 from tilecast.spaces.disco import DiscoConfig
 from tilecast.spaces.grouped_conv import GroupedConvConfig
 from tilecast.runtime.native import library as runtime_native
-from tilecast.stages.build import DEFAULT_FLAGS
+from tilecast.core.build import DEFAULT_FLAGS
 
 # target -> (flags in place of -march=native, the ISA the kernels' configs name)
 TARGETS = {

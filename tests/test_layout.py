@@ -12,7 +12,8 @@ from tilecast.core.device import default_device, device_tag, lock_dir
 from tilecast.core.settings import Settings
 from tilecast.registry.cache import default_cache_dir as registry_cache_dir
 from tilecast.runtime.dispatch import INVERSE_TRANSFORMS
-from tilecast.stages import build, layout
+from tilecast.core import build
+from tilecast.stages import layout
 from tilecast.stages.bench import BenchSettings
 from tilecast.stages.train import TARGETS
 

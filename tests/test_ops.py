@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tilecast.stages import build
+from tilecast.core import build
 from tilecast.core import hardware
 from tilecast.runtime import kernel_library, ops
 from tilecast.registry import api as registry

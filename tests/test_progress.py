@@ -50,8 +50,8 @@ def test_a_terminal_bar_follows_the_steps_and_ends_full(caplog):
     assert "4/4" in final and final.endswith("100%")
     # the stage's log lines, exactly as its default progress writes them
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
-        ("tilecast.stages.build", "build 1/4 gemm_a cached"),
-        ("tilecast.stages.build", "build 2/4 gemm_b 1.5s")]
+        ("tilecast.core.build", "build 1/4 gemm_a cached"),
+        ("tilecast.core.build", "build 2/4 gemm_b 1.5s")]
 
 
 def test_a_stage_that_fails_leaves_its_bar_where_it_was():
@@ -84,7 +84,7 @@ def test_log_lines_print_above_the_bars_while_they_show(caplog):
     caplog.set_level(logging.INFO, logger="tilecast")
     console, out = _terminal()
     handler = logging.StreamHandler(out)
-    logger = logging.getLogger("tilecast.stages.build")
+    logger = logging.getLogger("tilecast.core.build")
     logger.addHandler(handler)
     try:
         with StageProgress("build", "gemm", console=console) as progress:

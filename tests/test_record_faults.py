@@ -21,7 +21,7 @@ from tilecast.measurement.rawlog import RawLogError, RawWriter, read_log, read_r
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
 from tilecast.stages.bench import BenchSettings, benchmark
-from tilecast.stages.build import build_candidates
+from tilecast.core.build import build_candidates
 
 GEMM = get_family("gemm")
 PROTOCOL = {"warmup_ms": 1, "min_sample_ms": 1, "samples": 3, "threads": 2, "timeout_s": 10}
@@ -39,7 +39,7 @@ from pathlib import Path
 from tilecast.measurement.protocol import Protocol
 from tilecast.families import get_family
 from tilecast.stages.bench import BenchSettings, benchmark
-from tilecast.stages.build import build_candidates
+from tilecast.core.build import build_candidates
 
 spec = json.loads(sys.argv[1])
 family = get_family("gemm")

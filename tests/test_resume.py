@@ -23,7 +23,7 @@ from tilecast.measurement.rawlog import read_records
 from tilecast.families import get_family
 from tilecast.families.gemm import GemmConfig
 from tilecast.stages.bench import BenchSettings, benchmark
-from tilecast.stages.build import build_candidates
+from tilecast.core.build import build_candidates
 from tilecast.stages.convert import convert_raw
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """The one compile-and-cache of tilecast: a C++ (or CUDA) source compiled into a
-content-addressed cache. The build stage's variants (tilecast.stages.build), the in-process
+content-addressed cache. The build stage's variants (tilecast.core.build), the in-process
 kernels (tilecast.runtime.kernel_library, through the build stage), the native dispatcher's
 libraries (tilecast.runtime.native.library) and the DISCO libraries (tilecast.disco.native,
 tilecast.disco.cuda, tilecast.measurement.probe) are all built by `cached_compile`.

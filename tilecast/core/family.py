@@ -62,7 +62,7 @@ def integer_field(context: str, name: str, value, minimum: int | None = None) ->
 class BuildSpec:
     """What the builder compiles for one candidate: a source file and its -D defines.
     `library_source`, where the family has one, is the in-process entry over the same kernel
-    code, compiled with the same defines into a shared library (tilecast.stages.build, shared mode).
+    code, compiled with the same defines into a shared library (tilecast.core.build, shared mode).
     `unit`, where the family has one, is both in one translation unit: the builder compiles it
     once into an object and links the executable and the library from it."""
     source: Path

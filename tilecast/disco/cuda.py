@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from tilecast.core import resources
-from tilecast.stages import build
+from tilecast.core import build
 from tilecast.disco import native
 from tilecast.disco.native import DiscoBuildError
 

@@ -19,7 +19,7 @@ import torch
 from tilecast.core import compile as compiling
 from tilecast.core.settings import CACHE_ENV, COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.family import KERNELS_DIR
-from tilecast.stages import build
+from tilecast.core import build
 
 SOURCE = KERNELS_DIR / "cpu" / "disco" / "disco_csr.cpp"
 FLAGS = (*build.DEFAULT_FLAGS, "-shared", "-fPIC")

@@ -3,7 +3,7 @@ through ctypes, so that tilecast.runtime.ops runs the very kernel the benchmark 
 
 A variant's library is its family's in-process entry (the BuildSpec's `library_source`,
 kernels/cpu/<family>/*_lib.cpp: the benchmark's kernel code and -D defines behind a C entry)
-built by tilecast.stages.build in shared mode, through tilecast.core.compile like every
+built by tilecast.core.build in shared mode, through tilecast.core.compile like every
 compile of tilecast (linked from the variant's one compiled object where the family has one
 unit for both, as gemm and grouped_conv do), into the build cache: `cache_dir` when given,
 else build.default_cache_dir() ($TILECAST_BUILD_CACHE, else $TILECAST_CACHE/build, else
@@ -29,7 +29,7 @@ from tilecast.core import hardware
 from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, COMPILER_ENV
 from tilecast.spaces.gemm import DTYPES, ISAS
 from tilecast.spaces.grouped_conv import REQUIRED_FLAGS
-from tilecast.stages import build
+from tilecast.core import build
 from tilecast.runtime.native.library import compiler
 
 #: what a nonzero return of an entry means (enum entry::Status in kernels/cpu/common/inprocess_entry.hpp)

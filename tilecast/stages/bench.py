@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from tilecast.stages import build
+from tilecast.core import build
 from tilecast.core import stats, tune
 from tilecast.measurement import interleave
 from tilecast.core.dataset import SCHEMA_VERSION

@@ -26,7 +26,8 @@ from tilecast.registry import api as registry
 from tilecast.registry import classes as registry_classes
 from tilecast.runtime import gate as promotion
 from tilecast.registry.api import normalize_root
-from tilecast.stages import build, layout, roofline
+from tilecast.core import build
+from tilecast.stages import layout, roofline
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
 from tilecast.measurement.interleave import supports as interleave_supported
 from tilecast.stages.convert import convert_raw

@@ -47,7 +47,8 @@ from tilecast.measurement.rawlog import read_records
 from tilecast.families import get_family
 from tilecast.core.family import KERNELS_DIR, FamilyError
 from tilecast.runtime.dispatch import parse_problem
-from tilecast.stages import build, layout
+from tilecast.core import build
+from tilecast.stages import layout
 from tilecast.stages.bench import BenchSettings, benchmark
 from tilecast.workflows import regression
 from tilecast.workflows.pipeline import RunContext, select_candidates

@@ -29,7 +29,8 @@ from tilecast.config import load_config, read_problem_file
 from tilecast.core.device import default_device, exclusive
 from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher
-from tilecast.stages import build, layout
+from tilecast.core import build
+from tilecast.stages import layout
 from tilecast.stages.bench import BenchSettings, benchmark, in_process_libraries
 from tilecast.stages.convert import convert_raw
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tilecast.core import compile as compiling
 from tilecast.core.settings import COMPILER_ENV, settings  # noqa: F401 - re-exported
-from tilecast.stages import build
+from tilecast.core import build
 
 NATIVE_DIR = Path(__file__).resolve().parent
 CACHE_ENV = build.CACHE_ENV

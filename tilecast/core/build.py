@@ -1,4 +1,5 @@
-"""Build stage: compile a family's candidate variants into a content-hash cache.
+"""Building kernels (the build stage's machinery, and the in-process libraries' too): compile a
+family's candidate variants into a content-hash cache.
 
 Every compile goes through tilecast.core.compile.cached_compile, which the in-process and
 native libraries use too: the key covers the source and every header the compiler reports it
@@ -43,7 +44,7 @@ from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, settings  # noqa:
 from tilecast.core.tune import BuildEvent
 from tilecast.core.family import KERNELS_DIR, BuildSpec, FamilyError
 
-log = logging.getLogger("tilecast.stages.build")
+log = logging.getLogger("tilecast.core.build")
 
 DEFAULT_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-DNDEBUG")
 SHARED_FLAGS = ("-shared", "-fPIC")   # appended in shared mode
