@@ -94,7 +94,7 @@ def _check_writable(path: Path, what: str) -> None:
         raise CliError(f"{what} {path}: {existing} is not writable (permission denied)")
 
 
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # core.config.CONFIG_SUFFIXES
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # tilecast.config.CONFIG_SUFFIXES
 
 
 def config_arg(value: str | Path) -> str:

@@ -10,7 +10,7 @@ checks) after weighing its operands against this machine's memory, and `candidat
 the family's space for at least one kernel. Every message reads
 `<file>: <key path>: <what is wrong>`, naming the bad value and what is allowed.
 
-tilecast.core.config reads the files and calls this module; it imports it only when a config
+tilecast.config.load reads the files and calls this module; it imports it only when a config
 is read, so that importing the config module (every CLI command does) does not import pydantic.
 """
 import functools
@@ -148,7 +148,7 @@ WARM_START = _rule(str | int | None, "a registry alias (letters, digits, _ . -) 
                    "number >= 1",
                    lambda v: v is None or (_is_whole(v) and v >= 1)
                    or (isinstance(v, str) and bool(NAME_RE.match(v)) and v not in (".", "..")))
-# a family's workload file: a problems file (tilecast.core.config.read_problem_file), relative
+# a family's workload file: a problems file (tilecast.config.load.read_problem_file), relative
 # to the config's directory unless absolute
 WORKLOAD = _rule(str | None, "a problems file's path (relative to the config)",
                  lambda v: v is None or (isinstance(v, str) and bool(v.strip())))
@@ -162,7 +162,7 @@ NIGHT_RULES = {
                                                     ge=0, le=1),
     "explore": whole(1, MAX_PROBLEMS), "members": whole(2, 64)}
 NIGHT_DEFAULTS = {f.name: f.default for f in dataclass_fields(NightSettings)}
-# the problem field rule of a family-less check (tilecast.core.config.expand_problems without
+# the problem field rule of a family-less check (tilecast.config.load.expand_problems without
 # a family): any scalar, the family checks it later
 SCALAR = _rule(str | int | float, "a string or a number",
                lambda v: isinstance(v, str) or _is_number(v))
