@@ -255,6 +255,45 @@ def build_library(family, config, cache_dir: Path | None = None, *, compiler: st
     return _compile(family, config, cache_dir, compiler, tuple(flags), timeout_s, shared=True)
 
 
+class LibraryBuildError(RuntimeError):
+    """A shared library called through ctypes (DISCO's kernels, the machine's probe) could not
+    be compiled."""
+
+
+#: a shared library's flags, its compile's time limit, and the compiler output an error quotes
+LIBRARY_FLAGS = (*DEFAULT_FLAGS, *SHARED_FLAGS)
+LIBRARY_TIMEOUT_S = 300.0
+LIBRARY_STDERR_LINES = 12
+
+
+def shared_library(source: Path, cxx: str | None = None, directory: Path | None = None,
+                   flags: tuple[str, ...] = LIBRARY_FLAGS, toolchain: str = "",
+                   error: type[Exception] = LibraryBuildError) -> Path:
+    """Path of the shared library built from `source`, compiling it unless cached (in
+    `directory`, default $TILECAST_CACHE/disco). `toolchain` joins the cache key: what else
+    changes the binary that `cxx --version` does not name. `error` (LibraryBuildError by
+    default) names the compiler and quotes the first lines of its error output, or says that
+    the compile timed out or was killed (not cached: the next call compiles again)."""
+    cxx = cxx or settings().compiler
+    directory = Path(directory) if directory is not None else settings().cache_root / "disco"
+    job = compiling.CompileJob(source, cxx, tuple(flags), suffix=".so", toolchain=toolchain,
+                               root=source_root(source))
+    try:
+        result = compiling.cached_compile(job, directory, LIBRARY_TIMEOUT_S)
+    except RuntimeError as err:  # CompilerUnavailable: no such compiler
+        raise error(str(err)) from None
+    except OSError as err:
+        raise error(f"cannot build {source.name} into {directory}: {err}; set "
+                    f"{CACHE_ENV} to a writable directory") from None
+    if result.ok:
+        return result.artifact
+    first_lines = "\n".join(result.log.strip().splitlines()[:LIBRARY_STDERR_LINES])
+    what = ("failed" if result.outcome == "compile_error"
+            else f"did not finish ({result.outcome.replace('_', ' ')})")
+    raise error(f"compiling {source.name} with {cxx!r} "
+                f"({compiling.compiler_version(cxx)}) {what}:\n{first_lines}")
+
+
 def progress_line(index: int, total: int, built: Built) -> str:
     """A candidate's progress message: `build 3/40 <kernel> 1.2s`, `... cached` or
     `... FAILED (<first line of the reason>)`."""

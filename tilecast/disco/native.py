@@ -16,15 +16,13 @@ from pathlib import Path
 
 import torch
 
-from tilecast.core import compile as compiling
 from tilecast.core.settings import CACHE_ENV, COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.family import KERNELS_DIR
 from tilecast.core import build
 
 SOURCE = KERNELS_DIR / "cpu" / "disco" / "disco_csr.cpp"
-FLAGS = (*build.DEFAULT_FLAGS, "-shared", "-fPIC")
-COMPILE_TIMEOUT_S = 300.0
-_STDERR_LINES = 12
+FLAGS = build.LIBRARY_FLAGS
+COMPILE_TIMEOUT_S = build.LIBRARY_TIMEOUT_S
 
 #: kernel return codes (enum Status in disco_csr.cpp) -> what was wrong
 STATUS_MESSAGES = {
@@ -39,7 +37,7 @@ STATUS_MESSAGES = {
 STORAGE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-class DiscoBuildError(RuntimeError):
+class DiscoBuildError(build.LibraryBuildError):
     """The DISCO kernel library could not be compiled or loaded."""
 
 
@@ -72,29 +70,12 @@ def compiler() -> str:
 def compile_library(source: Path = SOURCE, cxx: str | None = None,
                     directory: Path | None = None, flags: tuple[str, ...] = FLAGS,
                     toolchain: str = "") -> Path:
-    """Path of the shared library built from `source`, compiling it unless cached.
-    `toolchain` joins the cache key: what else changes the binary that `cxx --version` does
-    not name (tilecast/disco/cuda.py passes nvcc's host compiler). DiscoBuildError names the
-    compiler and quotes the first lines of its error output, or says that the compile timed
-    out or was killed (which is not cached: the next call compiles again)."""
-    cxx = cxx or compiler()
-    directory = Path(directory) if directory is not None else cache_dir()
-    job = compiling.CompileJob(source, cxx, tuple(flags), suffix=".so", toolchain=toolchain,
-                               root=build.source_root(source))
-    try:
-        result = compiling.cached_compile(job, directory, COMPILE_TIMEOUT_S)
-    except RuntimeError as err:  # CompilerUnavailable: no such compiler
-        raise DiscoBuildError(str(err)) from None
-    except OSError as err:
-        raise DiscoBuildError(f"cannot build {source.name} into {directory}: {err}; set "
-                              f"{CACHE_ENV} to a writable directory") from None
-    if result.ok:
-        return result.artifact
-    first_lines = "\n".join(result.log.strip().splitlines()[:_STDERR_LINES])
-    what = ("failed" if result.outcome == "compile_error"
-            else f"did not finish ({result.outcome.replace('_', ' ')})")
-    raise DiscoBuildError(f"compiling {source.name} with {cxx!r} "
-                          f"({compiling.compiler_version(cxx)}) {what}:\n{first_lines}")
+    """Path of the shared library built from `source`, compiling it unless cached
+    (tilecast.core.build.shared_library; default directory cache_dir()). `toolchain` joins the
+    cache key (tilecast/disco/cuda.py passes nvcc's host compiler). DiscoBuildError names the
+    compiler and quotes its first error lines, or says the compile timed out or was killed."""
+    return build.shared_library(source, cxx or compiler(), directory or cache_dir(), flags,
+                                toolchain, error=DiscoBuildError)
 
 
 def load_library(path: Path) -> ctypes.CDLL:

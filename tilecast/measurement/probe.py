@@ -1,18 +1,19 @@
 """The machine's ceilings, measured now (kernels/cpu/common/fma_peak.cpp): the CPU's float32 FMA
 throughput (register-only chains of vector FMAs on each thread, the rate no GEMM on this
 machine can pass at that moment) and the memory read bandwidth (each thread streaming its share
-of a buffer larger than the caches: the rate no GEMV can pass). The shared machines tilecast is measured on change speed by 1.5x within minutes, so a
-benchmark that quotes a GEMM bound reads the probe in the same rounds as what it bounds.
+of a buffer larger than the caches: the rate no GEMV can pass). The shared machines tilecast
+is measured on change speed within minutes, so a benchmark that quotes a GEMM bound reads the
+probe in the same rounds as what it bounds.
 
-The library is built on first use into the DISCO kernels' cache (tilecast.disco.native's
-compile_library: content-hash key, atomic rename).
+The library is built on first use into the shared libraries' cache
+(tilecast.core.build.shared_library: content-hash key, atomic rename).
 """
 from __future__ import annotations
 
 import ctypes
 import threading
 
-from tilecast.core import resources
+from tilecast.core import build, resources
 
 SOURCE = resources.kernels_dir() / "cpu" / "common" / "fma_peak.cpp"
 
@@ -24,12 +25,11 @@ def _lib() -> ctypes.CDLL:
     global _library
     with _lock:
         if _library is None:
-            from tilecast.disco import native   # imports torch; only a probe that runs needs it
-            path = native.compile_library(SOURCE)
+            path = build.shared_library(SOURCE)
             try:
                 lib = ctypes.CDLL(str(path))
             except OSError as err:
-                raise native.DiscoBuildError(f"cannot load the FMA probe {path}: {err}") from None
+                raise build.LibraryBuildError(f"cannot load the FMA probe {path}: {err}") from None
             lib.tc_fma_peak.argtypes = [ctypes.c_int, ctypes.c_int64,
                                         ctypes.POINTER(ctypes.c_double),
                                         ctypes.POINTER(ctypes.c_float)]
