@@ -24,7 +24,7 @@ def test_version_prints_the_installed_version_and_the_commit():
     line = result.stdout.decode().strip()
     assert line.startswith(f"tilecast {importlib.metadata.version('tilecast')}")
     if (REPO_ROOT / ".git").exists():   # a checkout: the commit, as git_sha gives it
-        from tilecast.stages.train import git_sha
+        from tilecast.core.artifact import git_sha
 
         assert line.endswith(f"(git {git_sha()[:12]})")
 

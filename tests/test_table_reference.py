@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tilecast.stages.train import ModelArtifactError
+from tilecast.core.artifact import ModelArtifactError
 from tilecast.table.dataset import Column, TableDataError, TableDataset, TableSchema, finish_frame
 from tilecast.table.devices import DeviceTable
 from tilecast.table.model import TableModel, training_rows

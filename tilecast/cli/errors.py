@@ -19,7 +19,7 @@ USER_ERRORS = (
     ("tilecast.registry.base", "RegistryError"),        # registries, versions, aliases
     ("tilecast.runtime.dispatch", "NoKernelError"),     # a problem no kernel of a model runs
     ("tilecast.runtime.export", "ExportError"),         # a model version export cannot carry
-    ("tilecast.stages.train", "ModelArtifactError"),    # a model directory a run left
+    ("tilecast.core.artifact", "ModelArtifactError"),   # a model directory a run left
     ("tilecast.workflows.rebench", "RebenchError"),     # rebench inputs and history
     ("tilecast.workflows.user_eval", "EvaluationError"),  # problems with nothing to score
     ("tilecast.table.transfer", "TransferError"),       # cross-hardware evaluation options

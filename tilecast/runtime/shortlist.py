@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tilecast.core.artifact import SHORTLIST_FILE as FILE
+from tilecast.runtime.query import NoKernelError
 
 FORMAT = "tilecast-shortlist"
 FORMAT_VERSION = 1
@@ -173,8 +174,6 @@ def predicted_efficiency(dispatcher, problems: Sequence) -> tuple[np.ndarray, np
     column = {name: i for i, name in enumerate(names)}
     features, positions = shortlist_features(dispatcher)
     rows, efficiency = [], []
-    from tilecast.runtime.query import NoKernelError
-
     for problem in problems:
         try:
             predicted = dispatcher.predict(problem)

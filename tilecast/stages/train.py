@@ -23,7 +23,7 @@ import pandas as pd
 
 from tilecast.core import stats
 from tilecast.core.atomic import atomic_write_json, atomic_write_text
-from tilecast.core.artifact import (  # noqa: F401  (ModelArtifactError, git_sha: as before)
+from tilecast.core.artifact import (
     FEATURE_SPEC_FILE, MANIFEST_FILE, MODEL_FILE, TARGET_TRANSFORMS, ModelArtifactError,
     git_sha, library_versions)
 

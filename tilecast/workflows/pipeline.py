@@ -34,7 +34,8 @@ from tilecast.stages.convert import convert_raw
 from tilecast.stages.evaluate import (Evaluation, evaluate, peer_ratios, shortlist_metrics,
                                       slice_metrics, static_best)
 from tilecast.stages.report import write_report
-from tilecast.stages.train import ModelSpec, check_warm_start, git_sha, load_predictor, train_model
+from tilecast.core.artifact import git_sha
+from tilecast.stages.train import ModelSpec, check_warm_start, load_predictor, train_model
 from tilecast.store import labels as pooled_labels
 from tilecast.store import nights as store_nights
 from tilecast.store import plan as night_plan
