@@ -16,7 +16,7 @@ mix sets (fp32): its GFLOP against this run's FMA peak (tilecast.measurement.pro
 the fused path's block shape, both read in every round of the module timings, and the best
 ratio th/tilecast any implementation could reach that spends at least that long on the mix,
 with its sparse contractions for free. --mix-gemm runs the fused paths twice more: with their
-mix on a tilecast GEMM kernel alone (+gemm; tilecast.disco.mix: the first of comma-separated
+mix on a tilecast GEMM kernel alone (+gemm; tilecast.runtime.disco.mix: the first of comma-separated
 kernel names, or with registry:PATH the choice of the gemm model published there), and with
 the kernels raced against torch's sgemm at each product shape (+raced, DiscoConvS2's
 mix_gemm: every name given, or the model's best three, and the forward's one-kernel mix
@@ -24,7 +24,7 @@ raced against those products where it applies; each race's medians and winner pr
 it reads the +gemm kernel's rate at the mix's block beside torch's sgemm.
 --mix-torch times the fused paths once more with their mix on torch's sgemm only (+torch):
 by default, where it can, DiscoConvS2 races the kpacked kernel that runs the contraction and
-the mix as one (tilecast.disco.fused) against that, and the race is printed. The
+the mix as one (tilecast.runtime.disco.fused) against that, and the race is printed. The
 configs are DISCO_KERNEL_DEV.md's. --scale s multiplies channels and grid sizes by s and divides theta_cutoff by s, so each filter keeps
 about as many grid points. Figures, not a test.
 """
@@ -45,11 +45,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilecast.measurement import probe  # noqa: E402
-from tilecast.disco import DiscoConvS2, native, ops, reference  # noqa: E402
-from tilecast.disco.fused import block_rows  # noqa: E402
+from tilecast.disco import native, ops, reference  # noqa: E402
+from tilecast.runtime.disco import DiscoConvS2  # noqa: E402
+from tilecast.runtime.disco.fused import block_rows  # noqa: E402
 from tilecast.disco.lines import regroup  # noqa: E402
-from tilecast.disco.fused import KERNEL_SIDE  # noqa: E402
-from tilecast.disco.mix import Mixer  # noqa: E402
+from tilecast.runtime.disco.fused import KERNEL_SIDE  # noqa: E402
+from tilecast.runtime.disco.mix import Mixer  # noqa: E402
 from tilecast.runtime.dispatch import Dispatcher  # noqa: E402
 
 from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402

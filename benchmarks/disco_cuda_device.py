@@ -39,7 +39,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tilecast.disco import DiscoConvS2, cuda, ops, reference  # noqa: E402
+from tilecast.disco import cuda, ops, reference  # noqa: E402
+from tilecast.runtime.disco import DiscoConvS2  # noqa: E402
 
 from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402
 

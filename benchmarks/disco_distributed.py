@@ -7,7 +7,7 @@ the floor of a distributed step's kernel time.
 
 Every shard of a P x Q split (--h-split, --w-split: comma lists, every pair is run) is built
 as its rank would build it, with ShardPosition standing in for the process groups, and is
-given the input the rank holds after the exchanges of tilecast/disco/distributed.py (its
+given the input the rank holds after the exchanges of tilecast/runtime/disco/distributed.py (its
 latitude band, its slice of each group's input channels, whole rings), cut from one full
 input: the communication itself is not run or timed. Per config (seed_configs, --scale as in
 benchmarks/disco.py), split and precision: each shard's local `_contract_and_mix` forward and
@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.disco import median_seconds, rel_error, scaled  # noqa: E402
-from tilecast.disco.distributed import DistributedDiscoConvS2  # noqa: E402
-from tilecast.disco.exchange import ShardPosition  # noqa: E402
+from tilecast.runtime.disco.distributed import DistributedDiscoConvS2  # noqa: E402
+from tilecast.runtime.disco.exchange import ShardPosition  # noqa: E402
 from tilecast.disco.seed_configs import CONFIGS, PRECISIONS  # noqa: E402
 
 

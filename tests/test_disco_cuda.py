@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from tilecast.core import build
-from tilecast.disco import DiscoConvS2, compute_psi, csr_from_psi, cuda, ops, reference
+from tilecast.disco import compute_psi, csr_from_psi, cuda, ops, reference
+from tilecast.runtime.disco import DiscoConvS2
 
 NVCC = shutil.which(os.environ.get(cuda.NVCC_ENV) or "nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")

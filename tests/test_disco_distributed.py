@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tilecast.disco import DiscoConvS2, DiscoConvTransposeS2
-from tilecast.disco.distributed import DistributedDiscoConvS2, DistributedDiscoConvTransposeS2
-from tilecast.disco.exchange import ShardPosition
+from tilecast.runtime.disco import DiscoConvS2, DiscoConvTransposeS2
+from tilecast.runtime.disco.distributed import DistributedDiscoConvS2, DistributedDiscoConvTransposeS2
+from tilecast.runtime.disco.exchange import ShardPosition
 
 # (name, serial class, distributed class, constructor arguments)
 DOWN = dict(in_channels=4, out_channels=6, in_shape=(16, 32), out_shape=(8, 16),

@@ -3,7 +3,7 @@ runtime's, bad input is named, every named runtime tile equals the automatic pat
 every register tile of this CPU benchmarked through the pipeline matches the float64 reference
 (kpacked ones where psi has the layout and K <= KREG), a wrong kernel output is caught, features
 are well formed, and a model trained on a tiny real run chooses a kernel the runtime runs
-(tilecast.disco.selector)."""
+(tilecast.runtime.disco.selector)."""
 from __future__ import annotations
 
 import itertools
@@ -23,7 +23,7 @@ from tilecast.core import tune
 from tilecast.config import expand_problems, load_config
 from tilecast.disco import compute_psi, csr_from_psi, native, reference
 from tilecast.disco.kpacked import kpack_psi
-from tilecast.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields
+from tilecast.runtime.disco.selector import SelectorError, choose_variant, clear_cache, problem_fields
 from tilecast.families import FamilyError, get_family
 from tilecast.families.disco import LINE_BLOCK, DiscoFamily
 from tilecast.spaces.disco import (LANES, LAT_BLOCKS, MAX_LAT_BLOCK, RUNTIME, TILES,
@@ -493,7 +493,7 @@ def test_selector_chooses_a_kernel_the_runtime_runs(tiny_run):
 def test_disco_conv_runs_the_kernels_the_published_selector_chose(tiny_run, monkeypatch):
     """DiscoConvS2(registry=...) passes the selector's forward and backward choices to the
     kernels, and its output and gradients stay those of the float64 reference."""
-    from tilecast.disco import DiscoConvS2
+    from tilecast.runtime.disco import DiscoConvS2
 
     ctx, _ = tiny_run
     used = []

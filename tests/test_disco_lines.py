@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilecast.disco import (DiscoConvS2, DiscoConvTransposeS2, compute_psi, csr_from_psi, fused,
-                            native, ops, reference)
+from tilecast.disco import compute_psi, csr_from_psi, native, ops, reference
+from tilecast.runtime.disco import DiscoConvS2, DiscoConvTransposeS2, fused
 from tilecast.disco.lines import MIN_FILL, line_blocked, regroup
 
 # (in_shape, out_shape, theta_cutoff): strides 1, 2, 3; tiles wider than nlon_out, cut last tiles

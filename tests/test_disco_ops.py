@@ -11,7 +11,8 @@ try:
 except ImportError:
     th = None
 
-from tilecast.disco import DiscoConvS2, DiscoConvTransposeS2, compute_psi, csr_from_psi, native, ops, reference
+from tilecast.disco import compute_psi, csr_from_psi, native, ops, reference
+from tilecast.runtime.disco import DiscoConvS2, DiscoConvTransposeS2
 
 #: torch-harmonics 0.9.3 needs Python >= 3.11 and torch 2.14: the README's set-up installs it with
 #: --no-deps; where it is not installed (Python 3.10, a slim install) its comparisons skip

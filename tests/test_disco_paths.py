@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tilecast.disco import DiscoConvS2, compute_psi, fused, native, ops, reference, variants
+from tilecast.disco import compute_psi, native, ops, reference, variants
+from tilecast.runtime.disco import DiscoConvS2, fused
 from tilecast.disco.blocks import restrict_psi, split_rows
 from tilecast.disco.kpacked import kpack_psi
 from tilecast.spaces.disco import LANES, TILES, UNUSED_TILE_FIELD, VARIANTS, DiscoConfig
@@ -307,7 +308,7 @@ def test_kpacked_fallback_in_half_precision(dtype, fused_path):
 
 
 def test_fused_none_takes_the_fused_path_where_the_expansion_passes_the_slab_target(monkeypatch):
-    from tilecast.disco import fused as fused_module
+    from tilecast.runtime.disco import fused as fused_module
 
     calls, real_fused_conv = [], fused_module.fused_conv
     monkeypatch.setattr(fused_module, "fused_conv",
@@ -518,7 +519,7 @@ def test_the_forward_races_the_kernel_against_torch_and_keeps_the_winner(kernel_
     the race ends with the forward that gives both RACE_SAMPLES timed units, and the winner
     runs every later forward (the kernel in one call for all rows). Every output and
     gradient matches the reference."""
-    from tilecast.disco import mix
+    from tilecast.runtime.disco import mix
 
     monkeypatch.setattr(fused, "block_rows", lambda *args, **kwargs: rows)
     monkeypatch.setattr(fused, "RACE_ROWS", race_rows)

@@ -21,7 +21,7 @@ from tilecast.core import hardware
 from tilecast.runtime import kernel_library, ops
 from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher
-from tilecast.disco.mix import Mixer
+from tilecast.runtime.disco.mix import Mixer
 from tilecast.families import get_family
 from tilecast.core.family import FamilyError
 from tilecast.families.gemm import GemmConfig
@@ -434,7 +434,7 @@ FP32_KERNELS = [GEMM.kernel_name(c) for c in GEMM_VARIANTS if c.dtype == "fp32"]
 ])
 def test_disco_mix_race_keeps_the_fastest_contender_per_shape(monkeypatch, choice, extra_s,
                                                               winner):
-    from tilecast.disco import mix
+    from tilecast.runtime.disco import mix
     from tilecast.runtime.ops import gemm_ops
 
     # every timed call lasts 0.25 s on the race's clock, each kernel extra_s[kernel] more
@@ -491,7 +491,7 @@ def test_disco_mix_race_keeps_the_fastest_contender_per_shape(monkeypatch, choic
 
 
 def test_disco_mix_race_takes_turns_in_rotated_order_and_breaks_ties_to_torch():
-    from tilecast.disco import mix
+    from tilecast.runtime.disco import mix
 
     race, sides = mix.Race(["a", "b", "a"]), []
     while race.winner is None:

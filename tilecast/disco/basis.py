@@ -13,6 +13,8 @@ from typing import Protocol, Sequence, Union
 
 import torch
 
+from tilecast.spaces.disco import harmonic_size, piecewise_linear_size
+
 KernelShape = Union[int, Sequence[int]]
 
 
@@ -59,8 +61,7 @@ class PiecewiseLinearBasis:
 
     @property
     def kernel_size(self) -> int:
-        n_rings, n_sectors = self.kernel_shape
-        return (n_rings // 2) * n_sectors + n_rings % 2
+        return piecewise_linear_size(*self.kernel_shape)
 
     @property
     def isotropic_mask(self) -> tuple[bool, ...]:
@@ -138,7 +139,7 @@ class HarmonicBasis:
 
     @property
     def kernel_size(self) -> int:
-        return self.kernel_shape[0] * self.kernel_shape[1]
+        return harmonic_size(*self.kernel_shape)
 
     @property
     def isotropic_mask(self) -> tuple[bool, ...]:

@@ -143,7 +143,7 @@ def contraction(x: torch.Tensor, roff: torch.Tensor, col: torch.Tensor, vals: to
     forward CSR of psi (roff, col int64, vals float32). All contiguous, on the CPU.
 
     tile None: the library picks the register tile per call. Else (nv, lat_block), or a
-    mapping with those keys (tilecast.disco.selector.choose_variant's result): run that tile
+    mapping with those keys (tilecast.runtime.disco.selector.choose_variant's result): run that tile
     with lat_block output latitudes per work item; ValueError if the library lacks the tile."""
     batch, channels, nlat_in, nlon_in = x.shape
     y = torch.empty(batch, channels, kernel_size, nlat_out, nlon_out, dtype=x.dtype)
@@ -283,7 +283,7 @@ def kpacked_contraction(x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
     [nbr, 2], vals float32 [nbr, K_PAD], offset int64 [nlat_out + 1]). All contiguous, CPU.
 
     tile None: the library picks the register tile per call. Else (kreg, nv, lat_block), or a
-    mapping with those keys (tilecast.disco.selector.choose_variant's result for a kpacked
+    mapping with those keys (tilecast.runtime.disco.selector.choose_variant's result for a kpacked
     kernel): run that tile with lat_block output latitudes per work item (kreg < kernel_size
     runs the basis functions in passes of kreg); ValueError if the library lacks the tile.
     The result is the same bit for bit."""

@@ -29,7 +29,7 @@ has no autograd of its own: disco_contraction_kpacked pairs it with a transpose.
 
 Each op takes an optional register `tile` for its own kernel and a `backward_tile` for its
 gradient's (the other op's tile format): None lets the CPU library pick per call; DiscoConvS2
-passes the tiles a published selector chose (tilecast.disco.selector). The CUDA kernels pick
+passes the tiles a published selector chose (tilecast.runtime.disco.selector). The CUDA kernels pick
 their own tiles and ignore both.
 
 The kernels compute in float32: float32, bfloat16 and float16 inputs are accepted, the

@@ -8,7 +8,6 @@ tilecast/disco/variants.py.
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
@@ -220,11 +219,24 @@ def shape_tuple(kernel_shape: str) -> tuple[int, ...]:
     return tuple(int(v) for v in kernel_shape.split("x"))
 
 
-@functools.lru_cache(maxsize=64)
+def piecewise_linear_size(n_rings: int, n_sectors: int) -> int:
+    """K of the piecewise linear basis: a hat per ring and sector off the centre, and one at
+    the centre, shared by the sectors, when n_rings is odd (tilecast.disco.basis)."""
+    return (n_rings // 2) * n_sectors + n_rings % 2
+
+
+def harmonic_size(n_y: int, n_x: int) -> int:
+    """K of the harmonic basis: one function per (y, x) index pair (tilecast.disco.basis)."""
+    return n_y * n_x
+
+
+#: a basis_type's K from its kernel_shape pair: the one definition tilecast.disco.basis's
+#: classes and the kernel space (the dispatcher and the feature engine, which must not import
+#: torch) both read
+BASIS_SIZES = {"piecewise linear": piecewise_linear_size, "harmonic": harmonic_size}
+
+
 def kernel_size(basis: str, kernel_shape: str) -> int:
     """K, the basis functions of a problem's basis (a BASES key) and kernel_shape ('AxB')."""
-    # here, not at the top: tilecast.disco imports torch, which importing the kernel space
-    # (the dispatcher, the feature engine) must not
-    from tilecast.disco.basis import get_basis
-
-    return get_basis(BASES[basis], shape_tuple(kernel_shape)).kernel_size
+    first, second = shape_tuple(kernel_shape)
+    return BASIS_SIZES[BASES[basis]](first, second)

@@ -3,7 +3,7 @@
     dispatcher = Dispatcher.from_registry("registry", "gemm")
     c = ops.gemm(a, b, dispatcher=dispatcher)              # or kernel="gemm_fp32_avx512_..."
     y = ops.grouped_conv(x, w, padding=1, groups=4, kernel={"forward": "grouped_conv_...", ...})
-    ops.disco_contraction, ops.DiscoConvS2, ...            # tilecast.disco's ops, re-exported
+    ops.disco_contraction, ops.DiscoConvS2, ...            # tilecast.disco's ops, tilecast.runtime.disco's modules
 
 A call's kernel is the `kernel` named, else the dispatcher's choice for the call's problem
 (`dispatcher.select`), else an error. It runs in this process: tilecast.runtime.kernel_library
@@ -16,7 +16,7 @@ Importing registers the ops; nothing is compiled before a kernel's first call.
 """
 from __future__ import annotations
 
-from tilecast.disco.conv import DiscoConvS2, DiscoConvTransposeS2
+from tilecast.runtime.disco.conv import DiscoConvS2, DiscoConvTransposeS2
 from tilecast.disco.ops import disco_contraction, disco_transpose_contraction
 from tilecast.runtime.ops.gemm_ops import gemm, gemm_into, gemm_op
 from tilecast.runtime.ops.grouped_conv_ops import (grouped_conv, grouped_conv_bwd_data_op,

@@ -107,7 +107,7 @@ class Mixer:
     winner runs the shape once it is decided).
 
     in_kernel (with no `gemm`, or a raced one): the fused forward may run the contraction and
-    the mix as one kernel (tilecast.disco.fused, kpacked_mix), raced against the contraction
+    the mix as one kernel (tilecast.runtime.disco.fused, kpacked_mix), raced against the contraction
     and the mix's products block by block per input shape (its race is in `races` too), or
     on every call with race=False and no `gemm`."""
 

@@ -47,8 +47,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tilecast.disco.blocks import restrict_psi, split_rows
-from tilecast.disco.conv import KernelShape, _DiscoConvBase
-from tilecast.disco.exchange import (ShardPosition, Span, as_communicator, band_gather_plan, band_scatter_plan,
+from tilecast.runtime.disco.conv import KernelShape, _DiscoConvBase
+from tilecast.runtime.disco.exchange import (ShardPosition, Span, as_communicator, band_gather_plan, band_scatter_plan,
                        exchange, reduce_scatter_plan, split_to_split_plan)
 from tilecast.disco.psi import Psi, compute_psi
 

@@ -17,7 +17,7 @@ from typing import Any
 from tilecast.core.family import FamilyError
 from tilecast.registry.base import RegistryError
 
-log = logging.getLogger("tilecast.disco.selector")
+log = logging.getLogger("tilecast.runtime.disco.selector")
 
 #: registry model name -> the family whose kernels it chooses among
 MODELS = {"disco_forward": "forward", "disco_backward": "backward"}

@@ -31,7 +31,7 @@ method on its shard's psi, so both dispatch alike.
 
 With `registry=` (a tilecast registry holding the disco_forward and disco_backward models,
 `tilecast run --config disco`), the unfused paths run the kernels the published selector
-chooses for each input's batch size and dtype (tilecast.disco.selector): CSR or kpacked for
+chooses for each input's batch size and dtype (tilecast.runtime.disco.selector): CSR or kpacked for
 the forward where both are eligible, each kernel's register tile, and the backward's kernel:
 the CSR transpose with the tile the selector names, or the line-blocked transpose (whatever
 its fill) where the selector chose it; without one, kpacked where eligible and the library's
@@ -46,14 +46,14 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from tilecast.disco import fused as fused_path
-from tilecast.disco import native, ops, reference, selector, variants
+from tilecast.disco import native, ops, reference, variants
+from tilecast.runtime.disco import fused as fused_path, selector
 from tilecast.disco.basis import get_basis
 from tilecast.disco.csr import DiscoCSR, csr_from_psi
 from tilecast.disco.grids import default_theta_cutoff
 from tilecast.disco.kpacked import SUPPORTED_K_PAD, KPacked, kpack_psi
 from tilecast.disco.lines import LineBlocked, line_blocked
-from tilecast.disco.mix import Mixer
+from tilecast.runtime.disco.mix import Mixer
 from tilecast.disco.psi import Psi, compute_psi
 
 KernelShape = Union[int, tuple[int], tuple[int, int]]
@@ -324,7 +324,7 @@ class DiscoConvS2(_DiscoConvBase):
     path only): the fused path's float32 CPU channel-mix products may run on tilecast GEMM
     kernels (a kernel name, a list of them, or a gemm dispatcher, whose best-ranked kernels
     for each product's shape are taken): each shape's first products race them against
-    torch's sgemm, and the fastest runs the rest (tilecast.disco.mix); None (the default) runs
+    torch's sgemm, and the fastest runs the rest (tilecast.runtime.disco.mix); None (the default) runs
     them on torch.
     """
 

@@ -46,12 +46,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from tilecast.disco import mix as mixing, native, ops
+from tilecast.disco import native, ops
+from tilecast.runtime.disco import mix as mixing
 from tilecast.disco.blocks import restrict_psi
 from tilecast.disco.csr import csr_from_psi
 from tilecast.disco.kpacked import KPacked, kpack_psi
 from tilecast.disco.lines import LineBlocked, line_blocked
-from tilecast.disco.mix import TORCH, TORCH_SIDE, Mixer
+from tilecast.runtime.disco.mix import TORCH, TORCH_SIDE, Mixer
 from tilecast.disco.psi import Psi
 
 #: float32 bytes of one block's slab per batch element (C * K * rows * nlon_out * 4): most of
@@ -408,7 +409,7 @@ def fused_conv(x: Tensor, weight: Tensor, plan: FusedPlan, packed: Optional[KPac
     """The convolution without bias, x (B, C, nlat_in, nlon_in) -> (B, C_out, nlat_out,
     nlon_out), weight (C_out, C / groups, K), fused block by block; `packed` (kpacked psi, or
     None for CSR) picks the forward contraction kernel, `mixer` who runs the mix's products
-    (tilecast.disco.mix)."""
+    (tilecast.runtime.disco.mix)."""
     if x.device.type != "cpu":
         packed = None  # the kpacked kernel is CPU only
     return _DiscoFusedFn.apply(x, weight, plan, packed, groups, mixer)
