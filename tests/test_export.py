@@ -244,8 +244,10 @@ def test_compiled_selector_picks_what_the_dispatcher_picks_on_10000_problems(set
     assert len(valid) > 8000 and expected.count(INVALID_PROBLEM) > 200
     # the choice depends on the shape, the dtype (both word of the candidate set) and layout
     assert len(set(valid)) >= 10
-    assert {selector.kernel_codes[e] for e in valid} == set(DTYPE_CODES.values())
-    fp32 = [i for i, code in enumerate(selector.kernel_codes) if code == DTYPE_CODES["fp32"]]
+    dtype_of = {c: code for code, rows in enumerate(selector.applicability["candidates"])
+                for c in rows}
+    assert {dtype_of[e] for e in valid} == set(DTYPE_CODES.values())
+    fp32 = selector.applicability["candidates"][DTYPE_CODES["fp32"]]
     assert min(fp32) < 64 <= max(fp32)   # fp32 problems score candidates of both words
 
 
@@ -385,13 +387,23 @@ def json_select(doc: dict, row: tuple) -> int:
     if any(item["codes"] and values[item["name"]] not in item["codes"].values()
            for item in doc["inputs"]):
         return invalid
-    code = values[doc["applicability_field"]]
-    rows = [c for c in range(doc["candidates"]) if doc["kernel_codes"][c] == code]
-    if not rows:
-        static = doc["static_best"]
-        return static if doc["kernel_codes"][static] == code else doc["fallback"]["no_kernel"]
-
     inputs = {name: float(value) for name, value in values.items()}
+    problem_temps = {}
+
+    def problem_operand(ref):
+        kind, what = ref
+        return {"input": lambda: inputs[what], "const": lambda: float(what),
+                "temp": lambda: problem_temps[what]}[kind]()
+
+    for target, level, op, operands in doc["statements"]:
+        if level == "problem":
+            problem_temps[target] = JSON_OPS[op](*(problem_operand(r) for r in operands))
+    code = int(problem_operand(doc["applicability"]["source"]))
+    rows = doc["applicability"]["candidates"][code]
+    if not rows:
+        return doc["static_best"] if doc["applicability"]["static_best"][code] else \
+            doc["fallback"]["no_kernel"]
+
     kernel_slots = [i for i, s in enumerate(doc["slots"]) if s["level"] == "kernel"]
 
     def slot_values_of(c):
@@ -471,7 +483,7 @@ def test_the_json_form_round_trips_to_the_same_c(setup, model, shortlist):
     assert export.render(again, "c") == export.render(selector, "c")
     assert again.to_json() == document
     document["format_version"] = 99
-    with pytest.raises(export.ExportError, match="not a tilecast-selector version 2"):
+    with pytest.raises(export.ExportError, match="not a tilecast-selector version 3"):
         export.Selector.from_json(document)
 
 
@@ -495,17 +507,18 @@ def test_a_damaged_version_is_refused_naming_the_file(setup, tmp_path, capsys):
 
 
 def test_an_unsupported_family_is_refused_naming_the_supported_ones(setup, tmp_path, capsys):
-    spec = {"family": "grouped_conv", "feature_names": ["N"], "target_transform": "log_tflops",
+    spec = {"family": "disco_forward", "feature_names": ["N"], "target_transform": "log_tflops",
             "hardware": HARDWARE}
-    registry.publish(tmp_path, "conv", {"model.txt": "tree\n", "feature_spec.json":
-                                        json.dumps(spec), "candidates.json": "{}"},
+    registry.publish(tmp_path, "disco", {"model.txt": "tree\n", "feature_spec.json":
+                                         json.dumps(spec), "candidates.json": "{}"},
                      metrics=METRICS)
-    assert main(["export", "--registry", str(tmp_path), "--model", "conv",
+    assert main(["export", "--registry", str(tmp_path), "--model", "disco",
                  "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "tilecast export: error: family 'grouped_conv' cannot be exported; tilecast export "
-        "supports the gemm family (a table model or another family needs its feature "
-        "formulas in tilecast.runtime.export)")
+        "tilecast export: error: family 'disco_forward' cannot be exported; tilecast export "
+        "supports the families gemm, grouped_conv_forward, grouped_conv_bwd_data, "
+        "grouped_conv_bwd_weight (another family needs its feature formulas in "
+        "tilecast.runtime.export)")
 
 
 def test_categorical_splits_are_refused(setup, tmp_path):

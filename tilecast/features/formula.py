@@ -41,6 +41,26 @@ def _ceil_div(a: float, b: float) -> float:
     return -((-a) // b)
 
 
+def _floor_div(a: float, b: float) -> float:
+    # Python's float floor division is numpy's (both from fmod); numpy's a / 0 for b == 0
+    if b == 0.0:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.floor_divide(a, b))
+    return a // b
+
+
+def _log2(a: float) -> float:
+    # numpy's own log2 (its SIMD loops can differ from the C library's in the last bit)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.log2(a))
+
+
+def _exp2(a: float) -> float:
+    # 2.0 ** a on a numpy float64: numpy's scalar power, the C library's pow
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(2.0 ** np.float64(a))
+
+
 @dataclass(frozen=True)
 class Op:
     """One operation: its arity, its meaning on Python floats and on numpy arrays, and its C
@@ -58,9 +78,13 @@ def _binary(c: str) -> tuple[str, str]:
     return c, c
 
 
-# The single table of operations. ceil_div's C form is for whole-number operands below 2**53
-# (every GEMM count of a valid problem), where -floor(-a / b) equals numpy's floor division;
-# the C++ form checks that per operation (tc_ceil_div) and falls back to numpy's algorithm.
+# The single table of operations. ceil_div's and floor_div's C forms are for whole-number
+# operands below 2**53 (every count of a problem the exported selector accepts), where
+# floor(a / b) equals numpy's floor division; ceil_div's C++ form checks that per operation
+# (tc_ceil_div) and falls back to numpy's algorithm. log2 and exp2 are numpy's (exp2: numpy's
+# scalar power, the C library's pow); their C forms call the C library, whose log2 can differ
+# from numpy's SIMD log2 in the last bit (tilecast.runtime.export.grouped_conv says where
+# that reaches a feature). The native scorer (GEMM's) uses none of the three.
 OPS: dict[str, Op] = {
     "add": Op(2, lambda a, b: a + b, lambda a, b: a + b, *_binary("({0} + {1})")),
     "sub": Op(2, lambda a, b: a - b, lambda a, b: a - b, *_binary("({0} - {1})")),
@@ -71,6 +95,10 @@ OPS: dict[str, Op] = {
     "max": Op(2, _maximum, np.maximum, "({0} >= {1} ? {0} : {1})", "tc_maximum({0}, {1})"),
     "ceil_div": Op(2, _ceil_div, lambda a, b: -np.floor_divide(-a, b),
                    "(-floor(-{0} / {1}))", "tc_ceil_div<fast>({0}, {1}, whole)"),
+    "floor_div": Op(2, _floor_div, np.floor_divide, "floor({0} / {1})",
+                    "std::floor({0} / {1})"),
+    "log2": Op(1, _log2, np.log2, "log2({0})", "std::log2({0})"),
+    "exp2": Op(1, _exp2, lambda a: 2.0 ** a, "pow(2.0, {0})", "std::pow(2.0, {0})"),
     "eq": Op(2, lambda a, b: 1.0 if a == b else 0.0, lambda a, b: np.where(a == b, 1.0, 0.0),
              *_binary("({0} == {1} ? 1.0 : 0.0)")),
     "gt": Op(2, lambda a, b: 1.0 if a > b else 0.0, lambda a, b: np.where(a > b, 1.0, 0.0),

@@ -23,7 +23,9 @@ from tilecast.runtime.export.selector import ExportError, Selector, build
 __all__ = ["EXPORTERS", "FORMATS", "ExportError", "Selector", "load", "write"]
 
 #: family -> the module holding its formulas and problem fields: the families export handles
-EXPORTERS = {"gemm": "tilecast.runtime.export.gemm"}
+EXPORTERS = {"gemm": "tilecast.runtime.export.gemm",
+             **{f"grouped_conv_{direction}": "tilecast.runtime.export.grouped_conv"
+                for direction in ("forward", "bwd_data", "bwd_weight")}}
 #: --format -> what it writes
 FORMATS = {"c": "tilecast_<model>.h and tilecast_<model>.c",
            "json": "tilecast_<model>.json"}
@@ -33,8 +35,8 @@ def exporter(family: str):
     """The exporter module of `family`; ExportError naming the families there are."""
     if family not in EXPORTERS:
         raise ExportError(f"family {family!r} cannot be exported; tilecast export supports "
-                          f"the {', '.join(EXPORTERS)} family (a table model or another "
-                          "family needs its feature formulas in tilecast.runtime.export)")
+                          f"the families {', '.join(EXPORTERS)} (another family needs its "
+                          "feature formulas in tilecast.runtime.export)")
     return import_module(EXPORTERS[family])
 
 

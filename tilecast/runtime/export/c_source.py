@@ -8,7 +8,7 @@ import re
 
 from tilecast.runtime.export import c_runtime, forest as forests
 from tilecast.features.formula import OPS
-from tilecast.runtime.export.selector import INVALID_PROBLEM, NO_KERNEL, Selector
+from tilecast.runtime.export.selector import INVALID_PROBLEM, NO_KERNEL, OUT_OF_RANGE, Selector
 
 # a split's kind: what it reads; "plain" is a mixed split of missing type None on a slot
 # without NaN (no split of missing type NaN reads it): a bare comparison per candidate
@@ -61,7 +61,8 @@ def render_header(selector: Selector) -> str:
              f"  TILECAST_{upper}_CANDIDATES = {selector.candidates},",
              f"  TILECAST_{upper}_STATIC_BEST = {selector.static_best},",
              f"  TILECAST_{upper}_INVALID_PROBLEM = {INVALID_PROBLEM},",
-             f"  TILECAST_{upper}_NO_KERNEL = {NO_KERNEL}"]
+             f"  TILECAST_{upper}_NO_KERNEL = {NO_KERNEL},",
+             f"  TILECAST_{upper}_OUT_OF_RANGE = {OUT_OF_RANGE}"]
     for item in selector.inputs:
         for value, code in (item["codes"] or {}).items():
             enums[-1] += ","
@@ -89,8 +90,10 @@ enum {{
 }};
 
 /* The index of the kernel the model picks for the problem (see tilecast_{name}_kernel_name):
-   TILECAST_{upper}_INVALID_PROBLEM when tilecast would refuse the problem, or
-   TILECAST_{upper}_NO_KERNEL when no kernel of the model runs it. Thread-safe; uses about
+   TILECAST_{upper}_INVALID_PROBLEM when tilecast would refuse the problem,
+   TILECAST_{upper}_NO_KERNEL when no kernel of the model runs it, or
+   TILECAST_{upper}_OUT_OF_RANGE when the problem is beyond the sizes this code computes the
+   features of exactly (ask tilecast's dispatcher). Thread-safe; uses about
    {-(-stack_bytes // 1024)} KiB of stack. */
 int tilecast_{name}_select({arguments});
 
@@ -117,9 +120,10 @@ target {selector.target_transform}): {selector.candidates} candidates,
    {len(forest.roots)} trees, {len(forest.slot)} splits once the hardware splits were decided.{_shortlist_note(selector)}
    Do not edit; export the model again.
 
-   Picks what tilecast.runtime.dispatch.Dispatcher.select picks: the candidate of the problem's
-   dtype with the highest predicted TFLOP/s, the first in name order among equals (kernels are
-   numbered in name order); the static best when no candidate has the dtype but it does.
+   Picks what tilecast.runtime.dispatch.Dispatcher.select picks: of the candidates that apply
+   to the problem, the one with the highest predicted TFLOP/s, the first in name order among
+   equals (kernels are numbered in name order); the static best when no candidate applies but
+   it does.
    Hardware features are constants, the training machine's profile from feature_spec.json
    (the dispatcher computes them from the same record on every machine):
 {hardware}
@@ -212,11 +216,9 @@ def render_source(selector: Selector, validation: str) -> str:
                      f"{index}, {NODE_KINDS[level]}, {forest.missing[i]}, "
                      f"{forest.default_left[i]}}}")
 
-    codes = sorted({code for item in selector.inputs if item["name"] ==
-                    selector.applicability_field for code in item["codes"].values()})
-    applicable = ["{" + ", ".join(_words([c for c in range(candidates)
-                                          if selector.kernel_codes[c] == code], candidates))
-                  + "}" for code in codes]
+    applicable = ["{" + ", ".join(_words(rows, candidates)) + "}"
+                  for rows in selector.applicability["candidates"]]
+    static_applies = [str(int(flag)) for flag in selector.applicability["static_best"]]
     table = ["{" + ", ".join(_literal(v) for v in row) + "}"
              for row in selector.kernel_table[:candidates]]
     columns = len(selector.kernel_table[0]) if selector.kernel_table else 0
@@ -243,8 +245,10 @@ def render_source(selector: Selector, validation: str) -> str:
         [f"    const double in_{item['name']} = (double){item['name']};"
          for item in selector.inputs]
         + [f"    (void)in_{item['name']};" for item in selector.inputs]
-        + [statement(s, "    ") for s in selector.statements if s.level == "problem"]
-        + [store(slot, f"problem[{i}]", "    ") for i, slot in enumerate(problem_slots)])
+        + [statement(s, "    ") for s in selector.statements if s.level == "problem"])
+    stores = "\n".join(store(slot, f"problem[{i}]", "    ")
+                       for i, slot in enumerate(problem_slots))
+    key = operand(selector.applicability["source"])
     mixed_code = "\n".join(
         [statement(s, "        ") for s in selector.statements if s.level == "mixed"]
         + [store(slot, f"mixed[{i} * TC_LANES + c]", "        ")
@@ -306,13 +310,13 @@ static const char* const tc_kernel_names[TC_KERNELS] = {{
   {_rows([_string(k) for k in selector.kernels], per_line=1)}
 }};
 
-static const int tc_kernel_codes[TC_KERNELS] = {{
-  {_rows([str(c) for c in selector.kernel_codes], per_line=24)}
-}};
-
-/* the candidates of each {selector.applicability_field} code */
-static const uint64_t tc_applicable[{len(codes)}][TC_WORDS] = {{
+/* the candidates of each applicability key code, and whether the static best applies */
+#define TC_KEYS {len(applicable)}
+static const uint64_t tc_applicable[TC_KEYS][TC_WORDS] = {{
   {_rows(applicable, per_line=1)}
+}};
+static const unsigned char tc_static_applies[TC_KEYS] = {{
+  {_rows(static_applies, per_line=24)}
 }};
 
 /* per candidate: the kernel values the interaction features read */
@@ -340,6 +344,7 @@ static const double tc_leaves[{max(1, len(forest.leaves))}] = {{
 static const double tc_problem_zero[TC_PROBLEM_SLOTS] = {zeros["problem"]};
 static const double tc_mixed_zero[TC_MIXED_SLOTS] = {zeros["mixed"]};
 {short_tables}
+/* 1: a problem tilecast accepts; 0: one it refuses; 2: beyond the exact range */
 static int tc_valid({arguments}) {{
 {validation}
 }}
@@ -351,18 +356,24 @@ int tilecast_{name}_select({arguments}) {{
   double mixed[TC_MIXED_SLOTS * TC_LANES];
   double score[TC_CANDIDATES];
 {short_declaration}  const uint64_t* rows;
-  int w, any = 0, best = -1, first = -1;
+  int w, any = 0, best = -1, first = -1, valid;
   double best_score = 0.0;
-  if (!tc_valid({names})) return {INVALID_PROBLEM};
-  rows = tc_applicable[{selector.applicability_field}];
-  for (w = 0; w < TC_WORDS; ++w) any |= rows[w] != 0;
-  if (!any)  /* no candidate applies: the static best if it does */
-    return tc_kernel_codes[TC_STATIC_BEST] == {selector.applicability_field} ? TC_STATIC_BEST \
-: {NO_KERNEL};
-  /* a plain split may read every lane of a word: the lanes of no candidate hold zeros */
-  memset(mixed, 0, sizeof mixed);
+  valid = tc_valid({names});
+  if (valid == 0) return {INVALID_PROBLEM};
+  if (valid != 1) return {OUT_OF_RANGE};
   {{
-{problem_code}{short_code}{per_candidate}
+{problem_code}
+    {{
+      const double key = {key};
+      if (!(key >= 0.0 && key < TC_KEYS)) return {INVALID_PROBLEM};
+      rows = tc_applicable[(int)key];
+      for (w = 0; w < TC_WORDS; ++w) any |= rows[w] != 0;
+      if (!any)  /* no candidate applies: the static best if it does */
+        return tc_static_applies[(int)key] ? TC_STATIC_BEST : {NO_KERNEL};
+    }}
+    /* a plain split may read every lane of a word: the lanes of no candidate hold zeros */
+    memset(mixed, 0, sizeof mixed);
+{stores}{short_code}{per_candidate}
   }}
   memset(score, 0, sizeof score);
   tc_forest(problem, mixed, rows, score);

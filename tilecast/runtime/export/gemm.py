@@ -1,6 +1,7 @@
 """What `tilecast export` needs of the GEMM family besides its feature formulas, which are
 the engine's own (tilecast.features.gemm.formulas, GemmFeatureEngine version 2): the
-selector's arguments, the problems it accepts and how a kernel applies to one.
+selector's arguments, the problems it accepts and which kernels apply to one (the problem's
+dtype: its code is the applicability key).
 
 The kernel features and the hardware features are taken from the engine itself (the
 hardware ones as constants). WRITTEN_FOR names the engine the definition belongs to: a
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from tilecast.families.gemm import MAX_OPERAND_BYTES
 from tilecast.features import gemm as definition
-from tilecast.features.formula import Formula
+from tilecast.features.formula import Expr, Formula, problem_field
 from tilecast.features.gemm import (DTYPE_CODES, INTERACTION_FEATURES, KERNEL_FEATURES,
                                     LAYOUT_CODES, PROBLEM_FEATURES)
 from tilecast.features.hardware import HARDWARE_FEATURES
@@ -33,16 +34,14 @@ FAMILY = "gemm"
 C_TYPES = {"m": "int64_t", "n": "int64_t", "k": "int64_t"}
 INPUTS = tuple((name, C_TYPES.get(name, "int"), codes)
                for name, codes in definition.FIELD_CODES.items())
-INPUTS_BY_NAME = {name: codes for name, _, codes in INPUTS}
 # what GemmFamily.problem accepts: every size >= 1 and 4 * (mk + kn + mn) <= MAX_OPERAND_BYTES
 LIMITS = {"min_size": 1, "max_operand_elements": MAX_OPERAND_BYTES // 4}
-# a candidate applies to a problem of its own dtype (GemmFamily.applicable)
-APPLICABILITY_FIELD = "dtype"
 
 
 def c_validation() -> str:
     """The C body of tc_valid(m, n, k, dtype, layout_a, layout_b): 1 when GemmFamily.problem
-    accepts the problem. The products are checked by division first, so nothing overflows."""
+    accepts the problem, else 0 (every problem it accepts is within the selector's exact
+    range). The products are checked by division first, so nothing overflows."""
     codes = "\n".join(
         f"  if ({' && '.join(f'{name} != {code}' for code in sorted(set(table.values())))}) "
         "return 0;" for name, _, table in INPUTS if table)
@@ -61,11 +60,14 @@ def c_validation() -> str:
   return 1;"""
 
 
-def kernel_codes(config) -> dict[str, int]:
-    """The coded fields of a kernel that applicability compares with the problem's."""
-    return {"dtype": DTYPE_CODES[config.dtype]}
+def applicability(family) -> tuple[Expr, list]:
+    """(key, [(code, a problem of that key)]): the key is the dtype code; a candidate applies
+    to a problem of its own dtype (GemmFamily.applicable, applicability_key)."""
+    return problem_field("dtype"), [
+        (code, family.problem({"m": 1, "n": 1, "k": 1, "dtype": name}))
+        for name, code in DTYPE_CODES.items()]
 
 
-def features() -> dict[str, Formula]:
+def features(family) -> dict[str, Formula]:
     """{feature name: Formula} of the problem and interaction features: the engine's."""
     return {**definition.PROBLEM_FORMULAS, **definition.INTERACTION_FORMULAS}

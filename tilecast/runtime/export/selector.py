@@ -4,13 +4,17 @@ The kernel table is the model's candidates in name order (the dispatcher's order
 predictions), then the static best when it is no candidate. The selector, like
 Dispatcher.select:
 
-1. refuses a problem the family refuses (INVALID_PROBLEM);
-2. scores the candidates of the problem's dtype: problem features once, mixed ones per
-   candidate, the forest's raw score (inverse target transforms are increasing, so the order
-   of raw scores is the order of predicted TFLOP/s; a raw score above `raw_score_max` is a
-   TFLOP/s the dispatcher finds not finite, and is passed over);
+1. refuses a problem the family refuses (INVALID_PROBLEM), and one beyond the range where
+   the formulas' float64 arithmetic is exact (OUT_OF_RANGE; a family's exporter says which:
+   GEMM has none beyond what the family refuses);
+2. scores the candidates that apply to the problem (those of its applicability key, a code
+   computed from the problem by the family exporter's graph; each code's candidates found at
+   export by asking the family about a problem of that key): problem features once, mixed
+   ones per candidate, the forest's raw score (inverse target transforms are increasing, so
+   the order of raw scores is the order of predicted TFLOP/s; a raw score above
+   `raw_score_max` is a TFLOP/s the dispatcher finds not finite, and is passed over);
 3. returns the highest, the first in name order among equals (the first candidate when
-   none is finite); with no candidate of the dtype, the static best when it applies, else
+   none is finite); with no candidate that applies, the static best when it applies, else
    NO_KERNEL (the dispatcher's NoKernelError).
 
 A selector exported with a shortlist (Dispatcher(shortlist=K), tilecast.runtime.shortlist)
@@ -33,10 +37,12 @@ from tilecast.runtime.export import forest as forests
 from tilecast.runtime.export.program import Statement, compile_program
 
 FORMAT = "tilecast-selector"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 INVALID_PROBLEM = -1
 NO_KERNEL = -2
+OUT_OF_RANGE = -3
 SLOT_LEVELS = ("problem", "kernel", "mixed")
+KEY = "__applicability_key__"   # the program's output holding the applicability key
 
 
 class ExportError(ValueError):
@@ -54,10 +60,11 @@ class Selector:
     hardware: dict                # feature -> the constant baked in
     inputs: list[dict]            # {"name", "ctype", "codes"}: the selector's arguments
     limits: dict
-    applicability_field: str
+    # {"source": operand of the key, "candidates": [candidates per code],
+    #  "static_best": [whether the static best applies, per code]}
+    applicability: dict
     kernels: list[str]            # the kernel table
     candidates: int               # kernels[:candidates] are the model's candidates
-    kernel_codes: list[int]       # per kernel: its applicability_field code
     static_best: int
     statements: list[Statement]
     kernel_table: list[list[float]]   # per kernel: the kernel values statements read
@@ -78,9 +85,11 @@ class Selector:
 
     def to_json(self) -> dict:
         """The JSON form: every table of the C form, and the statements as data. To select:
-        check the problem against `limits` and the `inputs`' codes; the candidates are the
-        first `candidates` kernels whose `kernel_codes` entry is the problem's
-        `applicability_field` code. Per candidate, run `statements` ([target, level, op,
+        check the problem against `limits` (the family's: tilecast.runtime.export.<family>)
+        and the `inputs`' codes; run the problem-level `statements`; the candidates are
+        `applicability`'s "candidates" entry of the code its "source" operand holds (none:
+        the static best when its "static_best" entry is true, else no kernel). Per
+        candidate, run `statements` ([target, level, op,
         operands], op from tilecast.features.formula.OPS; an operand is ["input",
         name], ["const", value], ["kernel", column of that kernel's `kernel_table` row] or
         ["temp", target]); slot s reads its `source` operand (a "kernel" slot: the kernel's
@@ -97,10 +106,11 @@ class Selector:
             "model": self.model, "version": self.version, "family": self.family,
             "engine": self.engine, "target_transform": self.target_transform,
             "hardware": self.hardware, "inputs": self.inputs, "limits": self.limits,
-            "applicability_field": self.applicability_field,
-            "fallback": {"invalid_problem": INVALID_PROBLEM, "no_kernel": NO_KERNEL},
+            "applicability": self.applicability,
+            "fallback": {"invalid_problem": INVALID_PROBLEM, "no_kernel": NO_KERNEL,
+                         "out_of_range": OUT_OF_RANGE},
             "kernels": self.kernels, "candidates": self.candidates,
-            "kernel_codes": self.kernel_codes, "static_best": self.static_best,
+            "static_best": self.static_best,
             "statements": [[s.target, s.level, s.op, [list(ref) for ref in s.operands]]
                            for s in self.statements],
             "kernel_table": self.kernel_table, "slots": self.slots,
@@ -119,8 +129,8 @@ class Selector:
         statements = [Statement(target, level, op, tuple(tuple(ref) for ref in operands))
                       for target, level, op, operands in document["statements"]]
         names = ("model", "version", "family", "engine", "target_transform", "hardware",
-                 "inputs", "limits", "applicability_field", "kernels", "candidates",
-                 "kernel_codes", "static_best", "kernel_table", "slots",
+                 "inputs", "limits", "applicability", "kernels", "candidates",
+                 "static_best", "kernel_table", "slots",
                  "kernel_slot_values", "raw_score_max")
         shortlist = document.get("shortlist")
         return cls(statements=statements, forest=forests.Forest.from_json(document["forest"]),
@@ -133,8 +143,8 @@ class Selector:
 
 def build(dispatcher, exporter) -> Selector:
     """The Selector of a loaded Dispatcher, with `exporter` the family's module
-    (tilecast.runtime.export.gemm). ExportError when the engine is not the one the
-    exporter follows or the forest holds what the selector cannot reproduce."""
+    (tilecast.runtime.export.gemm, .grouped_conv). ExportError when the engine is not the one
+    the exporter follows or the forest holds what the selector cannot reproduce."""
     from tilecast.runtime.dispatch import INVERSE_TRANSFORMS
 
     engine, family = dispatcher.engine, dispatcher.family
@@ -155,8 +165,10 @@ def build(dispatcher, exporter) -> Selector:
         short = dispatcher.shortlist.lightgbm_tree(
             {name: i for i, name in enumerate(model_features)})
         used |= forests.split_features(short)
+    key, representatives = exporter.applicability(family)
     bindings, slots, kernel_values, program = _bind_features(
-        model_features, used, exporter, engine.hw, kernel_rows, label)
+        model_features, used, exporter.features(family), exporter, engine.hw, kernel_rows,
+        label, key)
     try:
         forest = forests.convert(dump, bindings)
         short_forest = None if short is None else \
@@ -183,19 +195,21 @@ def build(dispatcher, exporter) -> Selector:
     kernel_slots = [f for f in read if slots[f]["level"] == "kernel"]
 
     transform = dispatcher.feature_spec["target_transform"]
-    field = exporter.APPLICABILITY_FIELD
+    applicability = _applicability(family, configs, len(candidates),
+                                   configs[kernels.index(dispatcher.static_best)], representatives,
+                                   program.outputs.get(KEY, program.kernel_values.get(KEY)))
     return Selector(
         model=dispatcher.model, version=dispatcher.version, family=family.name,
         engine={"name": engine.name, "version": engine.version}, target_transform=transform,
         hardware={name: float(engine.hw[name]) for name in HARDWARE_FEATURES},
         inputs=[{"name": n, "ctype": ctype, "codes": codes}
                 for n, ctype, codes in exporter.INPUTS],
-        limits=dict(exporter.LIMITS), applicability_field=field,
+        limits=dict(exporter.LIMITS), applicability=applicability,
         kernels=kernels, candidates=len(candidates),
-        kernel_codes=[exporter.kernel_codes(config)[field] for config in configs],
         static_best=kernels.index(dispatcher.static_best),
         statements=_needed(program.statements, [slots[f]["source"] for f in read
-                                                if slots[f]["source"] is not None]),
+                                                if slots[f]["source"] is not None]
+                           + [applicability["source"]]),
         kernel_table=program.kernel_table,
         slots=[slots[f] for f in read],
         kernel_slot_values=[[kernel_values[f][i] for f in kernel_slots]
@@ -213,23 +227,19 @@ def _check_exporter(engine, exporter, label: str) -> None:
                           f"{engine.version}) is not the {name!r} version {version} the "
                           f"exporter's formulas follow; update tilecast.runtime.export."
                           f"{exporter.__name__.rsplit('.', 1)[-1]}")
-    codes = exporter.INPUTS_BY_NAME[exporter.APPLICABILITY_FIELD]
-    if sorted(codes.values()) != list(range(len(codes))):
-        raise ExportError(f"{exporter.APPLICABILITY_FIELD} codes {codes} are not "
-                          f"0..{len(codes) - 1}: the selector indexes its candidate sets by code")
 
 
-def _bind_features(model_features: list[str], used: set[int], exporter, hardware,
-                   kernel_rows: list[dict], label: str):
+def _bind_features(model_features: list[str], used: set[int], formulas: dict, exporter,
+                   hardware, kernel_rows: list[dict], label: str, key):
     """(bindings, slots, kernel values, compiled program) of the model features the splits
     read (slots and kernel values keyed by model feature): a hardware feature is a
     constant; a kernel feature (or a formula of kernel values only) a kernel slot with one
     value per kernel, baked here; a formula over the problem a problem or mixed slot whose
-    source is an operand of the program's statements."""
-    formulas = exporter.features()
-    program = compile_program({model_features[f]: formulas[model_features[f]].graph
-                               for f in sorted(used) if model_features[f] in formulas},
-                              kernel_rows, hardware)
+    source is an operand of the program's statements. The program also computes the
+    applicability key `key` (output KEY)."""
+    outputs = {model_features[f]: formulas[model_features[f]].graph
+               for f in sorted(used) if model_features[f] in formulas}
+    program = compile_program({**outputs, KEY: key}, kernel_rows, hardware)
     bindings: list[forests.Binding | None] = [None] * len(model_features)
     slots: dict[int, dict] = {}
     kernel_values: dict[int, list[float]] = {}
@@ -261,6 +271,28 @@ def _bind_features(model_features: list[str], used: set[int], exporter, hardware
                         "source": list(program.outputs[feature]), "log2": log2}
         bindings[f] = forests.Binding(slot=f, log2=slots[f]["log2"])
     return bindings, slots, kernel_values, program
+
+
+def _applicability(family, configs: list, candidates: int, static_config, representatives: list,
+                   source) -> dict:
+    """The selector's applicability: per key code, the candidates family.applicable admits
+    for a problem of that key and whether the static best does. The
+    codes must be 0..n-1 (the C indexes its table by code) and the key a problem-level
+    operand (or one constant)."""
+    codes = [code for code, _ in representatives]
+    if sorted(codes) != list(range(len(codes))):
+        raise ExportError(f"{family.name} applicability codes {codes} are not "
+                          f"0..{len(codes) - 1}: the selector indexes its candidate sets by code")
+    if isinstance(source, list):   # a constant key: one value per kernel, all equal
+        source = ("const", float(source[0]))
+    rows: list[list[int]] = [[] for _ in codes]
+    static: list[bool] = [False for _ in codes]
+    for code, problem in representatives:
+        if problem is None:
+            continue
+        rows[code] = [c for c in range(candidates) if family.applicable(configs[c], problem)]
+        static[code] = bool(family.applicable(static_config, problem))
+    return {"source": list(source), "candidates": rows, "static_best": static}
 
 
 def _needed(statements: list[Statement], sources: list) -> list[Statement]:
