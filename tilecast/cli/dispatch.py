@@ -46,7 +46,8 @@ def _add_export(subparsers) -> None:
                     "tilecast_<model>_select(problem fields) returning a kernel index, and a "
                     "name lookup) or tilecast_<model>.json (--format json: the same tables "
                     "for other runtimes). The version's checksums are verified first. "
-                    "Families: gemm.")
+                    "Families: gemm, grouped_conv_forward, grouped_conv_bwd_data, "
+                    "grouped_conv_bwd_weight; a table model is refused, saying why.")
     export.add_argument("--registry", default="registry", help=REGISTRY_HELP)
     export.add_argument("--model", required=True)
     which = export.add_mutually_exclusive_group()

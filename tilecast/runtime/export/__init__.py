@@ -6,9 +6,11 @@ tilecast.runtime.dispatch.Dispatcher.select picks, with no Python and no LightGB
 
 The C form holds the kernel table, the feature formulas (the engine's own graphs,
 tilecast.features.<family>.formulas, as statements: tilecast.runtime.export.program; a
-family's EXPORTERS module adds its arguments and validation), the forest as flat arrays
-(tilecast.runtime.export.forest) and the selection rules (tilecast.runtime.export.selector);
-the JSON form holds the same tables, the formulas as statements over an operation table.
+family's EXPORTERS module adds its arguments, validation and applicability key), the forest
+as flat arrays (tilecast.runtime.export.forest) and the selection rules
+(tilecast.runtime.export.selector); the JSON form holds the same tables, the formulas as
+statements over an operation table. Families: GEMM and the three grouped-conv directions.
+A table model (tilecast import) is refused, saying why (table_refusal).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from importlib import import_module
 from pathlib import Path
 
 from tilecast.core.atomic import atomic_write_text
+from tilecast.core import kinds
 from tilecast.runtime.export import c_source
 from tilecast.runtime.export.selector import ExportError, Selector, build
 
@@ -53,22 +56,37 @@ def load(root, model: str, alias_or_version: str | int = "production",
     model = registry.serving_name(root, model)
     version = registry.resolve_version(root, model, alias_or_version)
     path = registry.local_copy(root, model, version)
-    family = _family(path)
-    if family is not None:
+    spec = _feature_spec(path)
+    if kinds.of_spec(spec).name == "table":
+        raise ExportError(table_refusal(f"version {version} of model {model!r}"))
+    family = spec.get("family") if spec is not None else None
+    if isinstance(family, str):
         exporter(family)  # a family export does not handle fails here, before loading it
     dispatcher = Dispatcher.from_directory(path, model=model, version=version,
                                            shortlist=shortlist)
     return build(dispatcher, exporter(dispatcher.family.name))
 
 
-def _family(path: Path) -> str | None:
-    """feature_spec.json's family, or None when it cannot be read (the Dispatcher then
-    names what is wrong with it)."""
+def table_refusal(label: str) -> str:
+    """Why a table model (tilecast import; tilecast.table) is not exported, in one line."""
+    return (f"{label} is a table model (tilecast import); tilecast export writes kernel-family "
+            "models only: a table model's answer rests on numpy values a C selector cannot "
+            "repeat bit for bit (np.log2(|x| + 1) of every numeric problem column and their "
+            "sum, and the nearest measured problem in that log2 space), on the measurements "
+            "of its other training devices (its reference features), on categorical splits, "
+            "and on per-device rules (the configurations that failed on the device, the "
+            "incumbent guard with its calibrated margin, measured problems exempt from it); "
+            "serve it with `tilecast select` or tilecast.table.dispatch.TableDispatcher")
+
+
+def _feature_spec(path: Path) -> dict | None:
+    """feature_spec.json as a dict, or None when it cannot be read (the Dispatcher then names
+    what is wrong with it)."""
     try:
-        family = json.loads((path / "feature_spec.json").read_text()).get("family")
-    except (OSError, ValueError, AttributeError):
+        spec = json.loads((path / "feature_spec.json").read_text())
+    except (OSError, ValueError):
         return None
-    return family if isinstance(family, str) else None
+    return spec if isinstance(spec, dict) else None
 
 
 def render(selector: Selector, fmt: str) -> dict[str, str]:
