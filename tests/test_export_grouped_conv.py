@@ -315,3 +315,21 @@ def test_a_model_of_another_engine_version_is_refused(models, monkeypatch):
     with pytest.raises(export.ExportError, match=r"is not the 'grouped_conv' version 2 the "
                                                  r"exporter's formulas follow"):
         export.load(models["root"], "conv-forward")
+
+
+def test_the_exact_range_ends_where_the_exporter_says(models):
+    """Known answers at the edges: a field of 2**24 and tensors of 2**48 elements are in
+    range (answered as the dispatcher answers), one more is OUT_OF_RANGE; refusals first."""
+    selector, binary, dispatcher = models["forward"]
+    edge = {"dtype": "fp32", "ndim": 2, "N": 1 << 24, "G": 1, "C": 1, "K": 1, "Di": 1,
+            "Hi": 1 << 24, "Wi": 1, "Z": 1, "Y": 1, "X": 1, "stride_d": 1, "stride_h": 1,
+            "stride_w": 1, "pad_d": 0, "pad_h": 0, "pad_w": 0, "dilation_d": 1,
+            "dilation_h": 1, "dilation_w": 1}      # input and output: exactly 2**48 elements
+    problems = [edge, {**edge, "Hi": (1 << 24) + 1}, {**edge, "Hi": 1 << 23, "Wi": 3},
+                {**edge, "C": 2}, {**edge, "N": 1, "pad_h": 1 << 24, "Hi": 1},
+                {**edge, "N": 1, "pad_h": (1 << 24) + 1, "Hi": 1}, {**edge, "N": 0, "Hi": 1 << 30}]
+    got = run_driver(binary, [as_row(p) for p in problems])
+    assert got[0] == expected_choice(dispatcher, selector.kernels, edge) >= 0
+    assert got[1:4] == [OUT_OF_RANGE] * 3
+    assert got[4] >= 0 and got[5] == OUT_OF_RANGE and got[6] == INVALID_PROBLEM
+    assert [in_range(p) for p in problems[:6]] == [True, False, False, False, True, False]
