@@ -1,5 +1,7 @@
-"""The contract every kernel family keeps, written once and checked for every row of
-tilecast.families.FAMILIES: kernel names round-trip over the family's space and bad names are
+"""The contract every kernel family keeps, written once and checked for every family of
+tilecast.families.FAMILIES (the built-ins, and the plugins installed here, such as
+tests/plugin_family's rowsum: tests/test_plugin_family.py runs this file on it where it is not
+installed): kernel names round-trip over the family's space and bad names are
 refused naming the bad value; problems round-trip through their dict, bad problems are refused
 naming the field and value; dims_key is stable and tells distinct problems apart; the
 applicability key never merges problems whose candidate masks differ."""
@@ -13,7 +15,11 @@ import yaml
 from tilecast.config import expand_problems
 from tilecast.families import FAMILIES, FamilyError
 
-PROBLEM_SETS = Path(__file__).resolve().parents[1] / "configs" / "quick.yaml"
+# where a family's problems are read: the first of these configs that has the family (the
+# plugin's config lives in its package, tests/plugin_family)
+PROBLEM_SETS = (Path(__file__).resolve().parents[1] / "configs" / "quick.yaml",
+                *sorted((Path(__file__).parent / "configs").glob("*.yaml")),
+                *sorted((Path(__file__).parent / "plugin_family").glob("*.yaml")))
 # wider than the defaults where a family has more to cover; every other family: its defaults
 GROUPED_CONV_TILES = {"tiles": ["8x16x1", "16x32x64", "64x64x32", "128x16x256"]}
 SPACE_OPTIONS = {
@@ -35,9 +41,14 @@ def space(family_name: str) -> list:
 
 
 def problems(family_name: str) -> list:
-    """The family's train and holdout problems of configs/quick.yaml, validated."""
+    """The family's train and holdout problems of configs/quick.yaml (else of the first test
+    or plugin config that runs it), validated."""
     family = FAMILIES[family_name]
-    body = yaml.safe_load(PROBLEM_SETS.read_text())["families"][family_name]["problems"]
+    found = [document["families"][family_name]["problems"] for document in
+             (yaml.safe_load(path.read_text()) for path in PROBLEM_SETS)
+             if family_name in document.get("families", {})]
+    assert found, f"no config of {[str(p) for p in PROBLEM_SETS]} runs family {family_name!r}"
+    body = found[0]
     return [family.problem(values) for split in ("train", "holdout")
             for values in expand_problems(f"{family_name}.{split}", body[split])]
 

@@ -12,11 +12,15 @@ from tilecast.cli.paths import user_file, user_output
 def add_parser(subparsers) -> None:
     """Add `convert` and `repeatability`."""
     convert = add_command(subparsers, "convert",
-                          help="raw benchmark records (JSONL) or CK tile-engine CSVs -> parquet")
+                          help="raw benchmark records (JSONL), a team's own records (JSONL or "
+                               "CSV) or CK tile-engine CSVs -> parquet")
     convert.add_argument("inputs", nargs="+")
     convert.add_argument("--out", required=True)
-    convert.add_argument("--from", dest="source", choices=("raw", "ck-csv"), default="raw",
-                         help="input format: tilecast raw JSONL (default) or CK tile-engine CSV")
+    convert.add_argument("--from", dest="source", choices=("raw", "records", "ck-csv"),
+                         default="raw",
+                         help="input format: tilecast's raw JSONL (default); `records`: a "
+                              "team's own measurements, JSONL or CSV in the schema of "
+                              "docs/guide/records.md, checked row by row; or CK tile-engine CSV")
     convert.add_argument("--problem-set", default="train", choices=("train", "holdout"),
                          help="problem set of ck-csv rows (default train)")
     convert.set_defaults(func=_cmd_convert)
@@ -47,6 +51,10 @@ def _cmd_convert(args) -> int:
         from tilecast.stages.convert_ck import convert_ck_csv
 
         summary = convert_ck_csv(inputs, out, problem_set=args.problem_set)
+    elif args.source == "records":
+        from tilecast.stages.convert import convert_records
+
+        summary = convert_records(inputs, out)
     else:
         from tilecast.stages.convert import convert_raw
 

@@ -249,6 +249,10 @@ class FamiliesSection(Section):
     def precheck(cls, data: Any) -> Any:
         if isinstance(data, dict):
             unknown = sorted((name for name in data if name not in cls.model_fields), key=str)
+            if unknown and unknown[0] in FAMILIES.refused:   # a plugin that cannot be used
+                raise PydanticCustomError(ERROR_TYPE, "family {name} is unusable: {why}",
+                                          {"name": show(unknown[0]),
+                                           "why": FAMILIES.refused[unknown[0]]})
             if unknown:
                 raise PydanticCustomError(ERROR_TYPE, "unknown family {name}; valid: {valid}",
                                           {"name": show(unknown[0]), "valid": ", ".join(FAMILIES)})
@@ -354,6 +358,18 @@ def _disco_rules(family: DiscoFamily) -> tuple[dict, dict]:
 FAMILY_RULES: dict[type, Callable[[Any], tuple[dict, dict]]] = {
     GemmFamily: _gemm_rules, GroupedConvFamily: _grouped_conv_rules, DiscoFamily: _disco_rules}
 
+# a candidate option's value of a family without a FAMILY_RULES row
+OPTION_VALUE = _rule(str | int | float | bool, "a string, a number, true or false",
+                     lambda v: isinstance(v, (str, bool)) or _is_number(v))
+
+
+def _plugin_rules(family: Any) -> tuple[dict, dict]:
+    """The rules of a family without a FAMILY_RULES row (a plugin's, tilecast.families):
+    its options and fields by name, any scalar value; the family's own candidate_space and
+    problem check the values in the second pass."""
+    return ({key: OPTION_VALUE for key in family.CANDIDATE_OPTIONS},
+            {key: SCALAR for key in family.problem_fields})
+
 # ModelSpec's keys (tilecast.stages.train, which imports pandas: tests check the two agree)
 MODEL_RULES = {
     "num_leaves": whole(2, 131072), "learning_rate": POSITIVE, "n_estimators": whole(1),
@@ -387,7 +403,7 @@ def family_rules(name: str) -> tuple[dict, dict]:
     """(candidate option -> rule, problem field -> rule) of a FAMILIES name; LookupError when
     the rules and the family's own options or fields disagree (a family grew a field)."""
     family = FAMILIES[name]
-    options, fields = FAMILY_RULES[type(family)](family)
+    options, fields = FAMILY_RULES.get(type(family), _plugin_rules)(family)
     for what, theirs, ours in (("candidate options", family.CANDIDATE_OPTIONS, options),
                                ("problem fields", family.problem_fields, fields)):
         if set(theirs) != set(ours):

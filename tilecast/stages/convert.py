@@ -1,4 +1,5 @@
-"""Convert stage: raw benchmark records (JSON lines) into the schema-versioned parquet dataset.
+"""Convert stage: raw benchmark records (JSON lines), or a team's own records in the documented
+schema (tilecast.stages.records), into the schema-versioned parquet dataset.
 
 Rows are keyed on `dims_key` (never on a row or problem index). An empty input, or one whose
 records lack required columns, is rejected with a message naming the file; the parquet file is
@@ -170,3 +171,27 @@ def convert_raw(raw_paths: Sequence[Path], out_path: Path,
                           kernels=frame.loc[frame["role"] == "candidate", "kernel"].nunique(),
                           statuses=frame["status"].value_counts().to_dict(),
                           duplicates_dropped=dropped, skipped_lines=skipped)
+
+
+def convert_records(paths: Sequence[Path], out_path: Path) -> ConvertSummary:
+    """A team's records files (JSON lines or CSV in the schema of docs/guide/records.md,
+    checked row by row: tilecast.stages.records) -> one parquet dataset, as convert_raw
+    writes from tilecast's own raw records; nothing is written when any row is bad."""
+    from tilecast.stages.records import read_team_records
+
+    paths = [Path(path) for path in paths]
+    check_output(out_path, paths)
+    records: list[dict] = []
+    for path in paths:
+        if not path.exists():
+            raise DatasetError(f"records file {path} does not exist")
+        records.extend(read_team_records(path))
+    source = ", ".join(map(str, paths))
+    records, dropped = drop_repeats(records, source)
+    frame = records_frame(records, source)
+    write_parquet(frame, out_path)
+    return ConvertSummary(out_path=Path(out_path), rows=len(frame),
+                          problems=frame["dims_key"].nunique(),
+                          kernels=frame.loc[frame["role"] == "candidate", "kernel"].nunique(),
+                          statuses=frame["status"].value_counts().to_dict(),
+                          duplicates_dropped=dropped)
