@@ -17,7 +17,7 @@ from tilecast.families import get_family
 from tilecast.features.formula import Evaluator, Formula, problem_field
 from tilecast.features.grouped_conv import DTYPE_CODES, SHAPE_FIELDS, _bwd_data_reach
 from tilecast.registry import api as registry
-from tilecast.runtime import export
+from tilecast.runtime import export, shortlist as shortlists
 from tilecast.runtime.dispatch import Dispatcher, NoKernelError
 from tilecast.runtime.export import c_source, grouped_conv as exporter
 from tilecast.runtime.export.selector import INVALID_PROBLEM, NO_KERNEL, OUT_OF_RANGE
@@ -333,3 +333,27 @@ def test_the_exact_range_ends_where_the_exporter_says(models):
     assert got[1:4] == [OUT_OF_RANGE] * 3
     assert got[4] >= 0 and got[5] == OUT_OF_RANGE and got[6] == INVALID_PROBLEM
     assert [in_range(p) for p in problems[:6]] == [True, False, False, False, True, False]
+
+
+def test_a_shortlisted_selector_picks_what_the_shortlisted_dispatcher_picks(models, tmp_path):
+    """The forward model with a shortlist of 4 learned on its training problems, exported
+    with shortlist=3, on 3,000 problems."""
+    root = models["root"]
+    version = registry.local_copy(root, "conv-forward", 1)
+    family = get_family("grouped_conv_forward")
+    problems = [family.problem(values) for values in
+                random_problems(seed=100, count=160, valid_only=True)]
+    shortlist = shortlists.learn(Dispatcher.from_directory(version), problems, 4, drawn=1500)
+    files = {name: (version / name).read_text() for name in
+             ("model.txt", "feature_spec.json", "candidates.json", "train_manifest.json")}
+    registry.publish(root, "conv-short", {**files, shortlists.FILE:
+                                          json.dumps(shortlist.to_json())}, metrics=METRICS)
+    selector = export.load(root, "conv-short", shortlist=3)
+    assert selector.shortlist is not None and len(selector.shortlist_rows) >= 4
+    export.write(selector, tmp_path, "c")
+    binary = compile_driver(selector, tmp_path)
+    dispatcher = Dispatcher.from_registry(root, "conv-short", shortlist=3)
+    values = random_problems(seed=55, count=3000)
+    expected = [expected_choice(dispatcher, selector.kernels, v) for v in values]
+    assert run_driver(binary, [as_row(v) for v in values]) == expected
+    assert len({e for e in expected if e >= 0}) >= 10
