@@ -1,4 +1,6 @@
-"""`tilecast registry`: list, show, promote or roll back a registry's model versions."""
+"""`tilecast registry`: list, show, promote or roll back a registry's model versions;
+`tilecast prebuild`: a version again with this host's kernel libraries, to serve without a
+compiler."""
 from __future__ import annotations
 
 import json
@@ -19,6 +21,20 @@ def add_parser(subparsers) -> None:
     reg.add_argument("--alias", default="production",
                      help="alias to show, move or roll back (default production)")
     reg.set_defaults(func=_cmd_registry)
+
+    pre = add_command(subparsers, "prebuild",
+                      help="publish a version again with this host's kernel libraries, so "
+                           "that hosts like it serve its kernels without a compiler")
+    pre.add_argument("--model", required=True,
+                     help="model name (without '@<class>': this host's hardware class)")
+    which = pre.add_mutually_exclusive_group()
+    which.add_argument("--version", dest="model_version", metavar="N",
+                       help="the version to prebuild (default: the alias's)")
+    which.add_argument("--alias", default="production",
+                       help="the alias whose version to prebuild (default production)")
+    pre.add_argument("--registry", default="registry", help=REGISTRY_HELP)
+    pre.add_argument("--jobs", type=int, default=2, help="parallel compiles (default 2)")
+    pre.set_defaults(func=_cmd_prebuild)
 
 
 def _cmd_registry(args) -> int:
@@ -63,6 +79,32 @@ def _cmd_registry(args) -> int:
     except PermissionError as err:
         raise CliError(f"registry {root} is not writable: {err.strerror} ({err.filename}); "
                        "ask its owner, or use a registry you can write") from None
+    return 0
+
+
+def _cmd_prebuild(args) -> int:
+    from tilecast.core.settings import settings
+    from tilecast.runtime.prebuild import prebuild
+
+    if args.jobs < 1:
+        raise CliError(f"--jobs {args.jobs} must be at least 1")
+    root = registry_root(args.registry)
+    model = _class_to_move(root, args.model)
+    try:
+        done = prebuild(root, model, args.model_version or args.alias,
+                        compiler=settings().compiler, jobs=args.jobs)
+    except PermissionError as err:
+        raise CliError(f"registry {root} is not writable: {err.strerror} ({err.filename}); "
+                       "ask its owner, or use a registry you can write") from None
+    size = f"{done.libraries} libraries, {done.bytes / 2**20:.1f} MiB"
+    if not done.published:
+        print(f"{model}: version {done.version} already carries kernels this host runs "
+              f"({done.tag}: {size}); nothing published")
+        return 0
+    moved = ", ".join(f"{alias} -> {done.version}" for alias in done.aliases) or "none"
+    print(f"{model}: version {done.version} = version {done.source_version} with prebuilt "
+          f"kernels for {done.tag} ({size}; {done.cached} from the build cache, "
+          f"{done.libraries - done.cached} compiled); aliases moved: {moved}")
     return 0
 
 

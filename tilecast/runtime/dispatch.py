@@ -24,7 +24,7 @@ from tilecast.core.family import FamilyError
 from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
 from tilecast.core import kinds
-from tilecast.runtime import shortlist as shortlists
+from tilecast.runtime import prebuilt, shortlist as shortlists
 from tilecast.runtime.query import (  # noqa: F401  (the dispatcher's names, as before)
     DEFAULT_CACHE_SIZE, MAX_FIELD_VALUE, PROBLEM_EXAMPLE, NoKernelError, ProblemError,
     parse_problem, parse_problem_string, raw_key)
@@ -119,6 +119,18 @@ def _read_shortlist(path: Path, size: int, model: str,
         raise RegistryError(f"{file} keeps at most {shortlist.size} kernels a leaf; "
                             f"shortlist={size} asks for more")
     return shortlist.truncated(size)
+
+
+def _offering_kernels(dispatcher, path: Path, model: str, version: int | None, root=None):
+    """`dispatcher` after its version's prebuilt kernel libraries (kernels/, verified with the
+    version's checksums) are offered to the kernel loader (tilecast.runtime.prebuilt), so
+    that tilecast.runtime.ops runs its choices without compiling them; a dispatcher of
+    another kind (a table model) runs no in-process kernels."""
+    if isinstance(dispatcher, Dispatcher):
+        names = dict.fromkeys((*dispatcher.kernels, dispatcher.static_best))
+        prebuilt.offer(path, dispatcher.family.name, names, model=model, version=version,
+                       registry=root)
+    return dispatcher
 
 
 class Dispatcher:
@@ -225,7 +237,8 @@ class Dispatcher:
         registry version's directory does). RegistryError names a damaged file."""
         path = Path(path)
         integrity.verify_directory(path)
-        return cls._load(path, model=model, version=version, **options)
+        return _offering_kernels(cls._load(path, model=model, version=version, **options),
+                                 path, model, version)
 
     @classmethod
     def _load(cls, path: Path, *, model: str, version: int | None, **options) -> "Dispatcher":
@@ -275,7 +288,8 @@ class Dispatcher:
         version = registry.resolve_version(root, model, alias)
         path = registry.local_copy(root, model, version, cache_dir=cache_dir)
         try:
-            return cls._load(path, model=model, version=version, **options)
+            return _offering_kernels(cls._load(path, model=model, version=version, **options),
+                                     path, model, version, root)
         except RegistryError as err:
             if not registry.is_remote(root):
                 raise

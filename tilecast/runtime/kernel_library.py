@@ -14,11 +14,20 @@ for the process: one library per (kernel name, cache directory, compiler), threa
 two threads asking for one kernel compile it once. A variant needing CPU features this
 machine lacks (an AVX-512 kernel on an AVX2 CPU) is refused by name before anything is
 compiled. Nothing is compiled at import time.
+
+A kernel that a loaded registry version carries prebuilt (tilecast.runtime.prebuilt: the
+Dispatcher offers its version's `kernels/` folder) is loaded from there first, from the
+first build whose CPU flags this machine has, after its sha256 and size are checked against
+the version's kernels manifest and with the same parameter check: no compiler is run. Only
+a kernel without a prebuilt library this CPU runs goes to the build cache and the compiler;
+where there is none, KernelBuildError says in one line what the version carries, what this
+host is, and which `tilecast prebuild` command makes its libraries.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -30,11 +39,17 @@ from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, COMPILER_ENV
 from tilecast.spaces.gemm import DTYPES, ISAS
 from tilecast.spaces.grouped_conv import REQUIRED_FLAGS
 from tilecast.core import build
+from tilecast.core.compile import CompilerUnavailable
+from tilecast.registry.integrity import digest_file
+from tilecast.runtime import prebuilt
 from tilecast.runtime.native.library import compiler
+
+logger = logging.getLogger(__name__)
 
 #: what a nonzero return of an entry means (enum entry::Status in kernels/cpu/common/inprocess_entry.hpp)
 STATUS_MESSAGES = {1: "bad argument", 2: "unsupported", 3: "out of memory", 4: "failed"}
 MESSAGE_BYTES = 1024
+SHOWN_FLAGS = 6   # CPU flags a message lists before "and N more"
 
 _INDEX = ctypes.c_longlong
 _PTR = ctypes.c_void_p
@@ -166,10 +181,12 @@ _lock = threading.Lock()
 
 
 def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel:
-    """The in-process kernel `name` of `family`, compiled unless cached, loaded once per
-    process. FamilyError (a ValueError) for a name the family does not know; CpuFeatureError
-    (a KernelBuildError) for a variant this CPU cannot run; KernelBuildError when it does not
-    compile or load."""
+    """The in-process kernel `name` of `family`, loaded once per process: from the prebuilt
+    library a loaded registry version offers for this CPU (tilecast.runtime.prebuilt), else
+    from the build cache (`cache_dir`), compiled unless cached. FamilyError (a ValueError)
+    for a name the family does not know; CpuFeatureError (a KernelBuildError) for a variant
+    this CPU cannot run; KernelBuildError when it does not compile or load, when its
+    prebuilt library is damaged, or when it must be compiled and there is no compiler."""
     # A product asks for its kernel on every call: first by the raw variables that decide the
     # directory and the compiler, with no paths built (that took most of a small call's time).
     quick_key = (family.name, name, None if cache_dir is None else str(cache_dir),
@@ -177,25 +194,99 @@ def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel
     kernel = _loaded.get(_by_variables.get(quick_key))
     if kernel is not None:
         return kernel
+    offer = prebuilt.offered(family.name, name)
+    library = _runnable(offer)
+    if library is not None:
+        key = (family.name, name, "prebuilt", str(library.path))
+        return _load_once(key, quick_key, lambda: _load_prebuilt(family, name, library, offer))
     directory = Path(cache_dir) if cache_dir is not None else build.default_cache_dir()
     cxx = compiler()
     key = (family.name, name, str(directory), cxx)
+    return _load_once(key, quick_key, lambda: _build_and_load(family, name, directory, cxx))
+
+
+def _load_once(key: tuple, quick_key: tuple,
+               make: Callable[[], InProcessKernel]) -> InProcessKernel:
+    """The kernel loaded under `key`, made by `make()` once per process (other kernels load
+    meanwhile), and `quick_key` remembered as leading to it."""
     kernel = _loaded.get(key)
-    if kernel is not None:
-        _by_variables[quick_key] = key
-        return kernel
-    with _lock:
-        key_lock = _key_locks.setdefault(key, threading.Lock())
-    with key_lock:  # one compile per kernel; other kernels load meanwhile
-        kernel = _loaded.get(key)
-        if kernel is None:
-            kernel = _build_and_load(family, name, directory, cxx)
-            _loaded[key] = kernel
+    if kernel is None:
+        with _lock:
+            key_lock = _key_locks.setdefault(key, threading.Lock())
+        with key_lock:  # one compile per kernel; other kernels load meanwhile
+            kernel = _loaded.get(key)
+            if kernel is None:
+                kernel = make()
+                _loaded[key] = kernel
     _by_variables[quick_key] = key
     return kernel
 
 
-def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKernel:
+def _runnable(offer: prebuilt.Offer | None) -> prebuilt.Library | None:
+    """The first prebuilt library of `offer` whose build's CPU flags this CPU has (the first
+    one where this CPU's flags cannot be read); None when there is none."""
+    if offer is None or not offer.libraries:
+        return None
+    have = cpu_flags()
+    for library in offer.libraries:
+        if not have or library.cpu_flags <= have:
+            return library
+    return None
+
+
+def _host() -> str:
+    """This machine in a few words, for messages: its widest ISA and CPU model."""
+    profile = hardware.profile(1)
+    return f"{hardware.isa_level(profile)}, {profile['cpu_model']}"
+
+
+def _not_prebuilt_here(name: str, offer: prebuilt.Offer) -> str:
+    """What the version offering `name` carries, and what this CPU lacks to run it."""
+    have = cpu_flags()
+
+    def lacking(library: prebuilt.Library) -> str:
+        missing = sorted(library.cpu_flags - have)
+        shown = ", ".join(missing[:SHOWN_FLAGS]) or "nothing"
+        return shown + (f" and {len(missing) - SHOWN_FLAGS} more"
+                        if len(missing) > SHOWN_FLAGS else "")
+
+    builds = "; ".join(f"{library.tag} (built on {library.cpu_model}; this host lacks "
+                       f"{lacking(library)})" for library in offer.libraries)
+    return (f"kernel {name!r}: {offer.where} carries prebuilt kernels for {builds}, not for "
+            f"this host ({_host()})")
+
+
+def _no_compiler(name: str, offer: prebuilt.Offer | None, cxx: str) -> str:
+    """The one line for a kernel that must be compiled on a host without a compiler."""
+    missing = f"there is no compiler here ({cxx!r} does not run; set {COMPILER_ENV} or install g++)"
+    if offer is None:
+        return (f"kernel {name!r} is prebuilt by no registry version loaded in this process, "
+                f"and {missing}: load it through a Dispatcher of a version that carries its "
+                "library (`tilecast prebuild --model M` adds them to a model)")
+    if offer.libraries:
+        return (f"{_not_prebuilt_here(name, offer)}, and {missing}: run `{offer.prebuild}` "
+                "on a host with this host's CPU flags and a compiler, and serve the version "
+                "it publishes")
+    return (f"kernel {name!r}: {offer.where} carries no prebuilt kernels, and {missing}: run "
+            f"`{offer.prebuild}` on a host with a compiler and this host's CPU flags, and serve "
+            "the version it publishes")
+
+
+def _checked(kernel: InProcessKernel, spec, where: Path, fix: str) -> InProcessKernel:
+    """`kernel` after checking that its library reports the parameters its name says;
+    KernelBuildError naming the file otherwise (`fix` says what to do)."""
+    wrong = {define: (value, kernel.param(define.removeprefix("TC_")))
+             for define, value in spec.defines.items()
+             if kernel.param(define.removeprefix("TC_")) != value}
+    if wrong:
+        raise KernelBuildError(f"{where} is not kernel {kernel.name!r}: (wanted, compiled) "
+                               f"parameters {wrong}; {fix}")
+    return kernel
+
+
+def _entry(family, name: str):
+    """(config, build spec, in-process entry) of a kernel; KernelBuildError when the family
+    has no in-process entry for it, CpuFeatureError when this CPU cannot run it."""
     config = family.parse_name(name)
     spec = family.build_spec(config)
     entry = ENTRIES.get(spec.library_source.name) if spec.library_source is not None else None
@@ -203,9 +294,42 @@ def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKe
         raise KernelBuildError(f"family {family.name!r} has no in-process entry for {name!r}; "
                                f"in-process sources: {', '.join(ENTRIES)}")
     _check_cpu(name, entry.cpu_flags(config))
+    return config, spec, entry
+
+
+def _load_prebuilt(family, name: str, library: prebuilt.Library,
+                   offer: prebuilt.Offer) -> InProcessKernel:
+    """A kernel from a registry version's prebuilt library, after its checksum: no compiler."""
+    config, spec, entry = _entry(family, name)
+    try:
+        sha256, size = digest_file(library.path)
+    except OSError as err:
+        raise KernelBuildError(f"cannot read the prebuilt library {library.path} of kernel "
+                               f"{name!r} ({offer.where}): {err}") from None
+    if (sha256, size) != (library.sha256, library.size):
+        raise KernelBuildError(
+            f"prebuilt library {library.path} of kernel {name!r} ({offer.where}) does not "
+            f"match {prebuilt.MANIFEST_FILE} ({size} bytes, sha256 {sha256[:12]}...; recorded "
+            f"{library.size} bytes, sha256 {library.sha256[:12]}...): the file is damaged; "
+            "publish the model again or roll back to an intact version")
+    try:
+        kernel = InProcessKernel(name, config, library.path, ctypes.CDLL(str(library.path)),
+                                 entry)
+    except (OSError, AttributeError) as err:
+        raise KernelBuildError(f"cannot load the prebuilt library {library.path} of kernel "
+                               f"{name!r} ({offer.where}): {err}") from None
+    return _checked(kernel, spec, library.path, "the version's kernels are damaged")
+
+
+def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKernel:
+    """A kernel from the build cache, compiled unless cached."""
+    config, spec, entry = _entry(family, name)
+    offer = prebuilt.offered(family.name, name)   # for what the messages say
     try:
         built = build.build_library(family, config, directory, compiler=cxx)
-    except (OSError, RuntimeError) as err:  # no compiler, unwritable cache
+    except CompilerUnavailable:
+        raise KernelBuildError(_no_compiler(name, offer, cxx)) from None
+    except (OSError, RuntimeError) as err:  # unwritable cache
         raise KernelBuildError(f"cannot build kernel {name!r} into {directory}: {err}") from None
     if built.event.status != "ok":
         reason = "\n".join(built.event.reason.strip().splitlines()[-12:])
@@ -213,15 +337,12 @@ def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKe
                 else "not cached: the next load compiles again")
         raise KernelBuildError(f"kernel {name!r} did not compile with {cxx!r} ({kept}):\n"
                                f"{reason}")
+    if offer is not None and offer.libraries:
+        logger.warning("%s; built it with %s into %s instead", _not_prebuilt_here(name, offer),
+                       cxx, directory)
     try:
         library = ctypes.CDLL(str(built.binary))
         kernel = InProcessKernel(name, config, built.binary, library, entry)
     except (OSError, AttributeError) as err:
         raise KernelBuildError(f"cannot load kernel {name!r} from {built.binary}: {err}") from None
-    wrong = {define: (value, kernel.param(define.removeprefix("TC_")))
-             for define, value in spec.defines.items()
-             if kernel.param(define.removeprefix("TC_")) != value}
-    if wrong:
-        raise KernelBuildError(f"{built.binary} is not kernel {name!r}: (wanted, compiled) "
-                               f"parameters {wrong}; delete the file to rebuild it")
-    return kernel
+    return _checked(kernel, spec, built.binary, "delete the file to rebuild it")
