@@ -25,6 +25,7 @@ from tilecast.families import get_family
 from tilecast.registry import api as registry
 from tilecast.registry import classes as registry_classes
 from tilecast.runtime import gate as promotion
+from tilecast.runtime import prebuild
 from tilecast.registry.api import normalize_root
 from tilecast.core import build
 from tilecast.stages import layout, roofline
@@ -579,6 +580,8 @@ def publish_stage(ctx: RunContext, name: str) -> dict:
         files[layout.SHORTLIST_FILE] = model_dir / layout.SHORTLIST_FILE
     per_problem = eval_dir / layout.PER_PROBLEM_FILE
     files[layout.PER_PROBLEM_FILE] = per_problem
+    # the candidates' in-process libraries, so that a host serves them without a compiler
+    files.update(prebuild.publish_kernels(model_dir, ctx.build_cache, jobs=ctx.config.build_jobs))
     metrics = json.loads((eval_dir / layout.METRICS_FILE).read_text())
     _, by_set = _final_by_set(ctx, name)
     model = registered_model(ctx, name)
