@@ -15,11 +15,14 @@ from test_dispatch import METRICS, PARAMS
 from tilecast.core.family import FamilyError
 from tilecast.families import get_family
 from tilecast.features.formula import Evaluator, Formula, problem_field
+from tilecast.features import grouped_conv as definition
+from tilecast.features.formula import OPS
 from tilecast.features.grouped_conv import DTYPE_CODES, SHAPE_FIELDS, _bwd_data_reach
 from tilecast.registry import api as registry
 from tilecast.runtime import export, shortlist as shortlists
 from tilecast.runtime.dispatch import Dispatcher, NoKernelError
-from tilecast.runtime.export import c_source, grouped_conv as exporter
+from tilecast.runtime.export import c_runtime, c_source, grouped_conv as exporter
+from tilecast.runtime.export.program import compile_program
 from tilecast.runtime.export.selector import INVALID_PROBLEM, NO_KERNEL, OUT_OF_RANGE
 from tilecast.spaces.grouped_conv import TileEngineConvConfig
 
@@ -357,3 +360,106 @@ def test_a_shortlisted_selector_picks_what_the_shortlisted_dispatcher_picks(mode
     expected = [expected_choice(dispatcher, selector.kernels, v) for v in values]
     assert run_driver(binary, [as_row(v) for v in values]) == expected
     assert len({e for e in expected if e >= 0}) >= 10
+
+
+FEATURES_DRIVER = r"""
+#include <stdio.h>
+%(prelude)s
+
+static void features(const double* in, const double* kt, double* out) {
+%(inputs)s
+  (void)kt;
+%(statements)s
+%(stores)s
+}
+
+/* per line: the inputs and a kernel index; writes the outputs as raw float64 */
+int main(void) {
+  static const double table[%(kernels)d][%(columns)d] = {%(table)s};
+  double in[%(count)d], out[%(outputs)d];
+  int i, kernel;
+  for (;;) {
+    for (i = 0; i < %(count)d; ++i)
+      if (scanf("%%lf", &in[i]) != 1) return 0;
+    if (scanf("%%d", &kernel) != 1) return 0;
+    features(in, table[kernel], out);
+    fwrite(out, sizeof out, 1, stdout);
+  }
+}
+"""
+# the features that raise a logarithm again: computed with the C library's log2 and pow
+LIBM_FEATURES = ("im2col_expansion", "working_set_l3_ratio")
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_exported_c_features_equal_the_numpy_engine(direction, tmp_path):
+    """Every problem and interaction feature of the direction, as the exporter prints it,
+    against the engine on 1,500 problems x 8 kernels (one of each pipeline and a tile-engine
+    one): equal bit for bit (log2 ones by their argument), but for the two that raise a
+    logarithm again, which stay within a few ulps."""
+    family = get_family(f"grouped_conv_{direction}")
+    engine = family.feature_engine(HARDWARE)
+    configs = family.candidate_space({}, HARDWARE)
+    chosen = [next(c for c in configs if c.pipeline == pipeline and c.ndim_spatial == ndim)
+              for pipeline, ndim in (("direct", 2), ("im2col", 3), ("dw", 2), ("gemm", 2),
+                                     ("gvec", 2), ("gvec", 3), ("direct", 3))]
+    chosen.append(tile_engine_configs(direction)[0])
+    kernel_matrix = engine.kernel_features(chosen)
+    rows = [dict(zip(definition.KERNEL_FEATURES, row)) for row in kernel_matrix]
+    problem_formulas, interaction_formulas = definition.FORMULAS[direction]
+    formulas = {**problem_formulas, **interaction_formulas}
+    program = compile_program({name: f.graph for name, f in formulas.items()}, rows, engine.hw)
+    computed = list(program.outputs)
+
+    def operand(ref):
+        kind, what = ref
+        if kind == "const":
+            return f"({what!r})" if what < 0 else repr(what)
+        return {"input": f"in_{what}", "kernel": f"kt[{what}]", "temp": f"t{what}"}[kind]
+
+    names = list(definition.FIELD_CODES)
+    source = tmp_path / "features.c"
+    source.write_text(FEATURES_DRIVER % {
+        "prelude": c_runtime.PRELUDE,
+        "inputs": "\n".join(f"  const double in_{name} = in[{i}]; (void)in_{name};"
+                            for i, name in enumerate(names)),
+        "statements": "\n".join(
+            f"  const double t{s.target} = "
+            + OPS[s.op].c_template.format(*(operand(ref) for ref in s.operands)) + ";"
+            for s in program.statements),
+        "stores": "\n".join(f"  out[{i}] = {operand(program.outputs[name])};"
+                            for i, name in enumerate(computed)),
+        "kernels": len(chosen), "columns": max(1, len(program.kernel_table[0])),
+        "table": ", ".join("{" + ", ".join(repr(v) for v in row) + "}"
+                           for row in program.kernel_table),
+        "count": len(names), "outputs": len(computed)})
+    binary = tmp_path / "features"
+    subprocess.run(["gcc", "-std=c99", "-O2", "-o", str(binary), str(source), "-lm"],
+                   check=True)
+
+    queries, expected = [], []
+    index = {name: engine.feature_names().index(name) for name in formulas}
+    for values in random_problems(seed=21 + DIRECTIONS.index(direction), count=1500,
+                                  valid_only=True):
+        problem = family.problem(values)
+        numbers = definition.problem_values(problem)
+        inputs = " ".join(repr(numbers[name]) for name in names)
+        matrix = engine.matrix(problem, chosen, kernel_matrix)
+        for position in range(len(chosen)):
+            queries.append(f"{inputs} {position}")
+            expected.append(matrix[position])
+    run = subprocess.run([str(binary)], input=("\n".join(queries) + "\n").encode(),
+                         capture_output=True, check=True)
+    got = np.frombuffer(run.stdout, dtype=np.float64).reshape(len(queries), len(computed))
+    expected = np.asarray(expected)
+    for column, name in enumerate(computed):
+        value = np.log2(got[:, column]) if formulas[name].log2 else got[:, column]
+        want = expected[:, index[name]]
+        if name in LIBM_FEATURES:
+            np.testing.assert_allclose(value, want, rtol=64 * np.finfo(np.float64).eps)
+        else:
+            assert np.array_equal(value, want, equal_nan=True), name
+    for name, per_kernel in program.kernel_values.items():
+        value = np.log2(per_kernel) if formulas[name].log2 else np.asarray(per_kernel)
+        assert np.array_equal(value, expected[:len(chosen), index[name]]), name
