@@ -339,6 +339,10 @@ class GroupedConvFeatureEngine(EngineBase):
     _kernel_names = KERNEL_FEATURES
     _interaction_names = INTERACTION_FEATURES
 
+    def __init__(self, hardware):
+        super().__init__(hardware)
+        self._hardware_floats = {name: float(value) for name, value in self.hw.items()}
+
     def kernel_features(self, configs: Sequence) -> np.ndarray:
         """One row per kernel (computed once per candidate pool, reused for every problem)."""
         rows = []
@@ -353,10 +357,6 @@ class GroupedConvFeatureEngine(EngineBase):
                                  f"KERNEL_FEATURES")
             rows.append([float(values.get(name, 0.0)) for name in KERNEL_FEATURES])
         return np.asarray(rows, dtype=np.float64).reshape(len(rows), len(KERNEL_FEATURES))
-
-    def __init__(self, hardware):
-        super().__init__(hardware)
-        self._hardware_floats = {name: float(value) for name, value in self.hw.items()}
 
     def problem_features(self, p) -> np.ndarray:
         return _EVALUATORS[p.direction][0].block(1, problem_values(p), {},
