@@ -69,14 +69,16 @@ def load(root, model: str, alias_or_version: str | int = "production",
 
 def table_refusal(label: str) -> str:
     """Why a table model (tilecast import; tilecast.table) is not exported, in one line."""
-    return (f"{label} is a table model (tilecast import); tilecast export writes kernel-family "
-            "models only: a table model's answer rests on numpy values a C selector cannot "
-            "repeat bit for bit (np.log2(|x| + 1) of every numeric problem column and their "
-            "sum, and the nearest measured problem in that log2 space), on the measurements "
-            "of its other training devices (its reference features), on categorical splits, "
-            "and on per-device rules (the configurations that failed on the device, the "
-            "incumbent guard with its calibrated margin, measured problems exempt from it); "
-            "serve it with `tilecast select` or tilecast.table.dispatch.TableDispatcher")
+    return (f"{label} is a table model (tilecast import), which tilecast export does not "
+            "write: its answer needs what an exported selector does not hold yet (the "
+            "measurements of its other training devices and the nearest measured problem, "
+            "which make its reference features; categorical splits; an ensemble of two "
+            "forests and a prior; per-device rules: the configurations that failed on the "
+            "device, the incumbent guard with its calibrated margin, measured problems exempt "
+            "from it) and numpy log2 values (log2(|x| + 1) of every numeric problem column, "
+            "their sum, the nearest-problem distances) that the C library's log2 can differ "
+            "from in the last bit; serve it with `tilecast select` or "
+            "tilecast.table.dispatch.TableDispatcher")
 
 
 def _feature_spec(path: Path) -> dict | None:
