@@ -162,8 +162,9 @@ def test_executable_and_library_are_linked_from_one_compile_of_the_variant(tmp_p
     assert len(calls) == 1 and not any(str(arg).endswith(".cpp") for arg in calls[0])
     assert "-shared" in calls[0] and executable.event.status == library.event.status == "ok"
     assert library.binary.suffix == ".so" and executable.cache_key != library.cache_key
-    [object_file] = cache.glob("*.o")
-    assert object_file.name.startswith(executable.kernel)
+    objects = sorted(path.name for path in cache.glob("*.o"))
+    assert len(objects) == 2 and objects[0].startswith(executable.kernel)
+    assert objects[1].startswith("gemm_skinny_")   # the GEMV-class path's own object
     described = subprocess.run([str(executable.binary), "--describe"], capture_output=True,
                                text=True, check=True).stdout
     assert f"PARAM MR {CFG.mr}" in described and f"PARAM KC {CFG.kc}" in described
@@ -178,6 +179,38 @@ def test_executable_and_library_are_linked_from_one_compile_of_the_variant(tmp_p
     assert again.cached and library_again.cached
     assert (again.binary, again.cache_key) == (executable.binary, executable.cache_key)
     assert (library_again.binary, library_again.cache_key) == (library.binary, library.cache_key)
+
+
+def test_variants_share_the_gemv_class_object_of_their_dtype_isa_scheme_and_prefetch(
+        tmp_path, monkeypatch):
+    """The GEMV-class path (gemm_skinny.cpp) is compiled once for the variants that differ
+    only in their tile and cache blocks, and once more for another parallel scheme; each
+    library linked with it is still its own variant (tests/test_gemm_kernels.py checks the
+    GEMV-class shapes' results against torch)."""
+    same = replace(CFG, kc=CFG.kc * 2)
+    other = replace(CFG, parallel="k" if CFG.parallel != "k" else "m")
+    calls = []
+    real_run = compiling._run
+
+    def counting(command, *args, **kwargs):
+        calls.append(command)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(compiling, "_run", counting)
+    cache = tmp_path / "cache"
+    builts = build_candidates(GEMM, [CFG, same, other], cache, jobs=1, shared=True)
+    assert [b.event.status for b in builts] == ["ok"] * 3
+    skinny = GEMM.skinny_unit
+    assert sum(str(skinny) in command for command in calls) == 2
+    assert sorted(p.name.split("-")[0] for p in cache.glob("gemm_skinny_*.o")) == sorted(
+        {f"gemm_skinny_fp32_{CFG.isa}_par{CFG.parallel}_pf1",
+         f"gemm_skinny_fp32_{other.isa}_par{other.parallel}_pf1"})
+    for built in builts:
+        lib = ctypes.CDLL(str(built.binary))
+        lib.tilecast_kernel_param.argtypes = (ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong))
+        value = ctypes.c_longlong()
+        assert lib.tilecast_kernel_param(b"KC", ctypes.byref(value)) == 0
+        assert value.value == built.config.kc
 
 
 def test_a_link_key_follows_its_objects_keys_and_flags(tmp_path):
@@ -529,7 +562,8 @@ def test_in_process_kernels_and_native_libraries_compile_through_one_cached_comp
 
     monkeypatch.delenv(library.COMPILER_ENV)
     paths = [load() for load in entry_points.values()]
-    assert seen == sources * 2
+    # the GEMM library links its GEMV-class object too (the killed unit stopped before it)
+    assert seen == sources + [sources[0], GEMM.skinny_unit.name, *sources[1:]]
     for path, stem in zip(paths, stems):   # one naming, one layout
         assert re.fullmatch(rf"{re.escape(stem)}-[0-9a-f]{{24}}\.so", path.name), path
         assert path.is_file() and (path.parent / ".deps").is_dir()

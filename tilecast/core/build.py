@@ -33,7 +33,7 @@ import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields as dataclass_fields
+from dataclasses import asdict, dataclass, fields as dataclass_fields, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -137,10 +137,14 @@ def rebase_spec(spec: BuildSpec, kernels_dir: Path) -> BuildSpec:
     # the one-unit build of both: it then compiles each from its own source
     library = moved(spec.library_source) if spec.library_source is not None else None
     unit = moved(spec.unit) if spec.unit is not None else None
+    unit = unit if unit is not None and unit.exists() else None
+    # a tree from before a shared unit compiles its code in the variant's own unit
+    shared = tuple(replace(part, source=moved(part.source)) for part in spec.shared_units)
+    shared = shared if unit is not None and all(p.source.exists() for p in shared) else ()
     return BuildSpec(source=source, defines=spec.defines,
                      include_dirs=tuple(moved(d) for d in spec.include_dirs),
                      library_source=library if library is not None and library.exists() else None,
-                     unit=unit if unit is not None and unit.exists() else None)
+                     unit=unit, shared_units=shared)
 
 
 def _event(name: str, result: compiling.CompileResult, seconds: float | None = None) -> BuildEvent:
@@ -154,22 +158,31 @@ def _compile_unit(name: str, config, spec: BuildSpec, cache_dir: Path, compiler:
                   flags: Sequence[str], timeout_s: float, kernels_dir: Path | None,
                   shared: bool) -> Built:
     """A candidate whose executable and library share one unit: the unit compiled once
-    (cached) into an object, then the executable, or in shared mode the library, linked from
-    it. Its key is the link's, which covers the object's (core.compile.LinkJob)."""
-    unit = compiling.CompileJob(spec.unit, compiler, (*flags, *OBJECT_FLAGS), spec.defines,
-                                spec.include_dirs, stem=name, suffix=".o",
-                                root=source_root(spec.unit, kernels_dir))
-    compiled = compiling.cached_compile(unit, cache_dir, timeout_s)
-    if not compiled.ok:
-        return Built(name, config, _event(name, compiled), None, compiled.key, compiled.cached,
-                     compiled.outcome)
+    (cached) into an object, and each of its shared units into one that every variant with
+    the same defines reuses; then the executable, or in shared mode the library, linked from
+    them. Its key is the link's, which covers the objects' (core.compile.LinkJob)."""
+    jobs = [compiling.CompileJob(spec.unit, compiler, (*flags, *OBJECT_FLAGS), spec.defines,
+                                 spec.include_dirs, stem=name, suffix=".o",
+                                 root=source_root(spec.unit, kernels_dir))]
+    jobs += [compiling.CompileJob(part.source, compiler, (*flags, *OBJECT_FLAGS), part.defines,
+                                  spec.include_dirs, stem=part.stem, suffix=".o",
+                                  root=source_root(part.source, kernels_dir))
+             for part in spec.shared_units]
+    objects, seconds, cached = [], 0.0, True
+    for job in jobs:
+        compiled = compiling.cached_compile(job, cache_dir, timeout_s)
+        if not compiled.ok:
+            return Built(name, config, _event(name, compiled), None, compiled.key,
+                         compiled.cached, compiled.outcome)
+        objects.append((compiled.artifact, compiled.key))
+        seconds += 0.0 if compiled.cached else compiled.seconds
+        cached = cached and compiled.cached
     link_flags = (*flags, *SHARED_FLAGS) if shared else tuple(flags)
     linked = compiling.cached_link(
-        compiling.LinkJob(((compiled.artifact, compiled.key),), compiler, link_flags, name,
+        compiling.LinkJob(tuple(objects), compiler, link_flags, name,
                           ".so" if shared else ""), cache_dir, timeout_s)
-    seconds = (0.0 if compiled.cached else compiled.seconds) + linked.seconds
-    return Built(name, config, _event(name, linked, seconds), linked.artifact, linked.key,
-                 compiled.cached and linked.cached, linked.outcome)
+    return Built(name, config, _event(name, linked, seconds + linked.seconds), linked.artifact,
+                 linked.key, cached and linked.cached, linked.outcome)
 
 
 def _compile(family, config, cache_dir: Path, compiler: str, flags: Sequence[str],

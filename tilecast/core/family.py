@@ -59,17 +59,29 @@ def integer_field(context: str, name: str, value, minimum: int | None = None) ->
 
 
 @dataclass(frozen=True)
+class SharedUnit:
+    """A translation unit that many variants link beside their own `unit`: compiled once
+    for every variant with the same `defines` (a subset of theirs), into `<stem>-<key>.o`
+    (gemm: the GEMV-class path, one object per dtype, ISA, scheme and prefetch)."""
+    source: Path
+    defines: Mapping[str, int]
+    stem: str
+
+
+@dataclass(frozen=True)
 class BuildSpec:
     """What the builder compiles for one candidate: a source file and its -D defines.
     `library_source`, where the family has one, is the in-process entry over the same kernel
     code, compiled with the same defines into a shared library (tilecast.core.build, shared mode).
     `unit`, where the family has one, is both in one translation unit: the builder compiles it
-    once into an object and links the executable and the library from it."""
+    once into an object and links the executable and the library from it, with the objects
+    of `shared_units` (the code the unit leaves to them)."""
     source: Path
     defines: Mapping[str, int]
     include_dirs: tuple[Path, ...] = ()
     library_source: Path | None = None
     unit: Path | None = None
+    shared_units: tuple[SharedUnit, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
-                                    PreparedProblem, integer_field, library_timer,
+                                    PreparedProblem, SharedUnit, integer_field, library_timer,
                                     reject_unknown, table_choice)
 from tilecast.features.gemm import GemmFeatureEngine
 from tilecast.spaces.gemm import DTYPES, ISAS, LAYOUTS, PARALLEL, Dtype, Isa  # noqa: F401
@@ -120,6 +120,15 @@ def validate_config(cfg: GemmConfig) -> GemmConfig:
     return cfg
 
 
+#: what the GEMV-class path (kernels/cpu/gemm/gemm_skinny.cpp) depends on of a variant
+SKINNY_DEFINES = ("TC_DTYPE", "TC_ISA", "TC_PAR", "TC_PREFETCH")
+
+
+def _skinny_stem(cfg: GemmConfig) -> str:
+    """The GEMV-class object's name for the variants of cfg's dtype, ISA, scheme, prefetch."""
+    return f"gemm_skinny_{cfg.dtype}_{cfg.isa}_par{cfg.parallel}_pf{int(cfg.prefetch)}"
+
+
 class GemmFamily(FamilyBase):
     """The GEMM family (see the module docstring)."""
     name = "gemm"
@@ -129,6 +138,8 @@ class GemmFamily(FamilyBase):
     source = KERNELS_DIR / "cpu" / "gemm" / "gemm.cpp"
     library_source = KERNELS_DIR / "cpu" / "gemm" / "gemm_lib.cpp"
     unit = KERNELS_DIR / "cpu" / "gemm" / "gemm_variant.cpp"   # both, compiled once
+    # the GEMV-class path, linked beside the unit: one object per SKINNY_DEFINES
+    skinny_unit = KERNELS_DIR / "cpu" / "gemm" / "gemm_skinny.cpp"
 
     # -- names --------------------------------------------------------------------------
     def kernel_name(self, cfg: GemmConfig) -> str:
@@ -192,8 +203,11 @@ class GemmFamily(FamilyBase):
             "TC_NR": cfg.nr, "TC_MC": cfg.mc, "TC_NC": cfg.nc, "TC_KC": cfg.kc,
             "TC_PACK_A": int(cfg.pack_a), "TC_PAR": PARALLEL[cfg.parallel],
             "TC_PREFETCH": int(cfg.prefetch)}
+        skinny = {name: defines[name] for name in SKINNY_DEFINES}
         return BuildSpec(source=self.source, defines=defines,
-                         library_source=self.library_source, unit=self.unit)
+                         library_source=self.library_source, unit=self.unit,
+                         shared_units=(SharedUnit(self.skinny_unit, skinny,
+                                                  _skinny_stem(cfg)),))
 
     # -- problems -----------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> GemmProblem:

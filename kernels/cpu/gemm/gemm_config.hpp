@@ -20,7 +20,14 @@
 #include "gemm_simd.hpp"
 #include "../common/harness.hpp"
 
-#if !defined(TC_DTYPE) || !defined(TC_ISA) || !defined(TC_MR) || !defined(TC_NR) ||  \
+#ifdef TC_SKINNY_UNIT
+// gemm_skinny.cpp, the GEMV-class path shared by the variants of one dtype, ISA, scheme and
+// prefetch: it is given those four alone, and the tile and cache-block constants below do not
+// exist in it, so no code it compiles can depend on them
+#if !defined(TC_DTYPE) || !defined(TC_ISA) || !defined(TC_PAR) || !defined(TC_PREFETCH)
+#error "missing -D parameter: the GEMV-class unit needs TC_DTYPE TC_ISA TC_PAR TC_PREFETCH"
+#endif
+#elif !defined(TC_DTYPE) || !defined(TC_ISA) || !defined(TC_MR) || !defined(TC_NR) ||  \
     !defined(TC_MC) || !defined(TC_NC) || !defined(TC_KC) || !defined(TC_PACK_A) || \
     !defined(TC_PAR) || !defined(TC_PREFETCH)
 #error "missing -D parameter: all of TC_DTYPE TC_ISA TC_MR TC_NR TC_MC TC_NC TC_KC TC_PACK_A TC_PAR TC_PREFETCH are required"
@@ -38,12 +45,14 @@
 #if TC_ISA == 0 && (!defined(__AVX2__) || !defined(__FMA__))
 #error "TC_ISA=0 needs AVX2 and FMA: compile with -march=native (or -mavx2 -mfma)"
 #endif
+#ifndef TC_SKINNY_UNIT  // the tile's parameters
 #if TC_PACK_A != 0 && TC_PACK_A != 1
 #error "TC_PACK_A must be 0 or 1"
 #endif
 #if TC_DTYPE == 1 && TC_PACK_A == 0
 #error "TC_DTYPE=1 (bf16) is repacked (widened to fp32, or paired for vdpbf16ps), so it needs TC_PACK_A=1"
 #endif
+#endif  // TC_SKINNY_UNIT
 #if TC_PAR != 0 && TC_PAR != 1 && TC_PAR != 2
 #error "TC_PAR must be 0 (m), 1 (n) or 2 (k, split-K)"
 #endif
@@ -60,6 +69,7 @@
 #define TC_VEC_REGS 16
 #endif
 
+#ifndef TC_SKINNY_UNIT  // the tile's parameters
 #if TC_MR < 1 || TC_NR < 1
 #error "TC_MR and TC_NR must be positive"
 #endif
@@ -80,6 +90,7 @@
 #if TC_NC % TC_NR != 0
 #error "TC_NC must be a multiple of TC_NR"
 #endif
+#endif  // TC_SKINNY_UNIT
 
 namespace tc::gemm {
 
@@ -118,15 +129,18 @@ constexpr index_t packed_steps(index_t kc) { return kBf16Dot ? (kc + 1) / 2 : kc
 /// of OpenMP loops and the harness's file sizes overflow long before they would fit in memory.
 constexpr long long kMaxDim = 1LL << 31;
 
+#ifndef TC_SKINNY_UNIT  // the tile and cache blocks
 constexpr int kMR = TC_MR;
 constexpr int kNR = TC_NR;
 constexpr index_t kMC = TC_MC;
 constexpr index_t kNC = TC_NC;
 constexpr index_t kKC = TC_KC;
 constexpr bool kPackA = TC_PACK_A == 1;
+#endif  // TC_SKINNY_UNIT
 constexpr int kParScheme = TC_PAR;
 constexpr bool kPrefetch = TC_PREFETCH == 1;
 
+#ifndef TC_SKINNY_UNIT
 /// The one table `--describe` prints.
 inline std::vector<Param> describe_params() {
   return {{"DTYPE", TC_DTYPE}, {"ISA", TC_ISA},         {"MR", TC_MR},
@@ -134,5 +148,6 @@ inline std::vector<Param> describe_params() {
           {"KC", TC_KC},       {"PACK_A", TC_PACK_A},   {"PAR", TC_PAR},
           {"PREFETCH", TC_PREFETCH}};
 }
+#endif  // TC_SKINNY_UNIT
 
 }  // namespace tc::gemm

@@ -214,6 +214,33 @@ inline bool task_of(const P& p, Task& task) {
   return task.t_cs == 1 || task.t_rs == 1;  // the family's layouts always give one
 }
 
+/// Scratch of the skinny path, sized before timing: S's rows packed contiguous (cols form
+/// with strided S; bf16's S widened to fp32, either form), and the split-K partial outputs
+/// of all threads but the first.
+struct Scratch {
+  AlignedBuffer s_rows;
+  SlicedBuffer partial;
+  Scratch() = default;
+  Scratch(const Task& t, int threads) {
+    if (!std::is_same_v<InputT, float> || (t.t_cs != 1 && t.s_cs != 1))
+      s_rows = AlignedBuffer(t.rows * t.depth);
+    if (kParScheme == 2 && threads > 1) partial = SlicedBuffer(threads - 1, t.rows * t.cols);
+  }
+};
+
+/// out = S * T for one task, on `threads` threads by the variant's scheme.
+inline void run(const Task& given, Scratch& scratch, int threads);
+
+#ifdef TC_SKINNY_SEPARATE
+// The variant's unit (gemm_variant.cpp) takes `run` from its own object, gemm_skinny.cpp,
+// compiled once for every variant of one dtype, ISA, scheme and prefetch: the code below
+// depends on nothing else of a variant.
+void run_compiled(const Task& given, Scratch& scratch, int threads);
+inline void run(const Task& given, Scratch& scratch, int threads) {
+  run_compiled(given, scratch, threads);
+}
+#else
+
 inline float hsum(__m256 v) {
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
@@ -511,21 +538,6 @@ using RangeFn = void (*)(const Task&, const float*, index_t, index_t, index_t, i
 constexpr RangeFn kRanges[kSkinnyMax] = {range<1>, range<2>, range<3>, range<4>,
                                          range<5>, range<6>, range<7>, range<8>};
 
-/// Scratch of the skinny path, sized before timing: S's rows packed contiguous (cols form
-/// with strided S; bf16's S widened to fp32, either form), and the split-K partial outputs
-/// of all threads but the first.
-struct Scratch {
-  AlignedBuffer s_rows;
-  SlicedBuffer partial;
-  Scratch() = default;
-  Scratch(const Task& t, int threads) {
-    if (!std::is_same_v<InputT, float> || (t.t_cs != 1 && t.s_cs != 1))
-      s_rows = AlignedBuffer(t.rows * t.depth);
-    if (kParScheme == 2 && threads > 1) partial = SlicedBuffer(threads - 1, t.rows * t.cols);
-  }
-};
-
-/// out = S * T for one task, on `threads` threads by the variant's scheme.
 inline void run(const Task& given, Scratch& scratch, int threads) {
   Task t = given;
   const RangeFn fn = t.rows <= kSkinnyMax ? kRanges[t.rows - 1] : dots_range;
@@ -586,5 +598,7 @@ inline void run(const Task& given, Scratch& scratch, int threads) {
     }
   }
 }
+
+#endif  // TC_SKINNY_SEPARATE
 
 }  // namespace tc::gemm::skinny
