@@ -172,6 +172,8 @@ def _run_flow(args, workdir: Path) -> dict:
         atexit.register(server.stop)
         os.environ["PREFECT_API_URL"] = server.api_url
         os.environ[EMBEDDED_SERVER_ENV] = "1"
+    if args.task_runner != "dask":   # the stages run in this process: compile while it starts
+        _start_early_build(args)
     # Prefect reads its settings when first imported: only after prefect_env set them
     from tilecast.flows.nightly import nightly
     from tilecast.tasks import orchestration
@@ -188,6 +190,17 @@ def _run_flow(args, workdir: Path) -> dict:
     except cli.user_errors():
         drain_prefect_workers()
         raise
+
+
+def _start_early_build(args) -> None:
+    """Compile the run's candidates while the server boots and Prefect imports
+    (tilecast.workflows.pipeline.EarlyBuild): the first thread count's, as its build stage
+    would, into the same cache."""
+    from tilecast.workflows import pipeline
+
+    ctx = pipeline.RunContext.create(args.config, args.workdir, args.registry,
+                                     run_id=args.run_id, store=args.store)
+    pipeline.start_early_build(ctx)
 
 
 def drain_prefect_workers(timeout_s: float = 10.0) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 import zlib
 from dataclasses import dataclass, replace
@@ -188,6 +189,62 @@ def build_all(ctx: RunContext, names: Sequence[str] | None = None,
     return summaries
 
 
+class EarlyBuild:
+    """build_all's compiles started on a thread before the run's own build stage, so that they
+    overlap what comes first (`tilecast run` starting its Prefect server and importing the
+    flow). The stage then finds each artifact built, or waits on the compile of it in flight
+    (tilecast.core.compile holds one lock per recipe), so nothing compiles twice; what the
+    early build fails at is the stage's to report, not this thread's. No benchmark measures
+    while it runs: bench_stage waits for it first (`wait_early_build`)."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+        self.thread = threading.Thread(target=self._compile, name="tilecast-early-build",
+                                       daemon=True)
+
+    def _compile(self) -> None:
+        ctx = self.ctx
+        try:
+            requests = [(_family(ctx, name)[0], select_candidates(ctx, name))
+                        for name in ctx.config.families]
+            results = build.build_families(requests, ctx.build_cache,
+                                           jobs=ctx.config.build_jobs)
+            if ctx.config.interleave:
+                libraries = [(family, [b.config for b in builts if b.binary is not None])
+                             for (family, _), builts in zip(requests, results)
+                             if interleave_supported(family)]
+                build.build_families(libraries, ctx.build_cache,
+                                     jobs=ctx.config.build_jobs, shared=True)
+        except Exception as err:   # the build stage meets the same trouble and names it
+            log.debug("early build stopped: %r", err)
+
+
+_EARLY_BUILDS: list[EarlyBuild] = []
+_EARLY_LOCK = threading.Lock()
+
+
+def start_early_build(ctx: RunContext) -> EarlyBuild:
+    """Start compiling `ctx`'s candidates (and in-process libraries) now, on a thread of this
+    process; the run's build stage and benchmarks then proceed as usual (see EarlyBuild)."""
+    early = EarlyBuild(ctx)
+    with _EARLY_LOCK:
+        _EARLY_BUILDS.append(early)
+    early.thread.start()
+    return early
+
+
+def wait_early_build() -> None:
+    """Return once no early build of this process is compiling (at once when none is)."""
+    with _EARLY_LOCK:
+        pending = list(_EARLY_BUILDS)
+    for early in pending:
+        early.thread.join()
+    with _EARLY_LOCK:
+        for early in pending:
+            if early in _EARLY_BUILDS:
+                _EARLY_BUILDS.remove(early)
+
+
 def _record_builds(ctx: RunContext, name: str, builts: Sequence[build.Built]) -> dict:
     """A family's build events written to W/build/<family>/events.json, and its summary;
     build.BuildError when none of its candidates built."""
@@ -299,6 +356,7 @@ def bench_stage(ctx: RunContext, name: str, device: str | None = None,
     family, fc = _family(ctx, name)
     builts = load_builds(ctx, name)
     cfg = ctx.config
+    wait_early_build()   # nothing compiles beside a measurement
     libraries = (in_process_libraries(family, builts, ctx.build_cache, cfg.build_jobs)
                  if cfg.interleave else {})
     settings = BenchSettings.from_config(cfg, seed=fc.seed, libraries=libraries)
