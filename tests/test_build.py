@@ -575,3 +575,32 @@ def test_dependency_files_parse_as_gcc_and_nvcc_write_them():
     nvcc = "k.o : k.cu \\\n    k.cuh\n\n"
     assert compiling.parse_depfile(nvcc) == ["k.cu", "k.cuh"]
     assert compiling.parse_depfile("") == []
+
+
+def test_an_early_build_and_the_build_stage_compile_each_candidate_once(tmp_path, monkeypatch):
+    """`tilecast run` starts compiling while its server boots (pipeline.EarlyBuild): the build
+    stage beside it compiles nothing twice (it waits on the compile in flight, then finds the
+    artifact), records every candidate built, and wait_early_build returns with none left."""
+    from tilecast.workflows import pipeline
+
+    monkeypatch.setenv("TILECAST_BUILD_CACHE", str(tmp_path / "build"))
+    calls = []
+    real_run = compiling._run
+
+    def counting(command, *args, **kwargs):
+        calls.append(command)
+        time.sleep(0.2)   # hold each compile a little, so the two builders overlap
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(compiling, "_run", counting)
+    config = Path(__file__).parent / "configs" / "tiny.yaml"
+    ctx = pipeline.RunContext.create(config, tmp_path / "w", tmp_path / "r")
+    early = pipeline.start_early_build(ctx)
+    summary = pipeline.build_stage(ctx, "gemm")
+    pipeline.wait_early_build()
+    assert not early.thread.is_alive() and not pipeline._EARLY_BUILDS
+    assert summary["ok"] == summary["candidates"] == len(pipeline.select_candidates(ctx, "gemm"))
+    unit = str(GEMM.unit)
+    variants = [c for c in calls if unit in c]
+    defines = [tuple(a for a in c if a.startswith("-DTC_")) for c in variants]
+    assert len(defines) == len(set(defines)) == summary["candidates"]   # each compiled once
