@@ -144,5 +144,6 @@ def get_family(name: str) -> Family:
         return FAMILIES[name]
     except KeyError:
         if name in FAMILIES.refused:
-            raise FamilyError(f"kernel family {name!r} is unusable: {FAMILIES.refused[name]}") from None
+            raise FamilyError(f"kernel family {name!r} is unusable: "
+                              f"{FAMILIES.refused[name]}") from None
         raise FamilyError(f"unknown kernel family {name!r}; valid: {', '.join(FAMILIES)}") from None

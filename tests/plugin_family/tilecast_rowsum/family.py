@@ -8,6 +8,7 @@ registered through its distribution's `tilecast.families` entry point.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import re
 from dataclasses import dataclass, fields
@@ -15,12 +16,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError,
-                                  PreparedProblem, integer_field, reject_unknown, table_choice)
+                                  PreparedProblem, integer_field, library_timer, reject_unknown,
+                                  table_choice)
 
 from tilecast_rowsum.features import RowsumFeatureEngine
 
-SOURCE = Path(__file__).resolve().parent / "kernels" / "rowsum.cpp"
-HARNESS_DIR = KERNELS_DIR / "cpu" / "common"   # tilecast's harness.hpp
+SOURCES = Path(__file__).resolve().parent / "kernels"
+HARNESS_DIR = KERNELS_DIR / "cpu" / "common"   # tilecast's harness.hpp, inprocess_entry.hpp
 
 # The candidate space's tables: each value is one -D parameter of rowsum.cpp.
 DTYPES = {"fp32": 1e-4}                  # dtype -> tolerance (norm-relative, vs float64)
@@ -103,9 +105,11 @@ class RowsumFamily(FamilyBase):
 
     def build_spec(self, cfg: RowsumConfig) -> BuildSpec:
         validate_config(cfg)
-        return BuildSpec(source=SOURCE, include_dirs=(HARNESS_DIR,),
+        return BuildSpec(source=SOURCES / "rowsum.cpp", include_dirs=(HARNESS_DIR,),
                          defines={"RS_ACC": cfg.accumulators, "RS_ROWS": cfg.rows,
-                                  "RS_PARALLEL": PARALLEL[cfg.parallel]})
+                                  "RS_PARALLEL": PARALLEL[cfg.parallel]},
+                         library_source=SOURCES / "rowsum_lib.cpp",
+                         unit=SOURCES / "rowsum_variant.cpp")
 
     # -- problems ------------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> RowsumProblem:
@@ -167,6 +171,25 @@ class RowsumFamily(FamilyBase):
         job = (str(problem.m), str(problem.n), str(problem.ld), str(x_path), str(y_path))
         return PreparedProblem(problem=problem, job_args=job, output_path=y_path,
                                reference=reference, tensors={"x": x[:, :problem.n]})
+
+    def output_tensor(self, prepared: PreparedProblem):
+        """y for the interleaved protocol: m fp32 values, shared by a problem's candidates."""
+        import torch
+
+        return torch.empty(prepared.problem.m, dtype=torch.float32)
+
+    def timer(self, library: Path, prepared: PreparedProblem, threads: int, output):
+        """time(reps) -> seconds per call through the variant's in-process library
+        (`tilecast_rowsum_time`, rowsum_lib.cpp) on the prepared x, writing y into `output`:
+        what tilecast's interleaved protocol times candidates side by side with."""
+        entry = ctypes.CDLL(str(library)).tilecast_rowsum_time
+        index = ctypes.c_longlong
+        entry.argtypes = [ctypes.c_void_p, index, index, index, ctypes.c_void_p, ctypes.c_int,
+                          ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, index]
+        entry.restype = ctypes.c_int
+        p, x = prepared.problem, prepared.tensors["x"]   # x: the first n columns, rows ld apart
+        return library_timer(entry, (x.data_ptr(), p.m, p.n, p.ld, output.data_ptr()), threads,
+                             owners=(x, output))
 
     def peer(self, prepared: PreparedProblem, threads: int):
         """torch.sum over the same rows with the same thread count: (name, callable)."""
