@@ -212,3 +212,20 @@ def test_a_grouped_conv_kernel_runs_from_a_prebuilt_library_without_a_compiler(
     assert rel_error(y, F.conv2d(x.double(), w.double(), padding=1, groups=2)) < 1e-4
     assert kernel_library.load(family, name).path == version / entry["kernels"][name]["file"]
     assert not (tmp_path / "empty").exists()
+
+
+def test_the_publish_stage_copies_the_runs_libraries_and_compiles_nothing(setup, build_cache,
+                                                                            tmp_path, caplog):
+    """publish_kernels (the publish stage's) takes every candidate's library from the run's
+    build cache; where they were built elsewhere (a fleet's parent) the version carries none."""
+    model_dir = registry.local_copy(setup["root"], "gemm", 1)
+    files = prebuild.publish_kernels(model_dir, build_cache)
+    manifest = json.loads(files[prebuilt.MANIFEST_FILE])
+    [(tag, entry)] = manifest["builds"].items()
+    assert entry["origin"] == "publish" and sorted(entry["kernels"]) == sorted(NAMES)
+    assert {files[k["file"]] for k in entry["kernels"].values()} == set(setup["built"].values())
+    elsewhere = tmp_path / "parent-cache"
+    elsewhere.mkdir()
+    assert prebuild.publish_kernels(model_dir, elsewhere) == {}
+    assert "publish without prebuilt kernels: 2 of 2 candidates were not built in" in caplog.text
+    assert not any(elsewhere.iterdir())

@@ -71,6 +71,14 @@ def this_build(compiler: str) -> dict:
             "flags": list(build.DEFAULT_FLAGS)}
 
 
+def runs_in_process(family, names: Sequence[str]) -> bool:
+    """Whether `names` are kernels of `family` that run in process, from a library each
+    (tilecast.runtime.kernel_library.ENTRIES): those a version can carry prebuilt."""
+    sources = {family.build_spec(family.parse_name(name)).library_source for name in names}
+    return bool(names) and all(source is not None and source.name in kernel_library.ENTRIES
+                               for source in sources)
+
+
 def kernel_files(family, names: Sequence[str], cache_dir: Path | None = None, *,
                  compiler: str = "g++", jobs: int = 2, origin: str = "publish",
                  manifest: dict | None = None) -> tuple[dict, dict]:
@@ -81,10 +89,9 @@ def kernel_files(family, names: Sequence[str], cache_dir: Path | None = None, *,
     is this build's manifest entry with "tag" and "cached" (libraries found built). {} and
     {} for a family whose kernels do not run in process. PrebuildError naming the kernels
     that did not build, or when there is no compiler."""
-    configs = [family.parse_name(name) for name in names]
-    sources = {family.build_spec(c).library_source for c in configs}
-    if not configs or any(s is None or s.name not in kernel_library.ENTRIES for s in sources):
+    if not runs_in_process(family, names):
         return {}, {}
+    configs = [family.parse_name(name) for name in names]
     cache_dir = Path(cache_dir) if cache_dir is not None else build.default_cache_dir()
     try:
         described = this_build(compiler)
@@ -128,9 +135,20 @@ def _candidates(directory: Path) -> tuple[object, list[str]]:
 def publish_kernels(model_dir: Path, cache_dir: Path, *, jobs: int = 2) -> dict:
     """The publish stage's kernels/ files for the model in `model_dir` (this host's build of
     every candidate's library, copied from the run's build cache), or {} with a warning when
-    any of them cannot be built: a version then carries none, and serving compiles them (or
-    `tilecast prebuild` adds them)."""
+    any of them is not there or cannot be built: a version then carries none, and serving
+    compiles them (or `tilecast prebuild` adds them). Publishing compiles nothing: a
+    candidate neither linked nor compiled in `cache_dir` (a fleet's parent, whose shards
+    built on their own machines) leaves the version without kernels."""
     family, names = _candidates(model_dir)
+    if not runs_in_process(family, names):
+        return {}
+    absent = [name for name in names if not any(Path(cache_dir).glob(f"{name}-*.so"))
+              and not any(Path(cache_dir).glob(f"{name}-*.o"))]
+    if absent:
+        log.warning("publish without prebuilt kernels: %d of %d candidates were not built in "
+                    "%s (e.g. %s); `tilecast prebuild` on a machine of the model's class adds "
+                    "them", len(absent), len(names), cache_dir, absent[0])
+        return {}
     try:
         files, entry = kernel_files(family, names, cache_dir, jobs=jobs)
     except (PrebuildError, OSError) as err:   # OSError: an unreadable or unwritable cache
