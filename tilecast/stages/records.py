@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from tilecast.config.run import PROBLEM_SETS
 from tilecast.core import stats
 from tilecast.core.dataset import (PHASES, ROLES, SCHEMA_VERSION, STATUS_TABLE, STATUSES,
                                     DatasetError)
@@ -23,7 +24,6 @@ from tilecast.core.family import FamilyError
 
 # How many row errors a RecordsError lists before "... and N more".
 SHOWN_ERRORS = 10
-PROBLEM_SETS = ("train", "holdout")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 CSV_SUFFIXES = (".csv",)
 
