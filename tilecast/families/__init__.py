@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from importlib import metadata
 
+from tilecast import __version__
 from tilecast.core.family import Family, FamilyError
 from tilecast.families.disco import DiscoFamily
 from tilecast.families.gemm import FAMILY as GEMM
@@ -85,7 +86,8 @@ def discover(entry_points: list[metadata.EntryPoint]) -> tuple[dict[str, Family]
     for name, declared in by_name.items():
         if name in BUILT_IN:
             refused[name] = (f"{ENTRY_POINT_GROUP} {_spelled(declared[0])} clashes with the "
-                             f"built-in family {name!r} of tilecast; rename the plugin's family")
+                             f"built-in family {name!r} of tilecast {__version__}; rename the "
+                             f"plugin's family")
         elif len(declared) > 1:
             refused[name] = (f"kernel family {name!r} is declared by two packages, "
                              f"{_package(declared[0])} ({declared[0].value}) and "
