@@ -185,8 +185,8 @@ def test_the_same_csv_twice_is_read_once_and_never_overwritten(tmp_path):
 def test_both_ck_readers_collapse_repeats_alike(tmp_path):
     """One CSV measuring slots several times (the tile engine appends each run), through the
     family pipeline (convert_ck) and into a table dataset (import --from ck-csv): one
-    collapser, so each slot has the same status in both, the table's time is the record's
-    median and its repeats the record's sample count."""
+    collapser and one schema (core.columns), so each slot has the same status, samples,
+    median and MAD in both."""
     rows = [_row(FWD_2D, 0, 0.50), _row(FWD_2D, 1, 0.70), _row(FWD_2D, 2, 0.90),
             _row(FWD_2D, 3, 0.40),                                    # four runs: median 0.6
             _row(FWD_2D_MEM, 0, 0.30), _row(FWD_2D_MEM, 1, 0.20),
@@ -202,14 +202,15 @@ def test_both_ck_readers_collapse_repeats_alike(tmp_path):
     for slot in records.index:
         record, row = records.loc[slot], table.loc[slot]
         assert record["status"] == row["status"]
-        assert len(record["samples_s"]) == row["repeats"]
+        assert list(record["samples_s"]) == list(row["samples_s"])
         if record["status"] == "ok":
-            assert record["median_s"] == row["time_s"]
+            assert (record["median_s"], record["mad_s"]) == (row["median_s"], row["mad_s"])
         else:
-            assert pd.isna(record["median_s"]) and pd.isna(row["time_s"])
+            assert pd.isna(record["median_s"]) and pd.isna(row["median_s"])
+            assert pd.isna(record["mad_s"]) and pd.isna(row["mad_s"])
     assert records.loc[(FWD_2D, 28), "median_s"] == pytest.approx(0.6e-3)
     assert records.loc[(FWD_2D, 28), "mad_s"] == pytest.approx(0.15e-3)
-    assert table.loc[(FWD_2D, 28), "spread"] == pytest.approx(0.9 / 0.4)
+    assert table.loc[(FWD_2D, 28), "mad_s"] == pytest.approx(0.15e-3)
     failed = records.loc[(FWD_2D_MEM, 28)]
     assert failed["status"] == "wrong_result" and "CSV rows [8]" in failed["reason"]
     assert sorted(failed["samples_s"]) == pytest.approx([0.2e-3, 0.25e-3, 0.3e-3])

@@ -77,9 +77,11 @@ def test_kernel_tuner_caches_of_two_devices(tmp_path):
     assert set(frame["dims_key"]) == {"problem_size_0=4096,problem_size_1=4096,problem_size_2=4096"}
     entry = json.loads(KT_A100.read_text())["cache"]["32,8,2,4"]
     ok = _row(frame, device="A100-SXM4-80GB", kernel=KT_KEYS.format(32, 8, 2, 4))
-    assert ok["status"] == "ok" and ok["time_s"] == pytest.approx(entry["time"] / 1e3)
-    assert ok["repeats"] == 7 and ok["spread"] == pytest.approx(max(entry["times"]) /
-                                                                min(entry["times"]))
+    assert ok["status"] == "ok" and ok["median_s"] == pytest.approx(entry["time"] / 1e3)
+    # Kernel Tuner's runs are the samples; its time (their mean) stays the row's time
+    assert list(ok["samples_s"]) == pytest.approx([t / 1e3 for t in entry["times"]])
+    assert len(entry["times"]) == 7 and ok["mad_s"] == pytest.approx(
+        float(np.median(np.abs(np.array(entry["times"]) - np.median(entry["times"])))) / 1e3)
     assert ok["row"] == "32,8,2,4" and ok["source"] == str(KT_A100)
     failures = {(r.device, r.row): (r.status, r.reason) for r in frame.itertuples()
                 if r.status != "ok"}
@@ -89,7 +91,8 @@ def test_kernel_tuner_caches_of_two_devices(tmp_path):
         ("A100-SXM4-80GB", "64,8,2,4"): ("unsupported", "InvalidConfig"),
         ("H100-SXM5-80GB", "64,8,2,4"): ("failed", "time 1e+20: an old Kernel Tuner's failure "
                                                    "marker")}
-    assert frame.loc[frame["status"] != "ok", "time_s"].isna().all()
+    assert frame.loc[frame["status"] != "ok", "median_s"].isna().all()
+    assert frame.loc[frame["status"] != "ok", "mad_s"].isna().all()
     manifest = read_dataset(out).manifest
     assert [s["format"] for s in manifest["sources"]] == ["kernel-tuner-cache"] * 2
     gz = manifest["sources"][1]
@@ -144,8 +147,9 @@ def test_t4_results_take_the_device_of_their_metadata(tmp_path):
     assert set(frame["device"]) == {"V100-SXM2"} and set(frame["dims_key"]) == {"-"}
     results = json.loads((T4_DIR / "results.json").read_text())["results"]
     first = _row(frame, row="results[0]")
-    assert first["time_s"] == pytest.approx(results[0]["measurements"][0]["value"] / 1e3)
-    assert first["repeats"] == 5
+    assert first["median_s"] == pytest.approx(results[0]["measurements"][0]["value"] / 1e3)
+    assert list(first["samples_s"]) == pytest.approx(
+        [t / 1e3 for t in results[0]["times"]["runtimes"]])
     assert _row(frame, row="results[3]")["status"] == "build_failed"
     assert _row(frame, row="results[6]")["status"] == "unsupported"
     # units are honoured: the same time in microseconds and seconds
@@ -158,7 +162,7 @@ def test_t4_results_take_the_device_of_their_metadata(tmp_path):
         path = tmp_path / f"results_{unit}.json"
         path.write_text(json.dumps(document))
         rows = reader("kernel-tuner").read([path], mapping=None, device="V100-SXM2").rows
-        assert rows[0]["time_s"] == pytest.approx(first["time_s"])
+        assert rows[0]["median_s"] == pytest.approx(first["median_s"])
 
 
 def test_t4_results_without_a_device(tmp_path):
@@ -184,12 +188,13 @@ def test_autoheuristic_default_log_path_names_the_device(tmp_path):
     assert len(frame) == 9      # 11 lines, two of them repeats
     triton = "type=triton_BLOCK-M=16_BLOCK-K=128_BLOCK-N=64_numstages=4_numwarps=4"
     seen_twice = _row(frame, m=16, choice=triton)
-    assert seen_twice["repeats"] == 2 and seen_twice["row"] == "4,12"
-    assert seen_twice["time_s"] == pytest.approx((0.041814 + 0.0418) / 2 * 1e-3)
-    assert seen_twice["spread"] == pytest.approx(0.041814 / 0.0418)
+    assert list(seen_twice["samples_s"]) == pytest.approx([0.041814e-3, 0.0418e-3])
+    assert seen_twice["row"] == "4,12"
+    assert seen_twice["median_s"] == pytest.approx((0.041814 + 0.0418) / 2 * 1e-3)
+    assert seen_twice["mad_s"] == pytest.approx((0.041814 - 0.0418) / 2 * 1e-3)
     failed = _row(frame, m=64, choice="extern_fallback_mixed_mm")
-    assert failed["status"] == "crashed" and failed["repeats"] == 2
-    assert math.isnan(failed["time_s"]) and "inf" in failed["reason"]
+    assert failed["status"] == "crashed" and failed["row"].count(",") == 1
+    assert math.isnan(failed["median_s"]) and "inf" in failed["reason"]
 
 
 def test_autoheuristic_without_a_device_directory_needs_device(tmp_path):
@@ -202,7 +207,7 @@ def test_autoheuristic_without_a_device_directory_needs_device(tmp_path):
     dataset = read_dataset(tmp_path / "ds")
     kinds = {c.name: c.kind for c in dataset.schema.problem}
     assert kinds["mat1_iscontig"] == "categorical" and kinds["mat1_stride_0"] == "numeric"
-    assert _row(dataset.frame, m=1023, choice="pad")["time_s"] == pytest.approx(0.1873e-3)
+    assert _row(dataset.frame, m=1023, choice="pad")["median_s"] == pytest.approx(0.1873e-3)
 
 
 def _ah_with_extra_column(tmp_path: Path) -> Path:
@@ -300,7 +305,8 @@ def test_ck_gemm_profiler_csv(tmp_path, mi300x_devices):
     name = ("gemm_universal_fp16_rcr_compv3_cshuffle_intrawave_False_False_False_False_"
             "256x256x32_2x2x1_32x32x16")
     twice = _row(frame, m=1024, kernel_name=name)
-    assert twice["repeats"] == 2 and twice["time_s"] == pytest.approx((0.0043 + 0.0052) / 2e3)
+    assert list(twice["samples_s"]) == pytest.approx([0.0043e-3, 0.0052e-3])
+    assert twice["median_s"] == pytest.approx((0.0043 + 0.0052) / 2e3)
     assert (twice["pipeline"], twice["tile_m"], twice["tile_k"], twice["warp_tile_k"]) == \
         ("compv3", 256, 32, 16)
     asynchronous = frame[frame["pipeline"] == "comp_async"].iloc[0]
@@ -356,7 +362,7 @@ def test_ck_sweep_csv(tmp_path):
     import_files("ck-csv", [path], out, device="MI300X")
     frame = _rows(out).sort_values("tile_m")
     assert list(frame["status"]) == ["failed", "ok"]
-    assert frame["time_s"].iloc[1] == pytest.approx(0.0307e-3)
+    assert frame["median_s"].iloc[1] == pytest.approx(0.0307e-3)
     assert read_dataset(out).schema.problem_names == tuple(problem)
 
 
@@ -374,7 +380,7 @@ def test_ck_grouped_conv_csv(tmp_path):
     assert wrong["status"] == "wrong_result" and "non_zero" in wrong["reason"]
     assert wrong["wave_mode"] == "none" and wrong["block"] == 128
     fast = _row(frame, Hi=28, kernel_name="grouped_conv_forward_bf16_2d_256x128x128_mem_interwave")
-    assert fast["time_s"] == pytest.approx(0.074e-3) and fast["has_dsb"] == 0
+    assert fast["median_s"] == pytest.approx(0.074e-3) and fast["has_dsb"] == 0
 
 
 # -- any table -------------------------------------------------------------------------------
@@ -387,14 +393,14 @@ def test_table_with_mapping_csv_and_parquet(tmp_path):
     timeout = _row(frame, device="L4", m=2048, tile_m=128, tile_n=128)
     assert (timeout["status"], timeout["reason"]) == ("timeout", "state=timeout")
     first = _row(frame, device="A100-PCIE-40GB", m=512, tile_m=64)
-    assert first["time_s"] == pytest.approx(0.006e-3) and first["row"] == "2"
+    assert first["median_s"] == pytest.approx(0.006e-3) and first["row"] == "2"
     assert first["kernel"] == "tile_m=64,tile_n=64,algo=splitk"
     parquet = tmp_path / "table.parquet"
     pd.read_csv(TABLE).to_parquet(parquet)
     again = reader("table").read([parquet], mapping=yaml.safe_load(TABLE_MAP.read_text()),
                                  device=None)
     by_row = {r["row"]: r for r in again.rows}
-    assert by_row["0"]["time_s"] == pytest.approx(0.006e-3) and by_row["0"]["tile_m"] == 64
+    assert by_row["0"]["median_s"] == pytest.approx(0.006e-3) and by_row["0"]["tile_m"] == 64
 
 
 def test_table_status_values_tilecast_names_old_names_and_others(tmp_path):
@@ -433,7 +439,7 @@ def test_a_dataset_written_in_the_old_status_vocabulary_still_reads(tmp_path):
     # a model trained on it before the rename recorded the old spelling's hash: still the same
     # data for the publish gate; other data is not
     assert data_hash(written) != data_hash(read) and same_data(read, data_hash(written))
-    changed = written.assign(time_s=written["time_s"] * 1.01)
+    changed = written.assign(median_s=written["median_s"] * 1.01)
     assert not same_data(read, data_hash(changed))
 
 
@@ -600,13 +606,12 @@ def test_every_format_has_a_reader():
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.floats(1e-6, 1.0)), min_size=1,
                 max_size=30))
 @settings(max_examples=60, deadline=None)
-def test_collapse_repeats_is_median_count_and_ratio(measurements):
+def test_collapse_rows_keeps_the_samples_and_their_median(measurements):
     frame = pd.DataFrame({"key": [k for k, _ in measurements],
                           "time_s": [t for _, t in measurements], "status": "ok", "reason": "",
                           "row": [str(i) for i in range(len(measurements))]})
     collapsed = collapse_rows(frame, ["key"]).set_index("key")
     for key, times in frame.groupby("key")["time_s"]:
-        assert collapsed.at[key, "time_s"] == pytest.approx(float(np.median(times)))
-        assert collapsed.at[key, "repeats"] == len(times)
-        assert collapsed.at[key, "spread"] == pytest.approx(times.max() / times.min())
+        assert collapsed.at[key, "median_s"] == pytest.approx(float(np.median(times)))
+        assert collapsed.at[key, "samples_s"] == list(times)
         assert collapsed.at[key, "row"] == ",".join(frame.loc[times.index, "row"])

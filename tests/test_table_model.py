@@ -71,7 +71,7 @@ def make_rows(devices=DEVICES, problems=PROBLEMS, configs=CONFIGS, seed: int = 0
             status = status_of(entry, config)
             noise = float(rng.lognormal(0.0, 0.03))
             rows.append({**problem, **config, "device": device, "status": status,
-                         "time_s": time_of(entry, problem, config, noise) if status == "ok"
+                         "median_s": time_of(entry, problem, config, noise) if status == "ok"
                          else math.nan})
     return rows
 
@@ -112,8 +112,8 @@ def pick_efficiency(model: TableModel, dataset: TableDataset, device: str) -> np
     pick failed there)."""
     frame = dataset.frame[dataset.frame["device"] == device]
     ok = frame[frame["status"] == "ok"]
-    best = ok.groupby("dims_key")["time_s"].min()
-    times = ok.set_index(["dims_key", "kernel"])["time_s"]
+    best = ok.groupby("dims_key")["median_s"].min()
+    times = ok.set_index(["dims_key", "kernel"])["median_s"]
     values = []
     for problem in PROBLEMS:
         scores = model.predict(problem, device)
@@ -211,7 +211,7 @@ def test_structured_choice_names_give_tile_features(devices):
 
 def test_efficiency_is_best_time_over_time_per_device_and_problem():
     ok = pd.DataFrame({"device": ["a", "a", "a", "b", "b"], "dims_key": ["p"] * 5,
-                       "time_s": [2.0, 1.0, 4.0, 3.0, 6.0]})
+                       "median_s": [2.0, 1.0, 4.0, 3.0, 6.0]})
     np.testing.assert_allclose(efficiencies(ok), [0.5, 1.0, 0.25, 1.0, 0.5])
 
 
@@ -219,7 +219,7 @@ def test_large_groups_keep_their_best_rows_and_a_deterministic_sample():
     rng = np.random.default_rng(1)
     ok = pd.DataFrame({"device": "a", "dims_key": np.repeat(["p", "q"], 1000),
                        "kernel": [f"c={i}" for i in range(1000)] * 2,
-                       "time_s": rng.uniform(1, 10, 2000)})
+                       "median_s": rng.uniform(1, 10, 2000)})
     efficiency = efficiencies(ok)
     kept = sample_rows(ok, efficiency, budget=400)              # 200 rows a group
     assert len(kept) == 400
@@ -293,7 +293,7 @@ def test_a_device_left_out_is_answered_from_its_features(model_without_t4, datas
     assert not np.allclose([predicted[k] for k in common], [other[k] for k in common])
     # better than a random candidate on T4 on average (one that fails there scores 0)
     frame = dataset.frame[dataset.frame["device"] == "T4"]
-    random_mean = (frame.groupby("dims_key")["time_s"].transform("min") / frame["time_s"]
+    random_mean = (frame.groupby("dims_key")["median_s"].transform("min") / frame["median_s"]
                    ).fillna(0.0).mean()
     assert pick_efficiency(model_without_t4, dataset, "T4").mean() > random_mean
 

@@ -41,7 +41,7 @@ def devices() -> DeviceTable:
 def dataset() -> TableDataset:
     rows = [{"device": device, "m": m, "n": 128, "tile": tile,
              "status": "ok" if seconds is not None else "build_failed",
-             "time_s": seconds if seconds is not None else math.nan}
+             "median_s": seconds if seconds is not None else math.nan}
             for (device, m), times in TIMES.items() for tile, seconds in times.items()]
     return TableDataset(frame=finish_frame(rows, SCHEMA), schema=SCHEMA)
 

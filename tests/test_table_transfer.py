@@ -60,10 +60,10 @@ def _rows(devices=DEVICES, seed: int = 0) -> list[dict]:
         for (m, n), (block, unroll, layout) in ((p, c) for p in PROBLEMS for c in CONFIGS):
             row = {"device": device, "m": m, "n": n, "block": block, "unroll": unroll,
                    "layout": layout, "status": "ok",
-                   "time_s": _time(entry, m, n, block, unroll, layout)
+                   "median_s": _time(entry, m, n, block, unroll, layout)
                    * math.exp(rng.normal(0.0, 0.02))}
             if block == 256 and unroll == 4 and entry["shared_memory_kib"] < 100:
-                row.update(status="build_failed", time_s=math.nan)
+                row.update(status="build_failed", median_s=math.nan)
             rows.append(row)
     return rows
 
@@ -345,9 +345,9 @@ def test_a_blind_model_keeps_the_near_best_incumbent(devices, monkeypatch):
     monkeypatch.setattr(model, "TableModel", BlindModel)
     # a vendor configuration 2-4 % behind the best on every device and problem
     rows, rng = _rows(), np.random.default_rng(5)
-    best = pd.DataFrame(rows).query("status == 'ok'").groupby(["device", "m", "n"])["time_s"].min()
+    best = pd.DataFrame(rows).query("status == 'ok'").groupby(["device", "m", "n"])["median_s"].min()
     rows += [{"device": d, "m": m, "n": n, "block": 1, "unroll": 1, "layout": "vendor",
-              "status": "ok", "time_s": t * rng.uniform(1.02, 1.04)} for (d, m, n), t in best.items()]
+              "status": "ok", "median_s": t * rng.uniform(1.02, 1.04)} for (d, m, n), t in best.items()]
     vendor = "block=1,unroll=1,layout=vendor"
     result = run_transfer(_dataset(rows), devices, rounds=ROUNDS, threads=THREADS, default=vendor)
     overall, table = result.report["overall"], result.per_problem
@@ -395,7 +395,7 @@ def test_a_held_out_device_never_sees_its_own_measurements(transfer, devices):
     picks and their confidences must not move, while its efficiencies do."""
     held_out = "A100-SXM4-80GB"
     rng = np.random.default_rng(7)
-    rows = [dict(row, time_s=row["time_s"] * rng.uniform(0.3, 3.0))
+    rows = [dict(row, median_s=row["median_s"] * rng.uniform(0.3, 3.0))
             if row["device"] == held_out else row for row in _rows()]
     perturbed = run_transfer(_dataset(rows), devices, rounds=ROUNDS, threads=THREADS,
                              default=DEFAULT)
@@ -539,10 +539,10 @@ def test_a_choice_never_offered_for_a_problem_is_no_choice_there(devices):
     it was offered, and offered for half the problems, is never picked, shortlisted or
     scored where it was not; there every figure is among the offered ones."""
     rows, magic = _rows(DEVICES[:3]), "block=1,unroll=1,layout=magic"
-    best = pd.DataFrame(rows).query("status == 'ok'").groupby(["device", "m", "n"])["time_s"].min()
+    best = pd.DataFrame(rows).query("status == 'ok'").groupby(["device", "m", "n"])["median_s"].min()
     offered_on = {p for i, p in enumerate(PROBLEMS) if i % 2 == 0}
     rows += [{"device": d, "m": m, "n": n, "block": 1, "unroll": 1, "layout": "magic",
-              "status": "ok", "time_s": t / 3.0}
+              "status": "ok", "median_s": t / 3.0}
              for (d, m, n), t in best.items() if (m, n) in offered_on]
     result = run_transfer(_dataset(rows), devices, rounds=ROUNDS, threads=THREADS)
     table = result.per_problem

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tilecast.core import stats, tune
+from tilecast.core.columns import MEASUREMENT_NAMES
 from tilecast.core.status import (  # noqa: F401  (the record's vocabulary, read from here too)
     BUILD_STATUSES, LEGACY_STATUSES, STATUS_TABLE, STATUSES, TABLE_STATUSES, USAGE_ERROR, Status,
     current_statuses, is_usage_error)
@@ -45,12 +46,15 @@ ROLES = ("candidate", "peer")
 # tilecast.measurement.interleave), `imported` (someone else's measurement: convert_ck).
 TIMINGS = ("isolated", "interleaved", "imported")
 
-# Columns common to every family (problem fields and kernel config fields come from the family).
+# Columns common to every family (problem fields and kernel config fields come from the family):
+# the measurement columns every measurement row shares (core.columns: dims_key, kernel,
+# status, reason, samples_s, median_s, mad_s), the machine's `hardware` fingerprint, and the
+# record's own.
 RECORD_COLUMNS = (
-    "schema_version", "run_id", "time", "git_sha", "hardware", "family", "problem_set",
-    "dims_key", "kernel", "role", "phase", "status", "reason", "samples_s", "reps_per_sample",
-    "median_s", "mad_s", "tflops", "gbps", "max_error", "threads", "timing", "protocol_hash",
-    "build_key",
+    ("schema_version", "run_id", "time", "git_sha", "hardware", "family", "problem_set")
+    + MEASUREMENT_NAMES
+    + ("role", "phase", "reps_per_sample", "tflops", "gbps", "max_error", "threads", "timing",
+       "protocol_hash", "build_key")
 )
 
 # What makes two records of one (dims_key, kernel) comparable: the same protocol and binary.

@@ -5,9 +5,14 @@
 kind each is, the devices, the source files). The table family, its training, evaluation and
 dispatch read it through `read_dataset`; nothing else writes it but `write_dataset`.
 
-Row columns (ROW_COLUMNS) are fixed; the problem and configuration columns are named by the
-source (a Kernel Tuner tunable parameter, an AutoHeuristic feature, a mapped table column) and
-must not collide with the fixed ones or each other. `dims_key` and `kernel` are the canonical
+Row columns (ROW_COLUMNS) are fixed: the measurement columns every measurement row shares
+(tilecast.core.columns: dims_key, kernel, status, reason, samples_s, median_s, mad_s, spelled
+and meant as in a benchmark record) between the `device` (and its label) and where the row
+came from (`source`, `row`). Version 1 spelled the time `time_s` and kept `repeats` and
+`spread` (max/min) instead of the samples and their MAD; it reads, renamed (`upgrade_v1`).
+The problem and configuration columns are named by the source (a Kernel Tuner tunable
+parameter, an AutoHeuristic feature, a mapped table column) and must not collide with the
+fixed ones or each other. `dims_key` and `kernel` are the canonical
 `name=value,...` spellings of the problem and the configuration (`key_of`), so one
 configuration is one string everywhere (a dataset row, a model's candidate list, a dispatcher's
 answer). A directory is written whole into a temporary sibling and renamed into place: a
@@ -27,11 +32,16 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from tilecast.core import stats
 from tilecast.core.atomic import atomic_write_json, make_temp_dir
+from tilecast.core.columns import MEASUREMENT_NAMES
 from tilecast.core.dataset import TABLE_STATUSES, current_statuses
 
 FORMAT = "tilecast-table-dataset"
-VERSION = 1
+# 2: the measurement columns are core.columns' (time_s -> median_s; samples_s and mad_s
+# instead of repeats and spread); a version-1 directory reads through `upgrade_v1`
+VERSION = 2
+READABLE_VERSIONS = (1, VERSION)
 ROWS_FILE = "measurements.parquet"
 MANIFEST_FILE = "dataset.json"
 
@@ -41,8 +51,9 @@ MANIFEST_FILE = "dataset.json"
 STATUSES = TABLE_STATUSES
 KINDS = ("numeric", "categorical")
 
-ROW_COLUMNS = ("device", "device_label", "dims_key", "kernel", "time_s", "status", "reason",
-               "repeats", "spread", "source", "row")
+ROW_COLUMNS = ("device", "device_label") + MEASUREMENT_NAMES + ("source", "row")
+# Version 1's spellings of the measurement columns (`upgrade_v1` reads them).
+V1_RENAMED = {"time_s": "median_s"}
 # how many offending rows a message names before "..."
 SHOWN = 5
 
@@ -203,16 +214,63 @@ class TableDataset:
         return self.frame[self.frame["status"] == "ok"]
 
 
+def _not_given(value: Any) -> bool:
+    """Whether one row's `samples_s` was not given: None, or the NaN a frame holds for a row
+    whose dict lacked it."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _samples(value: Any) -> list[float]:
+    """The usable times (positive, finite) of one row's `samples_s`, as a list of floats."""
+    if _not_given(value):
+        return []
+    return [float(t) for t in value if math.isfinite(float(t)) and float(t) > 0]
+
+
+def measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its measurement columns' types and meanings fixed (core.columns):
+    `median_s` a float, `samples_s` the usable times given (a row not given any holds its
+    one time when it has one: the source's one measurement), `mad_s` their MAD
+    (core.stats.mad), NaN for a row that is not ok or has no sample. The one place a table
+    row's samples and spread are derived."""
+    frame = frame.copy()
+    frame["median_s"] = pd.to_numeric(frame["median_s"], errors="coerce").astype(float)
+    given = frame["samples_s"] if "samples_s" in frame.columns else [None] * len(frame)
+    samples = []
+    for value, median_s in zip(given, frame["median_s"]):
+        usable = _samples(value)
+        if _not_given(value) and math.isfinite(median_s) and median_s > 0:
+            usable = [float(median_s)]
+        samples.append(usable)
+    frame["samples_s"] = samples
+    ok = (frame["status"] == "ok").to_numpy()
+    frame["mad_s"] = [stats.mad(values) if values and good else math.nan
+                      for values, good in zip(samples, ok)]
+    return frame
+
+
+def upgrade_v1(frame: pd.DataFrame) -> pd.DataFrame:
+    """A version-1 dataset's rows with version 2's measurement columns: `time_s` renamed
+    `median_s` (V1_RENAMED); `repeats` and `spread` (max/min) dropped, since version 1 kept
+    no samples: a row of one measurement (`repeats` 0 or 1) holds its time as its one sample
+    (MAD 0), a row of several holds none (its MAD NaN). The one place a version-1 dataset's
+    columns are read."""
+    frame = frame.rename(columns=V1_RENAMED)
+    single = frame["repeats"].fillna(0).astype(int) <= 1 if "repeats" in frame.columns \
+        else pd.Series(True, index=frame.index)
+    frame["samples_s"] = [None if one else [] for one in single]
+    return measured(frame.drop(columns=[c for c in ("repeats", "spread") if c in frame.columns]))
+
+
 def finish_frame(rows: Sequence[Mapping[str, Any]], schema: TableSchema) -> pd.DataFrame:
     """The dataset frame of `rows` (dicts with the problem and configuration columns, `device`,
-    `time_s`, `status`, and optionally `device_label`, `reason`, `repeats`, `spread`, `source`,
-    `row`): keys computed, types fixed, statuses of the old vocabulary renamed
-    (core.dataset.current_statuses), checked by `check_frame`."""
+    `median_s`, `status`, and optionally `device_label`, `reason`, `samples_s`, `source`,
+    `row`): keys computed, types fixed, samples and their MAD filled in (`measured`), statuses
+    of the old vocabulary renamed (core.dataset.current_statuses), checked by `check_frame`."""
     frame = pd.DataFrame(list(rows))
     if frame.empty:
         raise TableDataError("no measurements: the input holds no rows")
-    defaults = {"device_label": None, "reason": "", "repeats": 0, "spread": math.nan,
-                "source": "", "row": ""}
+    defaults = {"device_label": None, "reason": "", "samples_s": None, "source": "", "row": ""}
     for name, default in defaults.items():
         if name not in frame.columns:
             frame[name] = default
@@ -231,12 +289,10 @@ def finish_frame(rows: Sequence[Mapping[str, Any]], schema: TableSchema) -> pd.D
     records = frame[list(schema.problem_names + schema.config_names)].to_dict("records")
     frame["dims_key"] = [key_of(schema.problem_names, r) for r in records]
     frame["kernel"] = [key_of(schema.config_names, r) for r in records]
-    frame["time_s"] = pd.to_numeric(frame["time_s"], errors="coerce").astype(float)
-    frame["repeats"] = frame["repeats"].fillna(0).astype(int)
-    frame["spread"] = frame["spread"].astype(float)
     for name in ("device", "device_label", "status", "reason", "source", "row"):
         frame[name] = frame[name].astype(str)
     frame["status"] = current_statuses(frame["status"])
+    frame = measured(frame)
     order = list(ROW_COLUMNS) + [n for n in schema.problem_names + schema.config_names]
     frame = frame[order]
     check_frame(frame, schema)
@@ -258,7 +314,7 @@ def check_frame(frame: pd.DataFrame, schema: TableSchema) -> None:
     if bad_status.any():
         raise TableDataError(f"unknown status {sorted(set(frame['status'][bad_status]))} at "
                              f"{_where(frame, bad_status)}; valid: {', '.join(STATUSES)}")
-    times = frame["time_s"]
+    times = frame["median_s"]
     bad_time = (frame["status"] == "ok") & ~(np.isfinite(times) & (times > 0))
     if bad_time.any():
         raise TableDataError(f"column time: not a positive finite number at "
@@ -282,7 +338,9 @@ def check_frame(frame: pd.DataFrame, schema: TableSchema) -> None:
 def read_dataset(path: str | Path) -> TableDataset:
     """The dataset in directory `path`, checked; TableDataError saying what is wrong. A dataset
     written before the one status vocabulary reads with its statuses renamed
-    (core.dataset.current_statuses: `compile_failed` is `build_failed`, ...)."""
+    (core.dataset.current_statuses: `compile_failed` is `build_failed`, ...), a version-1
+    dataset with its measurement columns renamed (`upgrade_v1`; its manifest, in memory, then
+    says version 2 and `upgraded_from` 1)."""
     path = Path(path)
     manifest_path, rows_path = path / MANIFEST_FILE, path / ROWS_FILE
     if not manifest_path.is_file() or not rows_path.is_file():
@@ -293,20 +351,32 @@ def read_dataset(path: str | Path) -> TableDataset:
         schema = TableSchema.from_json(manifest)
     except (ValueError, KeyError, TypeError) as err:
         raise TableDataError(f"{manifest_path} is damaged: {err}") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise TableDataError(f"{manifest_path} is not a version {VERSION} {FORMAT} manifest")
+    version = manifest.get("version")
+    if manifest.get("format") != FORMAT or version not in READABLE_VERSIONS:
+        raise TableDataError(f"{manifest_path} is not a {FORMAT} manifest of a version this "
+                             f"tilecast reads ({', '.join(map(str, READABLE_VERSIONS))}): format "
+                             f"{manifest.get('format')!r}, version {version!r}")
     try:
         frame = pd.read_parquet(rows_path)
     except (OSError, ValueError) as err:
         raise TableDataError(f"{rows_path} is not a readable parquet file: {err}") from None
+    stored = tuple(V1_RENAMED.get(c, c) for c in frame.columns) if version == 1 \
+        else tuple(frame.columns)
     missing = [c for c in ROW_COLUMNS + schema.problem_names + schema.config_names
-               if c not in frame.columns]
+               if c not in stored and not (version == 1 and c in ("samples_s", "mad_s"))]
     if missing:
         raise TableDataError(f"{rows_path} lacks columns {missing}")
     if len(frame) != manifest.get("rows"):
         raise TableDataError(f"{rows_path} holds {len(frame)} rows, its manifest says "
                              f"{manifest.get('rows')}: the dataset is damaged; import again")
     frame["status"] = current_statuses(frame["status"])
+    if version == 1:
+        frame = upgrade_v1(frame)
+        manifest = {**manifest, "version": VERSION, "upgraded_from": 1}
+    else:
+        frame["samples_s"] = [_samples(value) for value in frame["samples_s"]]
+    order = list(ROW_COLUMNS) + [c for c in frame.columns if c not in ROW_COLUMNS]
+    frame = frame[order]
     check_frame(frame, schema)
     return TableDataset(frame=frame, schema=schema, manifest=manifest)
 

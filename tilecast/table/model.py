@@ -173,8 +173,8 @@ def excluded_names(frame: pd.DataFrame, devices, exclude: Sequence[str]) -> set[
 
 def efficiencies(ok: pd.DataFrame) -> np.ndarray:
     """best ok time of the row's (device, dims_key) group / the row's time."""
-    best = ok.groupby(["device", "dims_key"], sort=False)["time_s"].transform("min")
-    return (best / ok["time_s"]).to_numpy(dtype=np.float64)
+    best = ok.groupby(["device", "dims_key"], sort=False)["median_s"].transform("min")
+    return (best / ok["median_s"]).to_numpy(dtype=np.float64)
 
 
 def sample_rows(ok: pd.DataFrame, efficiency: np.ndarray, *, budget: int = ROW_BUDGET,

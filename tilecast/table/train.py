@@ -299,10 +299,13 @@ def train_table(dataset_dir, workdir, *, devices_files: Sequence = (),
 
 
 def data_hash(frame: pd.DataFrame) -> str:
-    """sha256 of the sorted (device, dims_key, kernel, status, time_s) rows."""
+    """sha256 of the sorted (device, dims_key, kernel, status, median_s) rows, the time's
+    column spelled `time_s` as in a version-1 dataset: a model trained on one keeps the hash
+    of its data when that data reads as version 2 (table.dataset.upgrade_v1)."""
     import hashlib
 
-    rows = frame[["device", "dims_key", "kernel", "status", "time_s"]].astype(str)
+    rows = frame[["device", "dims_key", "kernel", "status", "median_s"]].astype(str)
+    rows = rows.rename(columns={"median_s": "time_s"})
     rows = rows.sort_values(["device", "dims_key", "kernel"])
     return hashlib.sha256(rows.to_csv(index=False).encode()).hexdigest()
 

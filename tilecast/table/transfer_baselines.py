@@ -25,7 +25,7 @@ TIE_EFFICIENCY = 1.0 / (1.0 + TIE_PCT / 100.0) - 1e-12
 def efficiency_table(ok_rows: pd.DataFrame, index: Sequence[str] = ("dims_key",)) -> pd.DataFrame:
     """Efficiency of each configuration (columns) on each problem (rows, keyed by `index`):
     the problem's best ok time / the configuration's ok time; NaN where it has no ok time."""
-    times = ok_rows.pivot_table(index=list(index), columns="kernel", values="time_s",
+    times = ok_rows.pivot_table(index=list(index), columns="kernel", values="median_s",
                                 aggfunc="min")
     return times.rdiv(times.min(axis=1), axis=0)
 
@@ -61,7 +61,7 @@ def most_similar_device_picks(train_ok: pd.DataFrame, nearest: str, problems: Se
     problem among those the problem was offered (`offered`, by dims_key; None: all of
     `pool`); else `nearest`'s best on average among them."""
     rows = train_ok[(train_ok["device"] == nearest) & train_ok["kernel"].isin(list(pool))]
-    by_speed = rows.sort_values(["time_s", "kernel"]).groupby("dims_key")["kernel"].agg(list)
+    by_speed = rows.sort_values(["median_s", "kernel"]).groupby("dims_key")["kernel"].agg(list)
     ranking = average_ranking(rows, pool)
     picks = {}
     for key in problems:
@@ -134,7 +134,7 @@ def plain_lightgbm_picks(train_ok: pd.DataFrame, schema: TableSchema, grid: pd.D
     params = {"objective": "regression", "learning_rate": 0.05, "num_leaves": 31,
               "min_data_in_leaf": 5, "verbose": -1, "seed": seed, "deterministic": True,
               "num_threads": threads or (1 if len(train_ok) < SMALL_ROWS else 0)}
-    booster = lightgbm.train(params, lightgbm.Dataset(features, np.log(train_ok["time_s"]),
+    booster = lightgbm.train(params, lightgbm.Dataset(features, np.log(train_ok["median_s"]),
                                                       categorical_feature=categorical
                                                       + ["device"]),
                              num_boost_round=rounds)

@@ -8,7 +8,7 @@ them as categorical features (or their values are not numbers), else numeric (Tr
 in milliseconds (Inductor's benchmarker's unit); `inf` marks a choice that failed to run:
 `crashed`. AutoHeuristic appends a line every time it sees an input, so one (features,
 choice) can appear many times in a file: the lines become one row, with the median time as
-AutoHeuristic's own trainer takes it, their count as `repeats` and max/min as `spread`.
+AutoHeuristic's own trainer takes it, every time as `samples_s`.
 
 The metadata names no device (only compute capability and shared memory). The device is
 --device, else the directory of AutoHeuristic's default log path
@@ -115,7 +115,7 @@ def _rows(raw: RawFile, frame: pd.DataFrame, label: str) -> pd.DataFrame:
     out = frame.copy()
     out[CHOICE] = frame[CHOICE].str.strip()
     out["device"] = label
-    out["time_s"] = feedback.where(~failed) * MS
+    out["time_s"] = feedback.where(~failed) * MS   # one measurement a row: collapse_rows
     out["status"] = failed.map({True: "crashed", False: "ok"})
     out["reason"] = failed.map({True: "feedback inf: the choice failed to run", False: ""})
     out["source"] = str(raw.path)

@@ -22,8 +22,8 @@ when every name of the import parses: for GEMM (`<op>_<dtype>_<layout>_<pipeline
 <scheduler>_<pad_m>_<pad_n>_<pad_k>_<persistent>_<tile>_<warps>_<warp tile>`) pipeline,
 epilogue, scheduler, the pads and persistence (0/1) and the nine tile sizes; for grouped conv
 the tile engine's block, tile_m, tile_n, pipeline, wave_mode, has_dsb, has_si. A configuration
-measured several times (the files are appended to) becomes one row: the median time, the count
-as `repeats`, max/min as `spread`.
+measured several times (the files are appended to) becomes one row: every time as `samples_s`,
+their median as `median_s`.
 """
 from __future__ import annotations
 
@@ -250,9 +250,11 @@ def _read_grouped_conv(raw: RawFile, frame: pd.DataFrame, device: str | None) ->
     problem = ("direction", "dtype", "ndim", *SHAPE_COLUMNS)
     problem_frame = _problem_frame(raw, pd.concat([derived, shapes], axis=1), problem)
     wrong = ~rows["non_zero"]
+    # a wrong result's latency is kept as a sample, as convert_ck keeps it (core.columns:
+    # samples_s); its slot fails, so no time of it counts (collapse_rows)
     out = _finish(raw, frame, problem_frame, rows["kernel"],
                   _devices(raw, frame, None, device, "grouped-conv"),
-                  rows["latency_s"].where(~wrong), wrong.map({True: "wrong_result", False: "ok"}),
+                  rows["latency_s"], wrong.map({True: "wrong_result", False: "ok"}),
                   wrong.map({True: "all-zero output (non_zero false)", False: ""}))
     return Parsed(out, problem, "grouped-conv")
 

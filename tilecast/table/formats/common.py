@@ -180,10 +180,11 @@ def typed_column(frame: pd.DataFrame, name: str) -> Column:
 
 def collapse_rows(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     """One dataset row per distinct `keys` (the columns naming device, problem and
-    configuration) of a frame with `time_s`, `status`, `reason` and `row` columns: a tool that
-    appends each run to its file records one configuration several times. The repeats collapse
-    as everywhere in tilecast (core.dataset.collapse_repeats): an `ok` group's time is the
-    median of its times, `repeats` how many rows there were and `spread` max/min; a group with
+    configuration) of a frame with one measurement a row (`time_s`, its one time; `status`,
+    `reason`, `row`): a tool that appends each run to its file records one configuration
+    several times. The repeats collapse as everywhere in tilecast
+    (core.dataset.collapse_repeats): `samples_s` holds the group's usable times, an `ok`
+    group's `median_s` is their median (table.dataset.measured adds their MAD); a group with
     any failed row keeps the first failure's status and reason (a configuration that failed
     once is not safe to choose). `row` lists the rows merged."""
     frame = frame.reset_index(drop=True)
@@ -193,9 +194,9 @@ def collapse_rows(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     out = frame.iloc[slots["first"].to_numpy()].reset_index(drop=True)
     out["status"] = frame["status"].to_numpy()[failure]
     out["reason"] = frame["reason"].to_numpy()[failure]
-    out["time_s"] = slots["median_s"].to_numpy()
-    out["repeats"] = [len(rows) for rows in slots["rows"]]
-    out["spread"] = slots["spread"].to_numpy()
+    out["median_s"] = slots["median_s"].to_numpy()
+    out["samples_s"] = list(slots["samples_s"])
+    out = out.drop(columns="time_s")
     named = frame["row"].astype(str).to_numpy()
     out["row"] = [",".join(named[rows]) for rows in slots["rows"]]
     return out
@@ -203,7 +204,7 @@ def collapse_rows(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
 
 def check_names(names: Sequence[str], path: Path) -> None:
     """TableDataError naming `path` when a column name is empty or one of the dataset's own
-    (device, kernel, time_s, ...)."""
+    (device, kernel, median_s, ...: table.dataset.ROW_COLUMNS)."""
     for name in names:
         try:
             Column(name, "categorical")

@@ -176,10 +176,10 @@ def _rows(raw: RawFile, frame: pd.DataFrame, lines: pd.Series, spec: TableMappin
         ok = value.isin(spec.status.ok)
         out["status"] = value.where(value.isin(NAMED_FAILURES), "failed").mask(ok, "ok")
         out["reason"] = (spec.status.column + "=" + value).where(~ok, "")
-    out["time_s"] = float("nan")
+    out["median_s"] = float("nan")    # one measurement a row: its time
     if ok.any():
         seconds = numbers(frame[ok], spec.time.column, raw.path, lines[ok], positive=True)
-        out.loc[ok, "time_s"] = seconds * SECONDS_PER_UNIT[spec.time.unit]
+        out.loc[ok, "median_s"] = seconds * SECONDS_PER_UNIT[spec.time.unit]
     out["device"] = _devices(raw, frame, lines, spec, device)
     out["source"] = str(raw.path)
     out["row"] = lines.astype(str)

@@ -7,7 +7,8 @@ when it is empty). Problem columns are `problem_size_0, problem_size_1, ...` (a 
 problem_size is the one column `problem_size`; a callable one none), preceded by the
 categorical `kernel_name` only when the files of one import differ in it (files of one kernel
 keep the kernel's name out of every key). Configuration columns are `tune_params_keys`, in that
-order. `time` is in milliseconds (Kernel Tuner's unit); `times` gives `repeats` and `spread`.
+order. `time` is in milliseconds (Kernel Tuner's unit) and is the row's `median_s` (Kernel
+Tuner's own summary of its runs: their mean); `times`, its runs, are its `samples_s`.
 A failed configuration is a marker string in `time` (InvalidConfig, CompilationFailedConfig,
 RuntimeFailedConfig: `unsupported`, `build_failed`, `crashed`); old Kernel Tuners wrote a huge
 time (>= 1e20) instead, which does not say how it failed: `failed`.
@@ -158,7 +159,7 @@ def _values_from_key(key: str, names: Sequence[str], tune_params: Mapping, path:
 
 
 def _cache_time(entry: Mapping, key: str, path: Path) -> tuple[float, str, str]:
-    """(time_s, status, reason) of one cache entry."""
+    """(median_s, status, reason) of one cache entry."""
     if "time" not in entry:
         raise TableDataError(f"{path} row {key}: column time: missing; every configuration "
                              "of a cache has a time or a failure marker")
@@ -179,13 +180,17 @@ def _cache_time(entry: Mapping, key: str, path: Path) -> tuple[float, str, str]:
     return value * MS, "ok", ""
 
 
-def _repeats(times: Any) -> tuple[int, float]:
-    """(how many runs, max/min of their times) of a `times` list; (0, NaN) without one."""
+def _samples(times: Any, seconds: float, status: str) -> list[float] | None:
+    """The usable per-run times of a `times` list, in seconds (`seconds` per unit of the
+    list); None (the row's one time stands for it: table.dataset.measured) without a list,
+    [] for a configuration that is not ok (its runs' times do not count)."""
+    if status != "ok":
+        return []
     if not isinstance(times, list) or not times:
-        return 0, math.nan
-    usable = [t for t in times if isinstance(t, (int, float)) and math.isfinite(t) and t > 0]
-    spread = max(usable) / min(usable) if len(usable) == len(times) else math.nan
-    return len(times), spread
+        return None
+    return [t * seconds for t in times
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+            and t > 0]
 
 
 def _cache_rows(raw: RawFile, document: dict, device: str | None) -> _FileRows:
@@ -216,10 +221,10 @@ def _cache_rows(raw: RawFile, document: dict, device: str | None) -> _FileRows:
             config = {name: _scalar(entry[name]) for name in names}
         else:
             config = _values_from_key(key, names, tune_params, path)
-        time_s, status, reason = _cache_time(entry, key, path)
-        repeats, spread = _repeats(entry.get("times"))
-        rows.append({**problem, **config, "device": label, "time_s": time_s, "status": status,
-                     "reason": reason, "repeats": repeats, "spread": spread, "source": source,
+        median_s, status, reason = _cache_time(entry, key, path)
+        rows.append({**problem, **config, "device": label, "median_s": median_s,
+                     "status": status, "reason": reason,
+                     "samples_s": _samples(entry.get("times"), MS, status), "source": source,
                      "row": key})
     kernel = document.get("kernel_name")
     return _FileRows(raw, "cache", tuple(problem), tuple(names), rows,
@@ -291,7 +296,9 @@ def _metadata_devices(documents: Sequence[tuple[RawFile, Any]]) -> dict[Path, st
     return devices
 
 
-def _t4_time(result: Mapping, where: str) -> float:
+def _t4_time(result: Mapping, where: str) -> tuple[float, float]:
+    """(the `time` measurement in seconds, seconds per its unit: the unit of the result's
+    `runtimes` too, as T4 writes them)."""
     measurements = result.get("measurements") or []
     time = next((m for m in measurements if isinstance(m, dict) and m.get("name") == "time"),
                 None)
@@ -301,7 +308,8 @@ def _t4_time(result: Mapping, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
             or not math.isfinite(value):
         raise TableDataError(f"{where}: column time: {value!r} is not a positive number")
-    return value * seconds_per(time.get("unit", ""), f"{where}: column time")
+    unit_s = seconds_per(time.get("unit", ""), f"{where}: column time")
+    return value * unit_s, unit_s
 
 
 def _t4_rows(raw: RawFile, document: dict, label: str | None) -> _FileRows:
@@ -328,11 +336,11 @@ def _t4_rows(raw: RawFile, document: dict, label: str | None) -> _FileRows:
             raise TableDataError(f"{where}: invalidity {invalidity!r} is not one of "
                                  f"{', '.join(T4_INVALIDITY)}")
         status = T4_INVALIDITY[invalidity]
-        time_s = _t4_time(result, where) if status == "ok" else math.nan
-        repeats, spread = _repeats((result.get("times") or {}).get("runtimes"))
+        median_s, unit_s = _t4_time(result, where) if status == "ok" else (math.nan, 0.0)
+        runtimes = (result.get("times") or {}).get("runtimes")
         rows.append({**{n: _scalar(config[n]) for n in names}, "device": label,
-                     "time_s": time_s, "status": status,
+                     "median_s": median_s, "status": status,
                      "reason": "" if status == "ok" else f"T4 invalidity {invalidity}",
-                     "repeats": repeats, "spread": spread, "source": source,
+                     "samples_s": _samples(runtimes, unit_s, status), "source": source,
                      "row": f"results[{index}]"})
     return _FileRows(raw, "t4", (), names, rows)
