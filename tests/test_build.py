@@ -20,7 +20,7 @@ import pytest
 
 from faults import note_case
 from tilecast.cli import user_errors
-from tilecast.core import compile as compiling
+from tilecast.core import compile as compiling, hardware
 from tilecast.core.build import (SHARED_FLAGS, BuildError, build_candidates, cache_key,
                                    first_error_line, read_events, rebase_spec, require_some_built,
                                    source_root, write_events)
@@ -200,7 +200,7 @@ def test_variants_share_the_gemv_class_object_of_their_dtype_isa_scheme_and_pref
     cache = tmp_path / "cache"
     builts = build_candidates(GEMM, [CFG, same, other], cache, jobs=1, shared=True)
     assert [b.event.status for b in builts] == ["ok"] * 3
-    skinny = GEMM.skinny_unit
+    skinny = GEMM.skinny_source
     assert sum(str(skinny) in command for command in calls) == 2
     assert sorted(p.name.split("-")[0] for p in cache.glob("gemm_skinny_*.o")) == sorted(
         {f"gemm_skinny_fp32_{CFG.isa}_par{CFG.parallel}_pf1",
@@ -563,7 +563,7 @@ def test_in_process_kernels_and_native_libraries_compile_through_one_cached_comp
     monkeypatch.delenv(library.COMPILER_ENV)
     paths = [load() for load in entry_points.values()]
     # the GEMM library links its GEMV-class object too (the killed unit stopped before it)
-    assert seen == sources + [sources[0], GEMM.skinny_unit.name, *sources[1:]]
+    assert seen == sources + [sources[0], GEMM.skinny_source.name, *sources[1:]]
     for path, stem in zip(paths, stems):   # one naming, one layout
         assert re.fullmatch(rf"{re.escape(stem)}-[0-9a-f]{{24}}\.so", path.name), path
         assert path.is_file() and (path.parent / ".deps").is_dir()
@@ -604,3 +604,25 @@ def test_an_early_build_and_the_build_stage_compile_each_candidate_once(tmp_path
     variants = [c for c in calls if unit in c]
     defines = [tuple(a for a in c if a.startswith("-DTC_")) for c in variants]
     assert len(defines) == len(set(defines)) == summary["candidates"]   # each compiled once
+
+
+def test_the_gemm_pipelines_of_grouped_conv_link_the_gemm_familys_gemv_class_object(tmp_path):
+    """A grouped-conv variant of the gemm pipeline runs its GEMMs on the GEMM library: it
+    links the GEMM family's GEMV-class object of the same parameters (one file in the cache
+    for both families) instead of compiling that path again; a direct variant links none."""
+    conv = get_family("grouped_conv_forward")
+    [gemm_pipe] = [c for c in conv.candidate_space({"pipeline": ["gemm"], "tiles": ["192x512x256"],
+                                                   "ndim": [2]}, hardware.profile(2))
+                   if c.wave_mode == "interwave" and not c.has_si]
+    direct = replace(gemm_pipe, pipeline="direct")
+    [unit] = conv.build_spec(gemm_pipe).shared_units
+    assert conv.build_spec(direct).shared_units == ()
+    isa = "avx512" if unit.defines["TC_ISA"] == 1 else "avx2"
+    gemm_cfg = GemmConfig("fp32", isa, *(8, 32) if isa == "avx512" else (6, 16), 96, 512, 128,
+                          "m", True, True)
+    assert GEMM.build_spec(gemm_cfg).shared_units == (unit,)
+    cache = tmp_path / "cache"
+    builts = build_candidates(GEMM, [gemm_cfg], cache, jobs=1)
+    builts += build_candidates(conv, [gemm_pipe], cache, jobs=1, shared=True)
+    assert [b.event.status for b in builts] == ["ok", "ok"]
+    assert len(list(cache.glob("gemm_skinny_*.o"))) == 1

@@ -120,13 +120,17 @@ def validate_config(cfg: GemmConfig) -> GemmConfig:
     return cfg
 
 
-#: what the GEMV-class path (kernels/cpu/gemm/gemm_skinny.cpp) depends on of a variant
-SKINNY_DEFINES = ("TC_DTYPE", "TC_ISA", "TC_PAR", "TC_PREFETCH")
+SKINNY_SOURCE = KERNELS_DIR / "cpu" / "gemm" / "gemm_skinny.cpp"
 
 
-def _skinny_stem(cfg: GemmConfig) -> str:
-    """The GEMV-class object's name for the variants of cfg's dtype, ISA, scheme, prefetch."""
-    return f"gemm_skinny_{cfg.dtype}_{cfg.isa}_par{cfg.parallel}_pf{int(cfg.prefetch)}"
+def skinny_unit(dtype: str, isa: str, parallel: str, prefetch: bool) -> SharedUnit:
+    """The GEMV-class path (kernels/cpu/gemm/gemm_skinny.cpp) for the GEMM variants of one
+    dtype, ISA, parallel scheme and prefetch: all it depends on of a variant. GEMM variants
+    and the grouped-conv pipelines that run GEMMs on this library link the same object."""
+    defines = {"TC_DTYPE": DTYPES[dtype].code, "TC_ISA": ISAS[isa].code,
+               "TC_PAR": PARALLEL[parallel], "TC_PREFETCH": int(prefetch)}
+    return SharedUnit(SKINNY_SOURCE, defines,
+                      f"gemm_skinny_{dtype}_{isa}_par{parallel}_pf{int(prefetch)}")
 
 
 class GemmFamily(FamilyBase):
@@ -138,8 +142,7 @@ class GemmFamily(FamilyBase):
     source = KERNELS_DIR / "cpu" / "gemm" / "gemm.cpp"
     library_source = KERNELS_DIR / "cpu" / "gemm" / "gemm_lib.cpp"
     unit = KERNELS_DIR / "cpu" / "gemm" / "gemm_variant.cpp"   # both, compiled once
-    # the GEMV-class path, linked beside the unit: one object per SKINNY_DEFINES
-    skinny_unit = KERNELS_DIR / "cpu" / "gemm" / "gemm_skinny.cpp"
+    skinny_source = SKINNY_SOURCE   # the GEMV-class path, linked beside the unit (skinny_unit)
 
     # -- names --------------------------------------------------------------------------
     def kernel_name(self, cfg: GemmConfig) -> str:
@@ -203,11 +206,10 @@ class GemmFamily(FamilyBase):
             "TC_NR": cfg.nr, "TC_MC": cfg.mc, "TC_NC": cfg.nc, "TC_KC": cfg.kc,
             "TC_PACK_A": int(cfg.pack_a), "TC_PAR": PARALLEL[cfg.parallel],
             "TC_PREFETCH": int(cfg.prefetch)}
-        skinny = {name: defines[name] for name in SKINNY_DEFINES}
         return BuildSpec(source=self.source, defines=defines,
                          library_source=self.library_source, unit=self.unit,
-                         shared_units=(SharedUnit(self.skinny_unit, skinny,
-                                                  _skinny_stem(cfg)),))
+                         shared_units=(skinny_unit(cfg.dtype, cfg.isa, cfg.parallel,
+                                                   cfg.prefetch),))
 
     # -- problems -----------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> GemmProblem:

@@ -13,13 +13,17 @@ benchmark CSVs `tilecast.stages.convert_ck` imports. Only tilecast's own variant
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from tilecast.core import hardware
 from tilecast.core.family import (KERNELS_DIR, BuildSpec, FamilyBase, FamilyError, PreparedProblem,
-                                    integer_field, library_timer, reject_unknown, table_choice)
+                                    SharedUnit, integer_field, library_timer, reject_unknown,
+                                    table_choice)
+from tilecast.families.gemm import skinny_unit
 from tilecast.features.grouped_conv import GroupedConvFeatureEngine
 from tilecast.spaces.grouped_conv import (DIRECTIONS, DTYPES, GEMM_PIPELINES, NDIMS,
                                                     PIPELINE_VARIANTS, PIPELINES, REQUIRED_FLAGS,
@@ -172,6 +176,23 @@ _LAYOUT_OF = {"x": _to_ndhwgc, "dy": _to_ndhwgc, "w": _to_gkzyxc}
 SAME_SHAPE = {"y": "dy", "dx": "x", "dw": "w"}
 
 
+def _gemm_library_units(cfg: GroupedConvConfig) -> tuple[SharedUnit, ...]:
+    """The gemm and winograd pipelines run their GEMMs on the GEMM library, whose GEMV-class
+    path is the GEMM family's object for the parameters grouped_conv_config.hpp gives them
+    (fp32, this CPU's widest ISA under -march=native, split-K with SI, prefetch): linked beside
+    the unit, not compiled in it. A wrong guess of the ISA fails to link (the object's entry is
+    named by its parameters), never runs another's code."""
+    if cfg.pipeline not in GEMM_PIPELINES:
+        return ()
+    isa = "avx512" if "avx512f" in _cpu_flags() else "avx2"
+    return (skinny_unit("fp32", isa, "k" if cfg.has_si else "m", True),)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    return frozenset(hardware.profile().get("flags", ()))
+
+
 class GroupedConvFamily(FamilyBase):
     """A grouped-conv family for one direction (see the module docstring)."""
     problem_fields = tuple(f.name for f in fields(GroupedConvProblem))
@@ -252,7 +273,8 @@ class GroupedConvFamily(FamilyBase):
             "TC_WAVE": WAVE_MODES[cfg.wave_mode], "TC_DSB": int(cfg.has_dsb),
             "TC_SI": int(cfg.has_si)}
         return BuildSpec(source=self.source, defines=defines,
-                         library_source=self.library_source, unit=self.unit)
+                         library_source=self.library_source, unit=self.unit,
+                         shared_units=_gemm_library_units(cfg))
 
     # -- problems -----------------------------------------------------------------------
     def problem(self, values: Mapping[str, Any]) -> GroupedConvProblem:

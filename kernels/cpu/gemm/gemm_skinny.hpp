@@ -231,13 +231,17 @@ struct Scratch {
 /// out = S * T for one task, on `threads` threads by the variant's scheme.
 inline void run(const Task& given, Scratch& scratch, int threads);
 
-#ifdef TC_SKINNY_SEPARATE
-// The variant's unit (gemm_variant.cpp) takes `run` from its own object, gemm_skinny.cpp,
-// compiled once for every variant of one dtype, ISA, scheme and prefetch: the code below
-// depends on nothing else of a variant.
+/// `run` as gemm_skinny.cpp's object holds it, for one dtype, ISA, scheme and prefetch: a unit
+/// linked with an object of other parameters fails to link rather than run another's code.
+template <int Dtype, int Isa, int Par, int Prefetch>
 void run_compiled(const Task& given, Scratch& scratch, int threads);
+
+#ifdef TC_SKINNY_SEPARATE
+// The variant's unit (gemm_variant.cpp; the gemm and winograd grouped-conv pipelines') takes
+// `run` from gemm_skinny.cpp's object, compiled once for every variant of one dtype, ISA,
+// scheme and prefetch: the code below depends on nothing else of a variant.
 inline void run(const Task& given, Scratch& scratch, int threads) {
-  run_compiled(given, scratch, threads);
+  run_compiled<TC_DTYPE, TC_ISA, TC_PAR, TC_PREFETCH>(given, scratch, threads);
 }
 #else
 
