@@ -137,6 +137,20 @@ def test_a_tree_from_before_the_family_folders_rebases_to_its_flat_files(tmp_pat
     assert rebased.include_dirs == (flat,)
 
 
+def _count_compiler_runs(monkeypatch, hold_s: float = 0.0) -> list:
+    """The command lines of every compiler and linker run from now on (each held `hold_s`
+    first), in the list returned."""
+    calls, real_run = [], compiling._run
+
+    def counting(command, *args, **kwargs):
+        calls.append(command)
+        time.sleep(hold_s)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(compiling, "_run", counting)
+    return calls
+
+
 def test_executable_and_library_are_linked_from_one_compile_of_the_variant(tmp_path,
                                                                          monkeypatch):
     """A GEMM variant's unit (gemm_variant.cpp: its job runner and its in-process entry) is
@@ -145,14 +159,8 @@ def test_executable_and_library_are_linked_from_one_compile_of_the_variant(tmp_p
     Both are the variant: the executable describes its parameters, the library reports them."""
     spec = GEMM.build_spec(CFG)
     assert spec.unit.name == "gemm_variant.cpp" and spec.unit.exists()
-    calls = []
     real_run = compiling._run
-
-    def counting(command, *args, **kwargs):
-        calls.append(command)
-        return real_run(command, *args, **kwargs)
-
-    monkeypatch.setattr(compiling, "_run", counting)
+    calls = _count_compiler_runs(monkeypatch)
     cache = tmp_path / "cache"
     [executable] = build_candidates(GEMM, [CFG], cache, jobs=1)
     compiles = [c for c in calls if str(spec.unit) in c]
@@ -189,14 +197,7 @@ def test_variants_share_the_gemv_class_object_of_their_dtype_isa_scheme_and_pref
     GEMV-class shapes' results against torch)."""
     same = replace(CFG, kc=CFG.kc * 2)
     other = replace(CFG, parallel="k" if CFG.parallel != "k" else "m")
-    calls = []
-    real_run = compiling._run
-
-    def counting(command, *args, **kwargs):
-        calls.append(command)
-        return real_run(command, *args, **kwargs)
-
-    monkeypatch.setattr(compiling, "_run", counting)
+    calls = _count_compiler_runs(monkeypatch)
     cache = tmp_path / "cache"
     builts = build_candidates(GEMM, [CFG, same, other], cache, jobs=1, shared=True)
     assert [b.event.status for b in builts] == ["ok"] * 3
@@ -584,15 +585,8 @@ def test_an_early_build_and_the_build_stage_compile_each_candidate_once(tmp_path
     from tilecast.workflows import pipeline
 
     monkeypatch.setenv("TILECAST_BUILD_CACHE", str(tmp_path / "build"))
-    calls = []
-    real_run = compiling._run
-
-    def counting(command, *args, **kwargs):
-        calls.append(command)
-        time.sleep(0.2)   # hold each compile a little, so the two builders overlap
-        return real_run(command, *args, **kwargs)
-
-    monkeypatch.setattr(compiling, "_run", counting)
+    # each compile held a little, so the two builders overlap
+    calls = _count_compiler_runs(monkeypatch, hold_s=0.2)
     config = Path(__file__).parent / "configs" / "tiny.yaml"
     ctx = pipeline.RunContext.create(config, tmp_path / "w", tmp_path / "r")
     early = pipeline.start_early_build(ctx)

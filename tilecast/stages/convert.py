@@ -162,15 +162,7 @@ def convert_raw(raw_paths: Sequence[Path], out_path: Path,
         raw = read_log(path, skip_corrupt)
         records.extend(raw.records)
         skipped += len(raw.skipped_lines)
-    source = ", ".join(map(str, raw_paths))
-    records, dropped = drop_repeats(records, source)
-    frame = records_frame(records, source)
-    write_parquet(frame, out_path)
-    return ConvertSummary(out_path=Path(out_path), rows=len(frame),
-                          problems=frame["dims_key"].nunique(),
-                          kernels=frame.loc[frame["role"] == "candidate", "kernel"].nunique(),
-                          statuses=frame["status"].value_counts().to_dict(),
-                          duplicates_dropped=dropped, skipped_lines=skipped)
+    return _write_records(records, raw_paths, out_path, skipped_lines=skipped)
 
 
 def convert_records(paths: Sequence[Path], out_path: Path) -> ConvertSummary:
@@ -186,6 +178,13 @@ def convert_records(paths: Sequence[Path], out_path: Path) -> ConvertSummary:
         if not path.exists():
             raise DatasetError(f"records file {path} does not exist")
         records.extend(read_team_records(path))
+    return _write_records(records, paths, out_path)
+
+
+def _write_records(records: list[dict], paths: Sequence[Path], out_path: Path,
+                   skipped_lines: int = 0) -> ConvertSummary:
+    """Records read from `paths` -> the parquet dataset at `out_path` (repeats dropped), and
+    what it holds."""
     source = ", ".join(map(str, paths))
     records, dropped = drop_repeats(records, source)
     frame = records_frame(records, source)
@@ -194,4 +193,4 @@ def convert_records(paths: Sequence[Path], out_path: Path) -> ConvertSummary:
                           problems=frame["dims_key"].nunique(),
                           kernels=frame.loc[frame["role"] == "candidate", "kernel"].nunique(),
                           statuses=frame["status"].value_counts().to_dict(),
-                          duplicates_dropped=dropped)
+                          duplicates_dropped=dropped, skipped_lines=skipped_lines)
