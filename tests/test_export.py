@@ -521,29 +521,6 @@ def test_an_unsupported_family_is_refused_naming_the_supported_ones(setup, tmp_p
         "tilecast.runtime.export)")
 
 
-def test_a_table_model_is_refused_saying_why(tmp_path, capsys):
-    """A real (tiny) table model, trained and published by the commands: refused with the
-    reasons in one line, before anything is written."""
-    from test_table_model import write_test_dataset
-
-    dataset = write_test_dataset(tmp_path / "dataset")
-    assert main(["train", "--dataset", str(dataset), "--workdir", str(tmp_path / "work"),
-                 "--rounds", "10", "--threads", "1"]) == 0
-    assert main(["publish", "--workdir", str(tmp_path / "work"), "--registry",
-                 str(tmp_path / "registry"), "--model", "mm"]) == 0
-    capsys.readouterr()
-    with pytest.raises(export.ExportError, match=r"version 1 of model 'mm' is a table model"):
-        export.load(tmp_path / "registry", "mm")
-    out = tmp_path / "out"
-    assert main(["export", "--registry", str(tmp_path / "registry"), "--model", "mm",
-                 "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    label = "version 1 of model 'mm'"
-    assert err == f"tilecast export: error: {export.table_refusal(label)}"
-    assert "log2(|x| + 1)" in err and "incumbent guard" in err and "\n" not in err
-    assert not out.exists() or not list(out.iterdir())
-
-
 def test_categorical_splits_are_refused(setup, tmp_path):
     features, tflops = setup["features"], setup["tflops"]
     names = setup["engine"].feature_names()

@@ -47,7 +47,10 @@ def _add_export(subparsers) -> None:
                     "name lookup) or tilecast_<model>.json (--format json: the same tables "
                     "for other runtimes). The version's checksums are verified first. "
                     "Families: gemm, grouped_conv_forward, grouped_conv_bwd_data, "
-                    "grouped_conv_bwd_weight; a table model is refused, saying why.")
+                    "grouped_conv_bwd_weight, and table models (tilecast train --dataset), "
+                    "one device per export (--device): tilecast_<model>_<device>.h + .c, "
+                    "tilecast_<model>_<device>_select(problem columns) picking what "
+                    "`tilecast select --device` picks.")
     export.add_argument("--registry", default="registry", help=REGISTRY_HELP)
     export.add_argument("--model", required=True)
     which = export.add_mutually_exclusive_group()
@@ -60,6 +63,10 @@ def _add_export(subparsers) -> None:
                              "shortlist leaf, as `tilecast select --shortlist K` does: a "
                              "query costs trees x K instead of trees x candidates (the "
                              "version's evaluation says what each K costs in efficiency)")
+    export.add_argument("--device", default=None,
+                        help="table models: the device to export the selector of (a name or "
+                             "label the model or the hardware tables know; default: the "
+                             "model's only training device)")
     export.set_defaults(func=_cmd_export)
 
 
@@ -118,8 +125,14 @@ def _cmd_export(args) -> int:
     out = user_dir(args.out, "--out", writable=True)
     alias = args.version if args.version is not None else args.alias
     selector = export.load(registry_root(args.registry), args.model, alias,
-                           shortlist=_shortlist_size(args.shortlist))
+                           shortlist=_shortlist_size(args.shortlist), device=args.device)
     paths = export.write(selector, out, args.format)
+    if isinstance(selector, export.TableSelector):
+        print(f"{args.model} version {selector.version} for {selector.device}: "
+              f"{len(selector.allowed)} of {len(selector.kernels)} configurations allowed, "
+              f"{sum(len(f.roots) for f in selector.forests)} trees -> "
+              + ", ".join(str(path) for path in paths))
+        return 0
     shortlist = "" if selector.shortlist is None else \
         f", a shortlist of {args.shortlist} ({len(selector.shortlist_rows)} leaves)"
     print(f"{args.model} version {selector.version}: {selector.candidates} candidates, "

@@ -10,7 +10,11 @@ family's EXPORTERS module adds its arguments, validation and applicability key),
 as flat arrays (tilecast.runtime.export.forest) and the selection rules
 (tilecast.runtime.export.selector); the JSON form holds the same tables, the formulas as
 statements over an operation table. Families: GEMM and the three grouped-conv directions.
-A table model (tilecast import) is refused, saying why (table_refusal).
+
+A table model (tilecast import + tilecast train --dataset) exports one device's selector
+(tilecast.runtime.export.table, which says why one device per export; its C form is
+tilecast.runtime.export.table_c): `load(root, model, device=D)`, the files named
+tilecast_<model>_<device>.*; it picks what TableDispatcher.select(problem, device=D) picks.
 """
 from __future__ import annotations
 
@@ -20,17 +24,18 @@ from pathlib import Path
 
 from tilecast.core.atomic import atomic_write_text
 from tilecast.core import kinds
-from tilecast.runtime.export import c_source
+from tilecast.runtime.export import c_source, table, table_c
 from tilecast.runtime.export.selector import ExportError, Selector, build
+from tilecast.runtime.export.table import TableSelector
 
-__all__ = ["EXPORTERS", "FORMATS", "ExportError", "Selector", "load", "write"]
+__all__ = ["EXPORTERS", "FORMATS", "ExportError", "Selector", "TableSelector", "load", "write"]
 
 #: family -> the module holding its formulas and problem fields: the families export handles
 EXPORTERS = {"gemm": "tilecast.runtime.export.gemm",
              **{f"grouped_conv_{direction}": "tilecast.runtime.export.grouped_conv"
                 for direction in ("forward", "bwd_data", "bwd_weight")}}
 #: --format -> what it writes
-FORMATS = {"c": "tilecast_<model>.h and tilecast_<model>.c",
+FORMATS = {"c": "tilecast_<model>.h and tilecast_<model>.c (table: tilecast_<model>_<device>.*)",
            "json": "tilecast_<model>.json"}
 
 
@@ -44,12 +49,13 @@ def exporter(family: str):
 
 
 def load(root, model: str, alias_or_version: str | int = "production",
-         shortlist: int | None = None) -> Selector:
-    """The Selector of a registry version. The version's files are verified against its
+         shortlist: int | None = None, device: str | None = None) -> Selector | TableSelector:
+    """The selector of a registry version. The version's files are verified against its
     checksums before anything is read (RegistryError naming a damaged file); ExportError
     for a family or a model the exported selector cannot reproduce. `shortlist=K`: the
     selector picks what Dispatcher(shortlist=K) picks (RegistryError for a version
-    without shortlist.json)."""
+    without shortlist.json). `device`: a table model's device (tilecast.runtime.export.table;
+    None: its only training device); ExportError for another model."""
     from tilecast.registry import api as registry
     from tilecast.runtime.dispatch import Dispatcher
 
@@ -58,27 +64,23 @@ def load(root, model: str, alias_or_version: str | int = "production",
     path = registry.local_copy(root, model, version)
     spec = _feature_spec(path)
     if kinds.of_spec(spec).name == "table":
-        raise ExportError(table_refusal(f"version {version} of model {model!r}"))
+        from tilecast.table.dispatch import TableDispatcher
+
+        if shortlist is not None:
+            raise ExportError(f"version {version} of model {model!r} is a table model, which "
+                              "has no shortlist; export it without --shortlist")
+        return table.build(TableDispatcher.from_directory(path, model=model, version=version),
+                           device)
+    if device is not None:
+        raise ExportError(f"--device {device}: model {model!r} is not a table model; it "
+                          "chooses for the machine it was trained on, so export it without "
+                          "--device")
     family = spec.get("family") if spec is not None else None
     if isinstance(family, str):
         exporter(family)  # a family export does not handle fails here, before loading it
     dispatcher = Dispatcher.from_directory(path, model=model, version=version,
                                            shortlist=shortlist)
     return build(dispatcher, exporter(dispatcher.family.name))
-
-
-def table_refusal(label: str) -> str:
-    """Why a table model (tilecast import; tilecast.table) is not exported, in one line."""
-    return (f"{label} is a table model (tilecast import), which tilecast export does not "
-            "write: its answer needs what an exported selector does not hold yet (the "
-            "measurements of its other training devices and the nearest measured problem, "
-            "which make its reference features; categorical splits; an ensemble of two "
-            "forests and a prior; per-device rules: the configurations that failed on the "
-            "device, the incumbent guard with its calibrated margin, measured problems exempt "
-            "from it) and numpy log2 values (log2(|x| + 1) of every numeric problem column, "
-            "their sum, the nearest-problem distances) that the C library's log2 can differ "
-            "from in the last bit; serve it with `tilecast select` or "
-            "tilecast.table.dispatch.TableDispatcher")
 
 
 def _feature_spec(path: Path) -> dict | None:
@@ -91,9 +93,15 @@ def _feature_spec(path: Path) -> dict | None:
     return spec if isinstance(spec, dict) else None
 
 
-def render(selector: Selector, fmt: str) -> dict[str, str]:
+def render(selector: Selector | TableSelector, fmt: str) -> dict[str, str]:
     """{file name: text} of a format of FORMATS."""
-    stem = c_source.file_stem(selector)
+    if isinstance(selector, TableSelector):
+        stem = table_c.file_stem(selector)
+        if fmt == "c":
+            return {f"{stem}.h": table_c.render_header(selector),
+                    f"{stem}.c": table_c.render_source(selector)}
+    else:
+        stem = c_source.file_stem(selector)
     if fmt == "c":
         validation = exporter(selector.family).c_validation()
         return {f"{stem}.h": c_source.render_header(selector),
@@ -104,7 +112,7 @@ def render(selector: Selector, fmt: str) -> dict[str, str]:
     raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 
-def write(selector: Selector, out_dir, fmt: str = "c") -> list[Path]:
+def write(selector: Selector | TableSelector, out_dir, fmt: str = "c") -> list[Path]:
     """Write a format of FORMATS into `out_dir` (made if missing), each file atomically."""
     files = render(selector, fmt)
     out_dir = Path(out_dir)
