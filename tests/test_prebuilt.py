@@ -1,13 +1,16 @@
 """Serving without a compiler: a version's prebuilt kernel libraries (tilecast.runtime.prebuilt,
-tilecast.runtime.prebuild, `tilecast prebuild`) on a real tiny GEMM registry; the kernels run
-in a process that has no g++, a damaged library is refused by name, and a host the version
-has no build for, or a version without prebuilt kernels, gets one line saying what to do."""
+tilecast.runtime.prebuild, `tilecast prebuild`) on a real tiny GEMM registry; the kernels and
+the dispatcher's native scorer run in a process that has no g++, a damaged library is refused
+by name, and a host the version has no build for, or a version without prebuilt kernels, gets
+one line saying what to do. DISCO's libraries: tests/test_prebuilt_disco.py."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +31,7 @@ from tilecast.registry import api as registry
 from tilecast.registry.api import RegistryError
 from tilecast.runtime import kernel_library, ops, prebuild, prebuilt
 from tilecast.runtime.dispatch import Dispatcher
+from tilecast.runtime.native import library as native_library
 
 GEMM = get_family("gemm")
 CONFIGS = [c for c in ALL_GEMM_VARIANTS if c.isa == "avx2" and c.dtype == "fp32"]
@@ -74,7 +78,8 @@ def test_prebuild_publishes_the_version_again_with_its_kernels_checksummed(setup
     root = setup["root"]
     first, second = setup["outputs"]
     assert "version 2 = version 1 with prebuilt kernels for" in first
-    assert "(2 libraries" in first and "2 from the build cache, 0 compiled" in first
+    # the 2 candidates' libraries and the native scorer's 2 (forest, gemm_features)
+    assert "(4 libraries" in first and re.search(r"; [24] from the caches, [02] compiled\)", first)
     assert "aliases moved: production -> 2" in first
     assert "version 2 already carries kernels this host runs" in second
     assert registry.list_versions(root, "gemm") == [1, 2]
@@ -91,6 +96,15 @@ def test_prebuild_publishes_the_version_again_with_its_kernels_checksummed(setup
         assert kernel["file"] == f"kernels/{tag}/{name}.so" and kernel["file"] in checksums
         # the very library the build cache holds, copied
         assert (two / kernel["file"]).read_bytes() == setup["built"][name].read_bytes()
+    assert sorted(entry["libraries"]) == ["forest", "gemm_features"]
+    for name, library in entry["libraries"].items():
+        assert library["file"] == f"kernels/{tag}/libraries/{name}.so"
+        assert library["file"] in checksums and library["source"] == f"{name}.cpp"
+        # the very library the native scorer's cache holds, built from these sources
+        assert (two / library["file"]).read_bytes() == \
+            native_library.build_library(name).read_bytes()
+        assert library["sources"][f"{name}.cpp"] == hashlib.sha256(
+            native_library.LIBRARIES[name].source.read_bytes()).hexdigest()
     assert "kernels/manifest.json" in checksums and prebuilt.read_manifest(one) is None
     promotion = json.loads((two / "promotion.json").read_text())
     assert promotion["reason"].startswith("prebuild: version 1's files unchanged")
@@ -101,6 +115,7 @@ CHILD = textwrap.dedent("""
     import torch
     from tilecast.runtime import kernel_library, ops
     from tilecast.runtime.dispatch import Dispatcher
+    from tilecast.runtime.native import library
 
     dispatcher = Dispatcher.from_registry(sys.argv[1], "gemm")
     gen = torch.Generator().manual_seed(8)
@@ -110,17 +125,21 @@ CHILD = textwrap.dedent("""
     chosen = ops.gemm(a, b, dispatcher=dispatcher)
     reference = torch.matmul(a.double(), b.double())
     error = float((through_op.double() - reference).norm() / reference.norm())
-    cache = os.path.join(os.environ["TILECAST_CACHE"], "build")
+    cache = os.environ["TILECAST_CACHE"]
+    scorer = dispatcher._scorer
     print(json.dumps({"kernel": kernel, "error": error, "same": torch.equal(through_op, chosen),
                       "path": str(kernel_library.load(dispatcher.family, kernel).path),
                       "gxx": shutil.which("g++"),
+                      "native": [scorer.forest is not None, scorer.filler is not None],
+                      "scorer": sorted(str(value._name) for value in library._loaded.values()),
                       "built": sorted(os.listdir(cache)) if os.path.isdir(cache) else []}))
 """)
 
 
 def test_a_host_without_a_compiler_serves_the_prebuilt_kernel(setup, tmp_path):
     """The product on a GEMM model of the registry in a process whose PATH has no g++ and
-    whose TILECAST_CXX points nowhere, through the torch op, equals torch.matmul."""
+    whose TILECAST_CXX points nowhere, through the torch op, equals torch.matmul; the
+    dispatcher scored on its native forest and features, loaded from the version."""
     empty = tmp_path / "bin"
     empty.mkdir()
     env = {key: value for key, value in os.environ.items()
@@ -132,7 +151,12 @@ def test_a_host_without_a_compiler_serves_the_prebuilt_kernel(setup, tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["gxx"] is None and result["built"] == []
     assert result["kernel"] in NAMES and result["error"] < 1e-5 and result["same"]
-    assert result["path"].startswith(str(setup["root"] / "gemm" / "versions" / "2" / "kernels"))
+    version = setup["root"] / "gemm" / "versions" / "2"
+    assert result["path"].startswith(str(version / "kernels"))
+    assert result["native"] == [True, True]     # not the numpy fallback
+    [(tag, _)] = prebuilt.read_manifest(version)["builds"].items()
+    assert result["scorer"] == [str(version / "kernels" / tag / "libraries" / f"{name}.so")
+                                for name in ("forest", "gemm_features")]
 
 
 def test_a_damaged_prebuilt_library_is_refused_naming_the_file(setup, tmp_path, fresh_loader):
@@ -162,7 +186,7 @@ def test_a_host_lacking_the_builds_isa_gets_one_line(setup, monkeypatch, fresh_l
     if not spare:
         pytest.skip("the build's CPU has no flag beyond what the variants need")
     monkeypatch.setattr(kernel_library, "cpu_flags",
-                        lambda: frozenset(kernel_library.hardware.profile(1)["flags"]) - {spare[0]})
+                        lambda: frozenset(prebuilt.hardware.profile(1)["flags"]) - {spare[0]})
     monkeypatch.setenv("TILECAST_CXX", NOWHERE)
     with pytest.raises(kernel_library.KernelBuildError) as raised:
         ops.gemm(torch.randn(5, 6), torch.randn(6, 7), dispatcher=dispatcher)

@@ -103,7 +103,7 @@ def _cmd_prebuild(args) -> int:
         return 0
     moved = ", ".join(f"{alias} -> {done.version}" for alias in done.aliases) or "none"
     print(f"{model}: version {done.version} = version {done.source_version} with prebuilt "
-          f"kernels for {done.tag} ({size}; {done.cached} from the build cache, "
+          f"kernels for {done.tag} ({size}; {done.cached} from the caches, "
           f"{done.libraries - done.cached} compiled); aliases moved: {moved}")
     return 0
 

@@ -1,12 +1,18 @@
-"""The CPU DISCO kernels (kernels/cpu/disco/disco_csr.cpp): compiled once into a shared library,
-called through ctypes on contiguous float32, bfloat16 or float16 tensors (computed in float32).
+"""The CPU DISCO kernels (kernels/cpu/disco/disco_csr.cpp, and disco_kpacked.cpp): each source
+compiled once into a shared library, called through ctypes on contiguous float32, bfloat16 or
+float16 tensors (computed in float32).
 
-The library lands in a content-hash cache ($TILECAST_CACHE/disco, default
+A registry version of a DISCO model carries both libraries prebuilt (tilecast.runtime.prebuilt's
+process libraries, LIBRARIES; its Dispatcher, e.g. tilecast.runtime.disco.selector's, offers
+them when it loads): the first kernel call of a process loads the one a loaded version offers
+for this CPU and this tilecast's sources, after its checksum, and compiles nothing. Otherwise
+the library lands in a content-hash cache ($TILECAST_CACHE/disco, default
 ~/.cache/tilecast/disco), built by tilecast.core.compile.cached_compile like every other
 compile of tilecast: the key covers the source and the headers the compiler reports it read,
 the compiler's identity and the flags; the library is staged and renamed into place, so a
-concurrent or interrupted build never leaves a half-written one. Nothing is compiled at
-import time: the first kernel call builds.
+concurrent or interrupted build never leaves a half-written one. A damaged prebuilt file, or
+no compiler where nothing prebuilt runs here, is a DiscoBuildError saying so in one line.
+Nothing is compiled at import time: the first kernel call builds.
 """
 from __future__ import annotations
 
@@ -19,10 +25,16 @@ import torch
 from tilecast.core.settings import CACHE_ENV, COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.family import KERNELS_DIR
 from tilecast.core import build
+from tilecast.runtime import prebuilt
 
 SOURCE = KERNELS_DIR / "cpu" / "disco" / "disco_csr.cpp"
+KPACKED_SOURCE = SOURCE.with_name("disco_kpacked.cpp")
 FLAGS = build.LIBRARY_FLAGS
 COMPILE_TIMEOUT_S = build.LIBRARY_TIMEOUT_S
+#: the libraries a version can carry prebuilt: name (the source's stem) -> what it is built from
+LIBRARIES = {source.stem: prebuilt.ProcessLibrary(source.stem, source, build.source_root(source),
+                                                  FLAGS)
+             for source in (SOURCE, KPACKED_SOURCE)}
 
 #: kernel return codes (enum Status in disco_csr.cpp) -> what was wrong
 STATUS_MESSAGES = {
@@ -78,6 +90,24 @@ def compile_library(source: Path = SOURCE, cxx: str | None = None,
                                 toolchain, error=DiscoBuildError)
 
 
+def build_library(name: str, cxx: str | None = None) -> Path:
+    """The cached library LIBRARIES[name] (compiled unless cached, as a first call would), for
+    tilecast.runtime.prebuild to carry in a version."""
+    return compile_library(LIBRARIES[name].source, cxx)
+
+
+def _library_path(spec: prebuilt.ProcessLibrary) -> Path:
+    """The library `spec` names: the prebuilt one a loaded registry version offers for this
+    host, else compiled unless cached. DiscoBuildError in one line for a damaged prebuilt
+    file, or where there is no compiler (naming what the versions carry and the prebuild)."""
+    cxx = compiler()
+    try:
+        return prebuilt.process_library(spec) or prebuilt.built(
+            spec, cxx, lambda: compile_library(spec.source, cxx))
+    except prebuilt.PrebuiltError as err:
+        raise DiscoBuildError(str(err)) from None
+
+
 def load_library(path: Path) -> ctypes.CDLL:
     """The kernel library at `path`, its entry points typed for ctypes."""
     try:
@@ -103,11 +133,11 @@ def load_library(path: Path) -> ctypes.CDLL:
 
 
 def library() -> ctypes.CDLL:
-    """The loaded kernel library, compiled on first use in this process."""
+    """The loaded kernel library: prebuilt, or compiled on first use in this process."""
     global _library
     with _lock:
         if _library is None:
-            _library = load_library(compile_library())
+            _library = load_library(_library_path(LIBRARIES[SOURCE.stem]))
         return _library
 
 
@@ -232,7 +262,6 @@ def lanes() -> int:
 
 
 # ------------------------------------------------------------------ the kpacked forward
-KPACKED_SOURCE = SOURCE.with_name("disco_kpacked.cpp")
 #: extra statuses of the kpacked entry points (enum Status in disco_kpacked.cpp)
 KPACKED_STATUS = {5: "K_PAD must be 8 or 16 and at least kernel_size",
                   6: "no such (kreg, nv) register tile in the kpacked library "
@@ -253,11 +282,12 @@ def _kpacked_reason(status: int) -> str:
 
 
 def kpacked_library() -> ctypes.CDLL:
-    """The kpacked kernel library (kernels/cpu/disco/disco_kpacked.cpp), compiled on first use."""
+    """The kpacked kernel library (kernels/cpu/disco/disco_kpacked.cpp): prebuilt, or compiled on
+    first use."""
     global _kpacked_library
     with _lock:
         if _kpacked_library is None:
-            path = compile_library(KPACKED_SOURCE)
+            path = _library_path(LIBRARIES[KPACKED_SOURCE.stem])
             try:
                 lib = ctypes.CDLL(str(path))
             except OSError as err:

@@ -121,12 +121,21 @@ def _read_shortlist(path: Path, size: int, model: str,
     return shortlist.truncated(size)
 
 
-def _offering_kernels(dispatcher, path: Path, model: str, version: int | None, root=None):
-    """`dispatcher` after its version's prebuilt kernel libraries (kernels/, verified with the
-    version's checksums) are offered to the kernel loader (tilecast.runtime.prebuilt), so
-    that tilecast.runtime.ops runs its choices without compiling them; a dispatcher of
-    another kind (a table model) runs no in-process kernels."""
+def _load_offering(load, path: Path, model: str, version: int | None, root=None):
+    """The dispatcher `load()` makes of a verified version, its prebuilt libraries (kernels/)
+    offered to their loaders (tilecast.runtime.prebuilt): the process libraries first, which
+    its scorer loads while it is made (tilecast.runtime.native) and DISCO's calls load (then
+    again with those it needs, so that a host without a compiler is told to prebuild the ones
+    it lacks), then its candidates' kernels, so that tilecast.runtime.ops runs its choices
+    without compiling them; a dispatcher of another kind (a table model) runs no in-process
+    kernels."""
+    prebuilt.offer_libraries(path, model=model, version=version, registry=root)
+    dispatcher = load()
     if isinstance(dispatcher, Dispatcher):
+        from tilecast.runtime.prebuild import process_libraries   # the table of who loads what
+
+        prebuilt.offer_libraries(path, model=model, version=version, registry=root,
+                                 needed=process_libraries(path, dispatcher.family))
         names = dict.fromkeys((*dispatcher.kernels, dispatcher.static_best))
         prebuilt.offer(path, dispatcher.family.name, names, model=model, version=version,
                        registry=root)
@@ -237,8 +246,8 @@ class Dispatcher:
         registry version's directory does). RegistryError names a damaged file."""
         path = Path(path)
         integrity.verify_directory(path)
-        return _offering_kernels(cls._load(path, model=model, version=version, **options),
-                                 path, model, version)
+        return _load_offering(lambda: cls._load(path, model=model, version=version,
+                                                   **options), path, model, version)
 
     @classmethod
     def _load(cls, path: Path, *, model: str, version: int | None, **options) -> "Dispatcher":
@@ -288,8 +297,8 @@ class Dispatcher:
         version = registry.resolve_version(root, model, alias)
         path = registry.local_copy(root, model, version, cache_dir=cache_dir)
         try:
-            return _offering_kernels(cls._load(path, model=model, version=version, **options),
-                                     path, model, version, root)
+            return _load_offering(lambda: cls._load(path, model=model, version=version,
+                                                       **options), path, model, version, root)
         except RegistryError as err:
             if not registry.is_remote(root):
                 raise

@@ -21,12 +21,12 @@ first build whose CPU flags this machine has, after its sha256 and size are chec
 the version's kernels manifest and with the same parameter check: no compiler is run. Only
 a kernel without a prebuilt library this CPU runs goes to the build cache and the compiler;
 where there is none, KernelBuildError says in one line what the version carries, what this
-host is, and which `tilecast prebuild` command makes its libraries.
+host is, and which `tilecast prebuild` command makes its libraries (the lines are
+tilecast.runtime.prebuilt's, shared with the process libraries' loaders).
 """
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
 import threading
@@ -34,14 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tilecast.core import hardware
 from tilecast.core.settings import BUILD_CACHE_ENV, CACHE_ENV, COMPILER_ENV
 from tilecast.spaces.gemm import DTYPES, ISAS
 from tilecast.spaces.grouped_conv import REQUIRED_FLAGS
 from tilecast.core import build
 from tilecast.core.compile import CompilerUnavailable
-from tilecast.registry.integrity import digest_file
 from tilecast.runtime import prebuilt
+from tilecast.runtime.prebuilt import cpu_flags   # tests replace kernel_library.cpu_flags
 from tilecast.runtime.native.library import compiler
 
 logger = logging.getLogger(__name__)
@@ -49,7 +48,6 @@ logger = logging.getLogger(__name__)
 #: what a nonzero return of an entry means (enum entry::Status in kernels/cpu/common/inprocess_entry.hpp)
 STATUS_MESSAGES = {1: "bad argument", 2: "unsupported", 3: "out of memory", 4: "failed"}
 MESSAGE_BYTES = 1024
-SHOWN_FLAGS = 6   # CPU flags a message lists before "and N more"
 
 _INDEX = ctypes.c_longlong
 _PTR = ctypes.c_void_p
@@ -97,12 +95,6 @@ ENTRIES = {
                                    "tilecast_grouped_conv_slack",
                                    "tilecast_grouped_conv_run_torch"),
 }
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """This machine's CPU flags (/proc/cpuinfo); empty where they cannot be read."""
-    return frozenset(hardware.profile(1).get("flags", ()))
 
 
 def _check_cpu(name: str, needed: tuple[str, ...]) -> None:
@@ -195,7 +187,7 @@ def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel
     if kernel is not None:
         return kernel
     offer = prebuilt.offered(family.name, name)
-    library = _runnable(offer)
+    library = prebuilt.runnable(offer, cpu_flags())
     if library is not None:
         key = (family.name, name, "prebuilt", str(library.path))
         return _load_once(key, quick_key, lambda: _load_prebuilt(family, name, library, offer))
@@ -222,54 +214,9 @@ def _load_once(key: tuple, quick_key: tuple,
     return kernel
 
 
-def _runnable(offer: prebuilt.Offer | None) -> prebuilt.Library | None:
-    """The first prebuilt library of `offer` whose build's CPU flags this CPU has (the first
-    one where this CPU's flags cannot be read); None when there is none."""
-    if offer is None or not offer.libraries:
-        return None
-    have = cpu_flags()
-    for library in offer.libraries:
-        if not have or library.cpu_flags <= have:
-            return library
-    return None
-
-
-def _host() -> str:
-    """This machine in a few words, for messages: its widest ISA and CPU model."""
-    profile = hardware.profile(1)
-    return f"{hardware.isa_level(profile)}, {profile['cpu_model']}"
-
-
-def _not_prebuilt_here(name: str, offer: prebuilt.Offer) -> str:
-    """What the version offering `name` carries, and what this CPU lacks to run it."""
-    have = cpu_flags()
-
-    def lacking(library: prebuilt.Library) -> str:
-        missing = sorted(library.cpu_flags - have)
-        shown = ", ".join(missing[:SHOWN_FLAGS]) or "nothing"
-        return shown + (f" and {len(missing) - SHOWN_FLAGS} more"
-                        if len(missing) > SHOWN_FLAGS else "")
-
-    builds = "; ".join(f"{library.tag} (built on {library.cpu_model}; this host lacks "
-                       f"{lacking(library)})" for library in offer.libraries)
-    return (f"kernel {name!r}: {offer.where} carries prebuilt kernels for {builds}, not for "
-            f"this host ({_host()})")
-
-
 def _no_compiler(name: str, offer: prebuilt.Offer | None, cxx: str) -> str:
     """The one line for a kernel that must be compiled on a host without a compiler."""
-    missing = f"there is no compiler here ({cxx!r} does not run; set {COMPILER_ENV} or install g++)"
-    if offer is None:
-        return (f"kernel {name!r} is prebuilt by no registry version loaded in this process, "
-                f"and {missing}: load it through a Dispatcher of a version that carries its "
-                "library (`tilecast prebuild --model M` adds them to a model)")
-    if offer.libraries:
-        return (f"{_not_prebuilt_here(name, offer)}, and {missing}: run `{offer.prebuild}` "
-                "on a host with this host's CPU flags and a compiler, and serve the version "
-                "it publishes")
-    return (f"kernel {name!r}: {offer.where} carries no prebuilt kernels, and {missing}: run "
-            f"`{offer.prebuild}` on a host with a compiler and this host's CPU flags, and serve "
-            "the version it publishes")
+    return prebuilt.no_compiler(f"kernel {name!r}", offer, cxx, cpu_flags())
 
 
 def _checked(kernel: InProcessKernel, spec, where: Path, fix: str) -> InProcessKernel:
@@ -302,16 +249,9 @@ def _load_prebuilt(family, name: str, library: prebuilt.Library,
     """A kernel from a registry version's prebuilt library, after its checksum: no compiler."""
     config, spec, entry = _entry(family, name)
     try:
-        sha256, size = digest_file(library.path)
-    except OSError as err:
-        raise KernelBuildError(f"cannot read the prebuilt library {library.path} of kernel "
-                               f"{name!r} ({offer.where}): {err}") from None
-    if (sha256, size) != (library.sha256, library.size):
-        raise KernelBuildError(
-            f"prebuilt library {library.path} of kernel {name!r} ({offer.where}) does not "
-            f"match {prebuilt.MANIFEST_FILE} ({size} bytes, sha256 {sha256[:12]}...; recorded "
-            f"{library.size} bytes, sha256 {library.sha256[:12]}...): the file is damaged; "
-            "publish the model again or roll back to an intact version")
+        prebuilt.verify(library, offer, f"kernel {name!r}")
+    except prebuilt.PrebuiltError as err:
+        raise KernelBuildError(str(err)) from None
     try:
         kernel = InProcessKernel(name, config, library.path, ctypes.CDLL(str(library.path)),
                                  entry)
@@ -338,8 +278,8 @@ def _build_and_load(family, name: str, directory: Path, cxx: str) -> InProcessKe
         raise KernelBuildError(f"kernel {name!r} did not compile with {cxx!r} ({kept}):\n"
                                f"{reason}")
     if offer is not None and offer.libraries:
-        logger.warning("%s; built it with %s into %s instead", _not_prebuilt_here(name, offer),
-                       cxx, directory)
+        logger.warning("%s; built it with %s into %s instead",
+                       prebuilt.not_here(f"kernel {name!r}", offer, cpu_flags()), cxx, directory)
     try:
         library = ctypes.CDLL(str(built.binary))
         kernel = InProcessKernel(name, config, built.binary, library, entry)

@@ -137,10 +137,12 @@ class NativeForest:
     it cannot reproduce and library.NativeBuildError when the library is not available.
     `portable=True` takes the scalar decisions even where AVX-512 exists (for tests)."""
 
+    LIBRARY = "forest"   # its library (library.LIBRARIES), which a version carries prebuilt
+
     def __init__(self, booster, columns: Sequence[int] | None = None, *,
                  portable: bool = False):
         self.flat = flatten(booster.dump_model(), columns)
-        self._lib = library.load("forest.cpp")
+        self._lib = library.load(f"{self.LIBRARY}.cpp")
         self._predict = self._lib.tc_forest_predict
         self._predict.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

@@ -55,6 +55,8 @@ class NativeGemmFeatures:
     engine.combine(problem, engine.problem_features(problem), kernel_matrix[rows]).
     Not thread-safe: one buffer per instance."""
 
+    LIBRARY = "gemm_features"   # its library (library.LIBRARIES), which a version carries prebuilt
+
     def __init__(self, engine, kernel_matrix: np.ndarray):
         name, version, names = WRITTEN_FOR
         if (engine.name, engine.version) != (name, version) or \
@@ -75,7 +77,7 @@ class NativeGemmFeatures:
         self._kernels_of_all = False  # whether `columns` holds every kernel's features
         self._logs = np.zeros(SCALAR_LOGS + ROW_LOGS * max(self.n_kernels, 1))
         self._log_views: dict[int, np.ndarray] = {}
-        lib = library.load("gemm_features.cpp")
+        lib = library.load(f"{self.LIBRARY}.cpp")
         self._fill = lib.tc_gemm_features
         self._fill.argtypes = [
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
