@@ -16,12 +16,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from test_table_model import make_dataset, write_test_dataset
+from test_table_model import SCHEMA, make_dataset, make_rows, write_test_dataset
 from tilecast.cli import main
 from tilecast.runtime import export
-from tilecast.runtime.export import table, table_c
+from tilecast.runtime.export import table, table_c, table_forest
 from tilecast.table.confidence import Calibration, Calibrations
-from tilecast.table.dataset import read_dataset
+from tilecast.table.dataset import (Column, TableDataset, TableSchema, finish_frame,
+                                    read_dataset)
 from tilecast.table.devices import DeviceTable
 from tilecast.table.dispatch import TableDispatcher, TableRanking
 from tilecast.table.importing import import_files
@@ -107,11 +108,12 @@ def run_driver(binary: Path, selector, problems: list[dict]) -> list[int]:
     for problem in problems:
         words = []
         for item in selector.inputs:
-            value = problem[item["name"]]
+            value = problem.get(item["name"])
             if item["kind"] == "numeric":
-                words.append(repr(float(value)))
+                words.append(repr(math.nan if value is None else float(value)))
             else:
                 known = item["categories"]
+                value = "" if value is None and item["partial"] else value
                 words.append(str(known.index(value) if value in known else -1))
         lines.append(" ".join(words))
     proc = subprocess.run([str(binary)], input="\n".join(lines) + "\n", capture_output=True,
@@ -181,7 +183,8 @@ def agreement(model, dataset_or_problems, device: str, margin: float, tmp_path: 
     selector = table.build(dispatcher, device)
     binary = compile_driver(selector, tmp_path)
     problems = (dataset_or_problems if isinstance(dataset_or_problems, list)
-                else sample_problems(dataset_or_problems, model, count, seed=len(device)))
+                else sample_problems(dataset_or_problems, model, count,
+                                     seed=sum(map(ord, device))))
     got = run_driver(binary, selector, problems)
     want = [selector.kernels.index(k) for k in expected(dispatcher, problems, device)]
     return got, want, dispatcher, problems, selector
@@ -220,6 +223,38 @@ def test_the_synthetic_model_with_ideal_gaps_and_fit_features_agrees(synthetic, 
                 for p in problems[:50]] == want[:50]
 
 
+def test_partial_columns_left_out_agree(tmp_path):
+    """Columns some devices' data lack (AutoHeuristic files that log one more feature):
+    missing in training and in queries (NaN, "" when categorical), with measured values of
+    the others."""
+    schema = TableSchema(problem=SCHEMA.problem + (Column("batch", "numeric", partial=True),
+                                                   Column("mode", "categorical", partial=True)),
+                         config=SCHEMA.config)
+    rows = make_rows(devices=("A100-PCIE-40GB", "T4", "MI250X"))
+    for number, row in enumerate(rows):
+        if row["device"] != "T4":
+            row.update(batch=float(1 + number % 3), mode=("fwd", "bwd")[number % 2])
+    model = TableModel.fit(TableDataset(frame=finish_frame(rows, schema), schema=schema),
+                           DeviceTable.load(), rounds=30, threads=1)
+    rng = np.random.default_rng(5)
+    problems = []
+    for m, n, k in rng.integers(1, 4000, size=(1500, 3)):
+        problem = {"m": float(m), "n": float(n), "k": float(k)}
+        if rng.random() < 0.6:
+            problem["batch"] = float(rng.choice([1.0, 2.0, 3.0, 7.0]))
+        if rng.random() < 0.6:
+            problem["mode"] = str(rng.choice(["fwd", "bwd", "other"]))
+        problems.append(problem)
+    problems.append({"m": 64.0, "n": 64.0, "k": 512.0})
+    for device in ("T4", "MI250X"):
+        got, want, dispatcher, _, selector = agreement(model, problems, device, 0.0,
+                                                       tmp_path / device)
+        assert [item["partial"] for item in selector.inputs] == [False] * 3 + [True] * 2
+        assert got == want, device
+        assert [selector.kernels.index(dispatcher.select(p, device=device))
+                for p in problems[:40]] == want[:40]
+
+
 def test_refusals_and_bad_input_are_one_line(autoheuristic, synthetic, tmp_path):
     dataset, model = autoheuristic
     dispatcher = TableDispatcher(model, calibrations(0.0), model="mm", version=1)
@@ -248,6 +283,9 @@ def test_the_json_form_round_trips_to_the_same_c(autoheuristic):
     files = export.render(selector, "json")
     document = json.loads(files[f"{table_c.file_stem(selector)}.json"])
     assert document["format"] == table.FORMAT and document["device"] == "A100-SXM4-80GB"
+    # the real data's categorical columns make categorical splits, which the C must decide
+    assert any(flags & table_forest.CATEGORICAL for forest in selector.forests
+               for flags in forest.flags)
     again = export.TableSelector.from_json(document)
     assert export.render(again, "c") == export.render(selector, "c")
 

@@ -217,6 +217,7 @@ static double tc_f32(double value) {{ return (double)(float)value; }}
 /* numpy's log2 of x = |dimension| + 1 for a measured dimension (its interval), else libm's */
 static double tc_log2(int column, double x) {{
   int low = tc_interval_start[column], high = tc_interval_start[column + 1] - 1;
+  if (isnan(x)) return x;      /* a partial column left out */
   while (low <= high) {{
     int middle = low + (high - low) / 2;
     if (x < tc_intervals[middle][0]) high = middle - 1;
