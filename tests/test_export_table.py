@@ -226,14 +226,14 @@ def test_the_synthetic_model_with_ideal_gaps_and_fit_features_agrees(synthetic, 
 def test_partial_columns_left_out_agree(tmp_path):
     """Columns some devices' data lack (AutoHeuristic files that log one more feature):
     missing in training and in queries (NaN, "" when categorical), with measured values of
-    the others."""
-    schema = TableSchema(problem=SCHEMA.problem + (Column("batch", "numeric", partial=True),
-                                                   Column("mode", "categorical", partial=True)),
+    the others. Their names are the C source's own ("c", "code"): the arguments are renamed."""
+    schema = TableSchema(problem=SCHEMA.problem + (Column("c", "numeric", partial=True),
+                                                   Column("code", "categorical", partial=True)),
                          config=SCHEMA.config)
     rows = make_rows(devices=("A100-PCIE-40GB", "T4", "MI250X"))
     for number, row in enumerate(rows):
         if row["device"] != "T4":
-            row.update(batch=float(1 + number % 3), mode=("fwd", "bwd")[number % 2])
+            row.update(c=float(1 + number % 3), code=("fwd", "bwd")[number % 2])
     model = TableModel.fit(TableDataset(frame=finish_frame(rows, schema), schema=schema),
                            DeviceTable.load(), rounds=30, threads=1)
     rng = np.random.default_rng(5)
@@ -241,15 +241,16 @@ def test_partial_columns_left_out_agree(tmp_path):
     for m, n, k in rng.integers(1, 4000, size=(1500, 3)):
         problem = {"m": float(m), "n": float(n), "k": float(k)}
         if rng.random() < 0.6:
-            problem["batch"] = float(rng.choice([1.0, 2.0, 3.0, 7.0]))
+            problem["c"] = float(rng.choice([1.0, 2.0, 3.0, 7.0]))
         if rng.random() < 0.6:
-            problem["mode"] = str(rng.choice(["fwd", "bwd", "other"]))
+            problem["code"] = str(rng.choice(["fwd", "bwd", "other"]))
         problems.append(problem)
     problems.append({"m": 64.0, "n": 64.0, "k": 512.0})
     for device in ("T4", "MI250X"):
         got, want, dispatcher, _, selector = agreement(model, problems, device, 0.0,
                                                        tmp_path / device)
         assert [item["partial"] for item in selector.inputs] == [False] * 3 + [True] * 2
+        assert table_c.argument_names(selector) == ["m", "n", "k", "c_arg", "code_arg"]
         assert got == want, device
         assert [selector.kernels.index(dispatcher.select(p, device=device))
                 for p in problems[:40]] == want[:40]
