@@ -35,7 +35,8 @@ EXPORTERS = {"gemm": "tilecast.runtime.export.gemm",
              **{f"grouped_conv_{direction}": "tilecast.runtime.export.grouped_conv"
                 for direction in ("forward", "bwd_data", "bwd_weight")}}
 #: --format -> what it writes
-FORMATS = {"c": "tilecast_<model>.h and tilecast_<model>.c (table: tilecast_<model>_<device>.*)",
+#: (a table model's files are named tilecast_<model>_<device>.*)
+FORMATS = {"c": "tilecast_<model>.h and tilecast_<model>.c",
            "json": "tilecast_<model>.json"}
 
 
