@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import lightgbm
 import numpy as np
@@ -270,3 +271,34 @@ def test_the_publish_stage_carries_the_disco_libraries_where_the_run_built(setup
     assert entry["libraries"] == setup["entry"]["libraries"]
     assert sorted(files) == sorted([prebuilt.MANIFEST_FILE, *(
         library["file"] for library in entry["libraries"].values())])
+
+
+def test_a_runs_build_compiles_the_process_libraries_its_versions_carry(tmp_path, monkeypatch):
+    """The build stage compiles, beside the candidates, the process libraries the run's
+    published versions will carry (the scorer's for every family, DISCO's two for a DISCO
+    family), so that evaluating and publishing, one family after another, compile nothing;
+    the block waits for them."""
+    from tilecast.core import hardware
+    from tilecast.core.settings import settings
+    from tilecast.workflows import pipeline
+
+    profile = hardware.profile(1)
+    disco = prebuild.serving_libraries(get_family("disco_forward"), profile)
+    assert {"forest", "disco_csr", "disco_kpacked"} <= set(disco)
+    assert not {"disco_csr", "disco_kpacked"} & set(
+        prebuild.serving_libraries(get_family("gemm"), profile))
+    started, finished = [], []
+
+    def build(families, hardware_profile, compiler):
+        started.append(([f.name for f in families], compiler))
+        time.sleep(0.2)
+        finished.append(True)
+
+    monkeypatch.setattr(prebuild, "build_serving_libraries", build)
+
+    class Ctx:
+        hardware = profile
+
+    with pipeline.serving_libraries_built(Ctx, [get_family("gemm"), get_family("disco_forward")]):
+        pass
+    assert started == [(["gemm", "disco_forward"], settings().compiler)] and finished == [True]

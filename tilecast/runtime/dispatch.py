@@ -372,18 +372,24 @@ class Dispatcher:
         given = raw_key(problem)
         found = self._raw_cache.get(given) if given is not None else None
         if found is None:
-            validated = self.problem(problem)
-            found = self._cache.get(validated)
-            if found is None:
-                found = self._rank_uncached(validated)
-                if len(self._cache) >= self._cache_size:
-                    self._cache.pop(next(iter(self._cache)))  # oldest entry first
-                self._cache[validated] = found
+            found = self.validated_ranking(self.problem(problem))
             if given is not None:
                 if len(self._raw_cache) >= self._cache_size:
                     self._raw_cache.pop(next(iter(self._raw_cache)))
                 self._raw_cache[given] = found
         self.last_fallback_reason = found.fallback_reason
+        return found
+
+    def validated_ranking(self, problem) -> Ranking:
+        """ranking() of a problem the family has validated already (family.problem's
+        result), without validating it again: what learning a shortlist asks thousands of
+        times (tilecast.runtime.shortlist)."""
+        found = self._cache.get(problem)
+        if found is None:
+            found = self._rank_uncached(problem)
+            if len(self._cache) >= self._cache_size:
+                self._cache.pop(next(iter(self._cache)))  # oldest entry first
+            self._cache[problem] = found
         return found
 
     def _applicable(self, problem) -> tuple[bool, ...]:

@@ -7,9 +7,9 @@ the in-process library of every candidate, the process libraries serving the ver
 model; DISCO's two kernel libraries, tilecast.disco.native, for a DISCO model), and the
 manifest. A run's libraries are in its caches already (with the interleaved benchmark, the
 build stage links the candidates' from the objects its executables were linked from,
-otherwise publishing links them from those cached objects; the evaluate stage's dispatchers
-compiled the scorer's), so publishing copies them; only a missing one is compiled (DISCO's,
-on a host that never ran a DISCO call: its benchmark runs executables). `publish_kernels` is
+otherwise publishing links them from those cached objects; the process libraries are
+compiled beside the candidates, build_serving_libraries), so publishing copies them; only a
+missing one is compiled (a version published from a workdir whose build ran elsewhere). `publish_kernels` is
 the publish stage's all-or-nothing wrapper: a version carries every candidate's and process
 library or none, and none where the candidates were not built on this host.
 
@@ -105,14 +105,37 @@ def process_libraries(directory: Path, family) -> dict[str, str]:
     model in `directory` (of `family`) loads: the native scorer's forest, its feature
     filler where the installed engine has one (tilecast.runtime.native.FEATURE_FILLERS),
     and the family's own (FAMILY_LIBRARIES)."""
-    wanted = {NativeForest.LIBRARY: SCORER_MODULE}
     spec = json.loads((Path(directory) / FEATURE_SPEC_FILE).read_text())
-    engine = family.feature_engine(spec["hardware"])
+    return serving_libraries(family, spec["hardware"])
+
+
+def serving_libraries(family, hardware_profile) -> dict[str, str]:
+    """process_libraries of a model of `family` trained on `hardware_profile` (a feature
+    spec's "hardware", or a run's hardware.profile before there is a model)."""
+    wanted = {NativeForest.LIBRARY: SCORER_MODULE}
+    engine = family.feature_engine(hardware_profile)
     filler = FEATURE_FILLERS.get((engine.name, engine.version))
     if filler is not None:
         wanted[filler.LIBRARY] = SCORER_MODULE
     module, names = FAMILY_LIBRARIES.get(family.name, ("", ()))
     return {**wanted, **dict.fromkeys(names, module)}
+
+
+def build_serving_libraries(families, hardware_profile, compiler: str) -> list[Path]:
+    """Compile (unless cached) the process libraries that the served models of `families`
+    will load, so that the run's evaluate and publish stages find them in the caches: the
+    build stage calls this beside the kernels' compiles. One that does not build is left to
+    the stage that needs it to report (the scorer falls back to numpy, publishing names it)."""
+    wanted: dict[str, str] = {}
+    for family in families:
+        wanted.update(serving_libraries(family, hardware_profile))
+    paths = []
+    for name, module in wanted.items():
+        try:
+            paths.append(importlib.import_module(module).build_library(name, compiler))
+        except (RuntimeError, OSError) as err:   # each module's build error is a RuntimeError
+            log.debug("process library %s not built ahead: %s", name, err)
+    return paths
 
 
 def library_spec(name: str, module: str) -> prebuilt.ProcessLibrary:

@@ -149,24 +149,39 @@ def sample_problems(family, problems: Sequence, count: int, seed: int = 0) -> li
     problem the family refuses is skipped."""
     rng = np.random.default_rng(seed)
     chosen = {family.dims_key(p): p for p in problems}
-    bases = [family.problem_dict(p) for p in chosen.values()]
+    bases = []
+    for p in chosen.values():
+        values = family.problem_dict(p)
+        scaled = [key for key, value in values.items()
+                  if isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+                  and value >= 1]
+        bases.append((values, scaled, [float(values[k]) for k in scaled]))
+    # small fields scaled and rounded repeat often (and most draws of some families are
+    # refused): each distinct draw is validated once, its key or None remembered
+    seen: dict[tuple, str | None] = {}
     attempts = 0
     while bases and len(chosen) < count and attempts < 20 * count:
         attempts += 1
-        values = dict(bases[int(rng.integers(len(bases)))])
-        for key, value in values.items():
-            if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1:
-                values[key] = max(1, int(round(float(value) * math.exp(rng.normal(0.0, SPREAD)))))
+        values, scaled, base = bases[int(rng.integers(len(bases)))]
+        # one draw per scaled field, in field order: the stream's values, as drawn one by one
+        normals = rng.normal(0.0, SPREAD, size=len(scaled)).tolist()
+        drawn = [max(1, int(round(v * math.exp(z)))) for v, z in zip(base, normals)]
+        memo = (id(values), *drawn)
+        if memo in seen:
+            continue   # a draw already met adds nothing: its problem is chosen or refused
         try:
-            problem = family.problem(values)
+            problem = family.problem({**values, **dict(zip(scaled, drawn))})
         except (ValueError, TypeError):   # FamilyError is a ValueError
+            seen[memo] = None
             continue
-        chosen.setdefault(family.dims_key(problem), problem)
+        key = seen[memo] = family.dims_key(problem)
+        chosen.setdefault(key, problem)
     return list(chosen.values())
 
 
 def predicted_efficiency(dispatcher, problems: Sequence) -> tuple[np.ndarray, np.ndarray, list]:
-    """(problem features, efficiency, kernels): per problem its features in the model's
+    """(problem features, efficiency, kernels) of the family's `problems` (family.problem's
+    results, as sample_problems draws them): per problem its features in the model's
     problem-feature order (shortlist_features) and per kernel (name order) its predicted
     TFLOP/s over the best predicted one (0 where it does not apply or predicts nothing
     finite); problems no candidate runs or with no finite prediction are left out."""
@@ -175,12 +190,14 @@ def predicted_efficiency(dispatcher, problems: Sequence) -> tuple[np.ndarray, np
     features, positions = shortlist_features(dispatcher)
     rows, efficiency = [], []
     for problem in problems:
-        try:
-            predicted = dispatcher.predict(problem)
+        try:   # as dispatcher.predict(problem), the problem being the family's already
+            ranking = dispatcher.validated_ranking(problem)
         except NoKernelError:   # no kernel of the model runs it: nothing to shortlist
             continue
+        if ranking.fallback_reason is not None:   # no candidate applies: predict() says {}
+            continue
         row = np.zeros(len(names))
-        for name, tflops in predicted.items():
+        for name, tflops in zip(ranking.kernels, ranking.tflops):
             if math.isfinite(tflops) and tflops > 0:
                 row[column[name]] = tflops
         if row.max() <= 0:

@@ -10,10 +10,11 @@ import logging
 import threading
 import uuid
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ from tilecast.core import dataset, hardware, tune
 from tilecast.core.atomic import atomic_write_json
 from tilecast.config import PROBLEM_SETS, ConfigError, RunConfig, load_config
 from tilecast.core.device import default_device, exclusive
+from tilecast.core.settings import settings
 from tilecast.families import get_family
 from tilecast.registry import api as registry
 from tilecast.registry import classes as registry_classes
@@ -165,14 +167,16 @@ def build_all(ctx: RunContext, names: Sequence[str] | None = None,
     """build_stage of every family of the config (or `names`) before anything is measured,
     their candidates in one pool of build_jobs compilers; with the interleaved protocol their
     in-process libraries too, linked from the same objects, so that the benchmarks find them
-    built. Returns each family's build_stage summary; the first family none of whose
+    built; and beside them the process libraries their versions carry
+    (serving_libraries_built). Returns each family's build_stage summary; the first family none of whose
     candidates built raises its build.BuildError once every family's events are written."""
     names = list(ctx.config.families if names is None else names)
     requests = [(_family(ctx, name)[0], select_candidates(ctx, name)) for name in names]
     log.info("build %s: %d candidates, %d parallel compiles", ", ".join(names),
              sum(len(configs) for _, configs in requests), ctx.config.build_jobs)
-    results = build.build_families(requests, ctx.build_cache, jobs=ctx.config.build_jobs,
-                                   progress=progress)
+    with serving_libraries_built(ctx, [family for family, _ in requests]):
+        results = build.build_families(requests, ctx.build_cache, jobs=ctx.config.build_jobs,
+                                       progress=progress)
     summaries, failure = {}, None
     for name, builts in zip(names, results):
         try:
@@ -187,6 +191,23 @@ def build_all(ctx: RunContext, names: Sequence[str] | None = None,
                      if interleave_supported(family)]
         build.build_families(libraries, ctx.build_cache, jobs=ctx.config.build_jobs, shared=True)
     return summaries
+
+
+@contextmanager
+def serving_libraries_built(ctx: RunContext, families: Sequence) -> Iterator[None]:
+    """Compile, on a thread beside the candidates' compiles of the block, the process
+    libraries the families' published versions carry and their evaluation loads (the
+    native scorer's, DISCO's: prebuild.build_serving_libraries), so that evaluate and
+    publish, which run one family after another, find them built; the block's end waits
+    for them."""
+    thread = threading.Thread(target=prebuild.build_serving_libraries, daemon=True,
+                              name="tilecast-serving-libraries",
+                              args=(families, ctx.hardware, settings().compiler))
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 class EarlyBuild:
@@ -207,8 +228,9 @@ class EarlyBuild:
         try:
             requests = [(_family(ctx, name)[0], select_candidates(ctx, name))
                         for name in ctx.config.families]
-            results = build.build_families(requests, ctx.build_cache,
-                                           jobs=ctx.config.build_jobs)
+            with serving_libraries_built(ctx, [family for family, _ in requests]):
+                results = build.build_families(requests, ctx.build_cache,
+                                               jobs=ctx.config.build_jobs)
             if ctx.config.interleave:
                 libraries = [(family, [b.config for b in builts if b.binary is not None])
                              for (family, _), builts in zip(requests, results)
