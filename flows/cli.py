@@ -63,17 +63,12 @@ EPHEMERAL_IDLE_SERVICES = ("SCHEDULER", "LATE_RUNS", "FOREMAN", "CANCELLATION_CL
                            "CLEANUP_RECONCILER")
 
 
-def prefect_env(workdir: Path) -> None:
+def prefect_env(workdir: Path, *, database: bool = True) -> None:
     """Offline Prefect: state inside the workdir, no telemetry; set before prefect is imported.
-    A new workdir's database starts as a copy of the migrated template (_template_database);
-    an embedded server runs without the services it never needs (EPHEMERAL_IDLE_SERVICES)."""
+    An embedded server runs without the services it never needs (EPHEMERAL_IDLE_SERVICES).
+    `database`: also give a new workdir its database (prefect_database) now."""
     home = layout.Workdir(workdir).prefect_home.resolve()
     home.mkdir(parents=True, exist_ok=True)
-    if "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ \
-            and not (home / "prefect.db").exists():
-        template = _template_database()
-        if template is not None:
-            atomic_write_bytes(home / "prefect.db", template.read_bytes())
     os.environ.setdefault("PREFECT_HOME", str(home))
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -83,6 +78,22 @@ def prefect_env(workdir: Path) -> None:
     if "PREFECT_API_URL" not in os.environ:
         for service in EPHEMERAL_IDLE_SERVICES:
             os.environ.setdefault(f"PREFECT_SERVER_SERVICES_{service}_ENABLED", "false")
+    if database:
+        prefect_database(workdir)
+
+
+def prefect_database(workdir: Path) -> None:
+    """A new workdir's database starts as a copy of the migrated template (_template_database:
+    made the first time on a machine, about 7 s), where this process's Prefect home is the
+    workdir's (prefect_env) and it has none yet; a server at PREFECT_API_URL, or a
+    PREFECT_HOME of the user's own, is left alone."""
+    home = layout.Workdir(workdir).prefect_home.resolve()
+    if ("PREFECT_API_URL" in os.environ or os.environ.get("PREFECT_HOME") != str(home)
+            or (home / "prefect.db").exists()):
+        return
+    template = _template_database()
+    if template is not None:
+        atomic_write_bytes(home / "prefect.db", template.read_bytes())
 
 
 class _UserErrorTracebacks(logging.Filter):
@@ -161,8 +172,11 @@ def _run_flow(args, workdir: Path) -> dict:
     """The nightly flow under Prefect, on an embedded server unless PREFECT_API_URL names one."""
     from tilecast.config import load_config
 
-    prefect_env(workdir)
+    prefect_env(workdir, database=False)   # the settings, before any thread starts compiling
     load_config(args.config)  # a bad config fails here, with its message, before Prefect starts
+    if args.task_runner != "dask":   # the stages run in this process: compile while it starts
+        _start_early_build(args)
+    prefect_database(workdir)   # the first run on a machine migrates one: beside the compiles
     server = None
     if "PREFECT_API_URL" not in os.environ:
         # boots while this process imports Prefect and the flows (see embedded_server.py);
@@ -172,8 +186,6 @@ def _run_flow(args, workdir: Path) -> dict:
         atexit.register(server.stop)
         os.environ["PREFECT_API_URL"] = server.api_url
         os.environ[EMBEDDED_SERVER_ENV] = "1"
-    if args.task_runner != "dask":   # the stages run in this process: compile while it starts
-        _start_early_build(args)
     # Prefect reads its settings when first imported: only after prefect_env set them
     from tilecast.flows.nightly import nightly
     from tilecast.tasks import orchestration
