@@ -11,7 +11,7 @@ import lightgbm
 import numpy as np
 import pytest
 
-from tilecast.runtime import native
+from tilecast.runtime import native, prebuilt
 from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher
 from tilecast.families import get_family
@@ -51,6 +51,14 @@ def synthetic_tflops(names, features):
     traffic = 1.0 / (1.0 + 10 * col["c_traffic_ratio"] + 3 * col["a_pack_traffic_ratio"])
     return (3.0 * isa * col["tile_eff"] ** 2 * col["par_balance"] * size * traffic
             + 0.002 * col["mr"])
+
+
+@pytest.fixture(autouse=True)
+def fresh_loaders(monkeypatch):
+    """Each test's native libraries as in a new process: none loaded, none offered by a
+    registry version another test loaded (tilecast.runtime.prebuilt)."""
+    monkeypatch.setattr(prebuilt, "_offers", {})
+    monkeypatch.setattr(library, "_loaded", {})
 
 
 @pytest.fixture(scope="module")
