@@ -15,7 +15,6 @@ from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
 
 from tilecast.config import ConfigError, resolve_path
-from tilecast.tasks import apart
 from tilecast.tasks.progress import StageProgress
 from tilecast.workflows import pipeline, rebench
 
@@ -88,12 +87,7 @@ def convert_to_parquet(config: str, workdir: str, registry: str, run_id: str, fa
 def train_model(config: str, workdir: str, registry: str, run_id: str, family: str,
                 convert: dict, store: str | None = None,
                 threads: int | None = None) -> dict:
-    """LightGBM on the training problems, GroupKFold on dims_key; the families' trainings
-    side by side, each in a worker process (tilecast.tasks.apart)."""
-    if apart.usable():
-        return apart.run("tilecast.workflows.pipeline:train_stage",
-                         (config, workdir, registry),
-                         {"run_id": run_id, "store": store, "threads": threads}, family)
+    """LightGBM on the training problems, GroupKFold on dims_key."""
     return _compute(pipeline.train_stage,
                     _ctx(config, workdir, registry, run_id, store, threads=threads),
                     family)
