@@ -1,6 +1,6 @@
 """First-call latency of a served GEMM op in a fresh process: the kernel compiled on first use
 (a version without prebuilt kernels, an empty build cache: what every serving process paid
-before) against the version's prebuilt library (tilecast.runtime.prebuilt), with and without a
+before) against the version's prebuilt library (tilecast.registry.prebuilt), with and without a
 compiler on the host.
 
     python benchmarks/first_call.py                          # a synthetic 2-candidate model
@@ -37,7 +37,8 @@ from tilecast.core import hardware  # noqa: E402
 from tilecast.core.compile import native_target  # noqa: E402
 from tilecast.families import get_family  # noqa: E402
 from tilecast.registry import api as registry  # noqa: E402
-from tilecast.runtime import prebuild, prebuilt  # noqa: E402
+from tilecast.runtime import prebuild  # noqa: E402
+from tilecast.registry import prebuilt
 
 GEMM = get_family("gemm")
 METRICS = {"mean_efficiency": 0.9, "median_efficiency": 0.9, "p10_efficiency": 0.8,

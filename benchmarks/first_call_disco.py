@@ -1,7 +1,7 @@
 """First-call latency of a served DISCO contraction in a fresh process: DISCO's kernel libraries
 compiled on first use (a version without prebuilt libraries, an empty cache: what every
 serving process of a new host paid before) against the version's prebuilt ones
-(tilecast.runtime.prebuilt's process libraries), with and without a compiler on the host.
+(tilecast.registry.prebuilt's process libraries), with and without a compiler on the host.
 
     python benchmarks/first_call_disco.py [--processes 3]
 

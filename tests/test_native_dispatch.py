@@ -11,7 +11,8 @@ import lightgbm
 import numpy as np
 import pytest
 
-from tilecast.runtime import native, prebuilt
+from tilecast.runtime import native
+from tilecast.registry import prebuilt
 from tilecast.registry import api as registry
 from tilecast.runtime.dispatch import Dispatcher
 from tilecast.families import get_family
@@ -56,7 +57,7 @@ def synthetic_tflops(names, features):
 @pytest.fixture(autouse=True)
 def fresh_loaders(monkeypatch):
     """Each test's native libraries as in a new process: none loaded, none offered by a
-    registry version another test loaded (tilecast.runtime.prebuilt)."""
+    registry version another test loaded (tilecast.registry.prebuilt)."""
     monkeypatch.setattr(prebuilt, "_offers", {})
     monkeypatch.setattr(library, "_loaded", {})
 

@@ -1,4 +1,4 @@
-"""Serving without a compiler: a version's prebuilt kernel libraries (tilecast.runtime.prebuilt,
+"""Serving without a compiler: a version's prebuilt kernel libraries (tilecast.registry.prebuilt,
 tilecast.runtime.prebuild, `tilecast prebuild`) on a real tiny GEMM registry; the kernels and
 the dispatcher's native scorer run in a process that has no g++, a damaged library is refused
 by name, and a host the version has no build for, or a version without prebuilt kernels, gets
@@ -29,7 +29,8 @@ from tilecast.core import build
 from tilecast.families import get_family
 from tilecast.registry import api as registry
 from tilecast.registry.api import RegistryError
-from tilecast.runtime import kernel_library, ops, prebuild, prebuilt
+from tilecast.runtime import kernel_library, ops, prebuild
+from tilecast.registry import prebuilt
 from tilecast.runtime.dispatch import Dispatcher
 from tilecast.runtime.native import library as native_library
 

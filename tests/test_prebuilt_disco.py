@@ -1,5 +1,5 @@
 """Serving DISCO without a compiler: a DISCO model's version carries tilecast.disco.native's two
-kernel libraries and the native scorer's forest (tilecast.runtime.prebuilt's process
+kernel libraries and the native scorer's forest (tilecast.registry.prebuilt's process
 libraries, made by `tilecast prebuild` and the publish stage); a DISCO call in a process with
 no g++ runs them and equals the reference, a damaged one is refused naming the file, a host
 the build does not fit, or a tilecast whose sources differ, is told so in one line."""
@@ -24,7 +24,8 @@ from tilecast.cli import main
 from tilecast.disco import native
 from tilecast.families import get_family
 from tilecast.registry import api as registry
-from tilecast.runtime import prebuild, prebuilt
+from tilecast.runtime import prebuild
+from tilecast.registry import prebuilt
 from tilecast.runtime.dispatch import Dispatcher
 from tilecast.runtime.native import library as native_library
 

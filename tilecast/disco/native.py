@@ -2,7 +2,7 @@
 compiled once into a shared library, called through ctypes on contiguous float32, bfloat16 or
 float16 tensors (computed in float32).
 
-A registry version of a DISCO model carries both libraries prebuilt (tilecast.runtime.prebuilt's
+A registry version of a DISCO model carries both libraries prebuilt (tilecast.registry.prebuilt's
 process libraries, LIBRARIES; its Dispatcher, e.g. tilecast.runtime.disco.selector's, offers
 them when it loads): the first kernel call of a process loads the one a loaded version offers
 for this CPU and this tilecast's sources, after its checksum, and compiles nothing. Otherwise
@@ -25,7 +25,7 @@ import torch
 from tilecast.core.settings import CACHE_ENV, COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core.family import KERNELS_DIR
 from tilecast.core import build
-from tilecast.runtime import prebuilt
+from tilecast.registry import prebuilt
 
 SOURCE = KERNELS_DIR / "cpu" / "disco" / "disco_csr.cpp"
 KPACKED_SOURCE = SOURCE.with_name("disco_kpacked.cpp")

@@ -24,7 +24,8 @@ from tilecast.core.family import FamilyError
 from tilecast.registry import api as registry, integrity
 from tilecast.registry.api import RegistryError
 from tilecast.core import kinds
-from tilecast.runtime import prebuilt, shortlist as shortlists
+from tilecast.runtime import shortlist as shortlists
+from tilecast.registry import prebuilt
 from tilecast.runtime.query import (  # noqa: F401  (the dispatcher's names, as before)
     DEFAULT_CACHE_SIZE, MAX_FIELD_VALUE, PROBLEM_EXAMPLE, NoKernelError, ProblemError,
     parse_problem, parse_problem_string, raw_key)
@@ -123,7 +124,7 @@ def _read_shortlist(path: Path, size: int, model: str,
 
 def _load_offering(load, path: Path, model: str, version: int | None, root=None):
     """The dispatcher `load()` makes of a verified version, its prebuilt libraries (kernels/)
-    offered to their loaders (tilecast.runtime.prebuilt): the process libraries first, which
+    offered to their loaders (tilecast.registry.prebuilt): the process libraries first, which
     its scorer loads while it is made (tilecast.runtime.native) and DISCO's calls load (then
     again with those it needs, so that a host without a compiler is told to prebuild the ones
     it lacks), then its candidates' kernels, so that tilecast.runtime.ops runs its choices

@@ -15,14 +15,14 @@ two threads asking for one kernel compile it once. A variant needing CPU feature
 machine lacks (an AVX-512 kernel on an AVX2 CPU) is refused by name before anything is
 compiled. Nothing is compiled at import time.
 
-A kernel that a loaded registry version carries prebuilt (tilecast.runtime.prebuilt: the
+A kernel that a loaded registry version carries prebuilt (tilecast.registry.prebuilt: the
 Dispatcher offers its version's `kernels/` folder) is loaded from there first, from the
 first build whose CPU flags this machine has, after its sha256 and size are checked against
 the version's kernels manifest and with the same parameter check: no compiler is run. Only
 a kernel without a prebuilt library this CPU runs goes to the build cache and the compiler;
 where there is none, KernelBuildError says in one line what the version carries, what this
 host is, and which `tilecast prebuild` command makes its libraries (the lines are
-tilecast.runtime.prebuilt's, shared with the process libraries' loaders).
+tilecast.registry.prebuilt's, shared with the process libraries' loaders).
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ from tilecast.spaces.gemm import DTYPES, ISAS
 from tilecast.spaces.grouped_conv import REQUIRED_FLAGS
 from tilecast.core import build
 from tilecast.core.compile import CompilerUnavailable
-from tilecast.runtime import prebuilt
-from tilecast.runtime.prebuilt import cpu_flags   # tests replace kernel_library.cpu_flags
+from tilecast.registry import prebuilt
+from tilecast.registry.prebuilt import cpu_flags   # tests replace kernel_library.cpu_flags
 from tilecast.runtime.native.library import compiler
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ _lock = threading.Lock()
 
 def load(family, name: str, *, cache_dir: Path | None = None) -> InProcessKernel:
     """The in-process kernel `name` of `family`, loaded once per process: from the prebuilt
-    library a loaded registry version offers for this CPU (tilecast.runtime.prebuilt), else
+    library a loaded registry version offers for this CPU (tilecast.registry.prebuilt), else
     from the build cache (`cache_dir`), compiled unless cached. FamilyError (a ValueError)
     for a name the family does not know; CpuFeatureError (a KernelBuildError) for a variant
     this CPU cannot run; KernelBuildError when it does not compile or load, when its

@@ -1,4 +1,4 @@
-"""Making a version's prebuilt kernels (tilecast.runtime.prebuilt): at publish, and later with
+"""Making a version's prebuilt kernels (tilecast.registry.prebuilt): at publish, and later with
 `tilecast prebuild`.
 
 `kernel_files` gives the files of a version's `kernels/` folder for one build, this host's:
@@ -39,7 +39,8 @@ from tilecast.core.artifact import CANDIDATES_FILE, FEATURE_SPEC_FILE
 from tilecast.families import get_family
 from tilecast.registry import api as registry, integrity
 from tilecast.registry.base import RESERVED_FILES, RegistryError
-from tilecast.runtime import kernel_library, prebuilt
+from tilecast.runtime import kernel_library
+from tilecast.registry import prebuilt
 from tilecast.runtime.native import FEATURE_FILLERS
 from tilecast.runtime.native.forest import NativeForest
 from tilecast.runtime.native.library import NativeBuildError

@@ -8,7 +8,7 @@ nothing is ever rebuilt in place; the library is staged and renamed into place, 
 concurrent or interrupted build never leaves a half-written one. Nothing is compiled at
 import time.
 
-A registry version carries these libraries prebuilt (tilecast.runtime.prebuilt's process
+A registry version carries these libraries prebuilt (tilecast.registry.prebuilt's process
 libraries, LIBRARIES; the Dispatcher offers them before it builds its scorer): `load` takes
 the one a loaded version offers for this CPU and this tilecast's sources, after its checksum,
 and compiles nothing; otherwise it compiles as above. A damaged prebuilt file, or no
@@ -23,7 +23,7 @@ from pathlib import Path
 from tilecast.core import compile as compiling
 from tilecast.core.settings import COMPILER_ENV, settings  # noqa: F401 - re-exported
 from tilecast.core import build
-from tilecast.runtime import prebuilt
+from tilecast.registry import prebuilt
 
 NATIVE_DIR = Path(__file__).resolve().parent
 CACHE_ENV = build.CACHE_ENV
@@ -113,7 +113,7 @@ def _compiled(source: Path, cxx: str, directory: str) -> Path:
 def _compiled_for_load(source: Path, cxx: str, directory: str) -> Path:
     """_compiled, for a library no loaded version offers for this host: where a version
     offers it, a warning names the builds it carries, or without a compiler the error says in
-    one line what they are and which prebuild to run (tilecast.runtime.prebuilt.built)."""
+    one line what they are and which prebuild to run (tilecast.registry.prebuilt.built)."""
     spec = LIBRARIES.get(source.stem)
     if spec is None:
         return _compiled(source, cxx, directory)
